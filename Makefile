@@ -1,0 +1,30 @@
+# Two commands a user needs: `make demo` and `make test`. Both build/refresh .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: venv demo test typecheck bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: venv
+	$(PY) examples/demo.py --logdir runs/demo
+
+test: venv
+	$(PY) -X importtime -c "import asupervisor" 2> .importtime.log; \
+	  if grep -q tensorflow .importtime.log; then echo "importing asupervisor imported tensorflow"; rm -f .importtime.log; exit 1; fi; rm -f .importtime.log
+	$(PY) -m mypy
+	$(PY) -m pytest -q
+
+bench: venv
+	$(PY) bench/step_overhead.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache

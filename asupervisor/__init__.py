@@ -1,0 +1,57 @@
+"""asupervisor: a structured-concurrency supervisor for TensorFlow 2 training.
+
+Importing this package is cheap and has no side effects: it does not import TensorFlow,
+configure logging or touch an event loop. See ``docs/`` for the concepts.
+"""
+
+from __future__ import annotations
+
+from ._clock import Clock as Clock
+from ._clock import MonotonicClock as MonotonicClock
+from ._cluster import ClusterInfo as ClusterInfo
+from ._cluster import cluster_info as cluster_info
+from ._exceptions import CheckpointError as CheckpointError
+from ._exceptions import DeadlineExceededError as DeadlineExceededError
+from ._exceptions import NanLossDuringTrainingError as NanLossDuringTrainingError
+from ._exceptions import ServiceError as ServiceError
+from ._exceptions import SupervisorError as SupervisorError
+from ._hooks import SessionRunContext as SessionRunContext
+from ._hooks import SessionRunHook as SessionRunHook
+from ._hooks import SessionRunValues as SessionRunValues
+from ._logging import configure_logging as configure_logging
+from ._services import LoopedService as LoopedService
+from ._services import RestartPolicy as RestartPolicy
+from ._services import Service as Service
+from ._services import ServiceContext as ServiceContext
+from ._session import Session as Session
+from ._session import StepContext as StepContext
+from ._status import CheckpointInfo as CheckpointInfo
+from ._status import Status as Status
+from ._supervisor import Supervisor as Supervisor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointInfo",
+    "Clock",
+    "ClusterInfo",
+    "DeadlineExceededError",
+    "LoopedService",
+    "MonotonicClock",
+    "NanLossDuringTrainingError",
+    "RestartPolicy",
+    "Service",
+    "ServiceContext",
+    "ServiceError",
+    "Session",
+    "SessionRunContext",
+    "SessionRunHook",
+    "SessionRunValues",
+    "Status",
+    "StepContext",
+    "Supervisor",
+    "SupervisorError",
+    "cluster_info",
+    "configure_logging",
+]

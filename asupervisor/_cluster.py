@@ -1,0 +1,64 @@
+"""``TF_CONFIG``: which task this process is in a multi-worker training.
+
+Reads the environment only; never imports TensorFlow. A missing ``TF_CONFIG`` is a
+single-worker job, whose only worker is the chief.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["ClusterInfo", "cluster_info"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterInfo:
+    """This process's place in the cluster.
+
+    Attributes:
+        task_type: ``"chief"``, ``"worker"``, ``"evaluator"``, ``"ps"``, or ``None``
+            without ``TF_CONFIG``.
+        task_index: index within its task type.
+        num_workers: chief plus workers (1 without ``TF_CONFIG``).
+        is_chief: whether this process writes checkpoints and summaries.
+    """
+
+    task_type: str | None
+    task_index: int
+    num_workers: int
+    is_chief: bool
+
+
+def cluster_info(environ: Mapping[str, str] | None = None) -> ClusterInfo:
+    """Read ``TF_CONFIG`` (from ``environ``, default ``os.environ``).
+
+    The chief is the ``chief`` task if the cluster has one, else worker 0 (TF's rule).
+
+    Raises:
+        ValueError: ``TF_CONFIG`` is not valid JSON or lacks the ``task`` it describes.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get("TF_CONFIG", "").strip()
+    if not raw:
+        return ClusterInfo(task_type=None, task_index=0, num_workers=1, is_chief=True)
+    try:
+        config = json.loads(raw)
+        cluster = config.get("cluster", {}) or {}
+        task = config.get("task", {}) or {}
+        task_type = task.get("type")
+        task_index = int(task.get("index", 0))
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise ValueError(f"TF_CONFIG is not a valid cluster description: {raw!r} ({exc})") from exc
+    num_workers = len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+    if task_type in ("chief", "master"):
+        is_chief = True
+    elif task_type == "worker":
+        is_chief = "chief" not in cluster and task_index == 0
+    else:
+        is_chief = False
+    return ClusterInfo(
+        task_type=task_type, task_index=task_index, num_workers=max(num_workers, 1), is_chief=is_chief
+    )

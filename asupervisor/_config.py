@@ -1,0 +1,107 @@
+"""The supervisor's configuration: a frozen, validated record of its keyword arguments.
+
+Every field is checked in ``__post_init__`` and a bad value is a ``ValueError`` (or
+``TypeError``) that names the field and the value. Validation must not touch the disk
+beyond reading what ``logdir`` is, and must not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._clock import Clock, MonotonicClock
+from ._hooks import SessionRunHook
+
+__all__ = ["SupervisorConfig"]
+
+
+def _check_secs(name: str, value: object, *, allow_none: bool = False, allow_inf: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if math.isnan(value) or value < 0 or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+
+
+def _check_callable(name: str, value: object) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable or None, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SupervisorConfig:
+    """All of ``Supervisor``'s settings; see :class:`asupervisor.Supervisor` for meanings."""
+
+    logdir: Path | None
+    state: Any = None
+    global_step: Any = None
+    is_chief: bool | None = None
+    init_fn: Callable[[], Any] | None = None
+    local_init_fn: Callable[[], Any] | None = None
+    ready_fn: Callable[[], Iterable[str]] | None = None
+    checkpoint_basename: str = "model.ckpt"
+    save_model_secs: float = 600
+    save_model_steps: int | None = None
+    max_to_keep: int = 5
+    keep_checkpoint_every_n_hours: float | None = None
+    save_summaries_secs: float = 120
+    recovery_wait_secs: float = 30
+    stop_grace_secs: float = 120
+    hooks: Sequence[SessionRunHook] = ()
+    handle_signals: bool = True
+    queue_runners: Sequence[Any] = ()
+    clock: Clock = field(default_factory=MonotonicClock)
+
+    def __post_init__(self) -> None:
+        if self.logdir is not None:
+            if not isinstance(self.logdir, (str, os.PathLike)):
+                raise TypeError(f"logdir must be a path or None, got {self.logdir!r}")
+            logdir = Path(self.logdir)
+            if logdir.exists() and not logdir.is_dir():
+                raise ValueError(f"logdir {str(logdir)!r} exists and is not a directory")
+            object.__setattr__(self, "logdir", logdir)
+        if self.state is not None and not isinstance(self.state, dict):
+            if not hasattr(self.state, "_track_trackable") and not hasattr(self.state, "save"):
+                raise TypeError(
+                    "state must be a tf.train.Checkpoint or a dict of trackables "
+                    f"(models, optimizers, variables), got {type(self.state).__name__}"
+                )
+        if self.is_chief is not None and not isinstance(self.is_chief, bool):
+            raise TypeError(f"is_chief must be True, False or None, got {self.is_chief!r}")
+        for name in ("init_fn", "local_init_fn", "ready_fn"):
+            _check_callable(name, getattr(self, name))
+        if not isinstance(self.checkpoint_basename, str) or not self.checkpoint_basename or (
+            os.sep in self.checkpoint_basename
+        ):
+            raise ValueError(
+                f"checkpoint_basename must be a file name, got {self.checkpoint_basename!r}"
+            )
+        _check_secs("save_model_secs", self.save_model_secs)
+        _check_secs("save_summaries_secs", self.save_summaries_secs)
+        _check_secs("recovery_wait_secs", self.recovery_wait_secs)
+        _check_secs("stop_grace_secs", self.stop_grace_secs, allow_inf=True)
+        _check_secs("keep_checkpoint_every_n_hours", self.keep_checkpoint_every_n_hours, allow_none=True)
+        if self.save_model_steps is not None and (
+            isinstance(self.save_model_steps, bool)
+            or not isinstance(self.save_model_steps, int)
+            or self.save_model_steps <= 0
+        ):
+            raise ValueError(f"save_model_steps must be a positive int or None, got {self.save_model_steps!r}")
+        if isinstance(self.max_to_keep, bool) or not isinstance(self.max_to_keep, int) or self.max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be an int >= 1, got {self.max_to_keep!r}")
+        hooks = tuple(self.hooks)
+        for hook in hooks:
+            if not isinstance(hook, SessionRunHook) and not any(
+                callable(getattr(hook, m, None)) for m in ("before_run", "after_run", "begin", "end")
+            ):
+                raise TypeError(f"hooks must be SessionRunHook objects, got {hook!r}")
+        object.__setattr__(self, "hooks", hooks)
+        object.__setattr__(self, "queue_runners", tuple(self.queue_runners))
+        if not isinstance(self.clock, Clock):
+            raise TypeError(f"clock must have now() and sleep_until(), got {self.clock!r}")

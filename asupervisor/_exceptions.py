@@ -1,0 +1,47 @@
+"""The library's own exceptions, in one place.
+
+Class tree::
+
+    Exception
+    └── SupervisorError                 base of everything asupervisor raises itself
+        ├── CheckpointError             a checkpoint cannot be written, read or matched
+        ├── NanLossDuringTrainingError  NanTensorHook saw a NaN loss
+        ├── ServiceError                a service failed more often than its policy allows
+        └── DeadlineExceededError       (also a TimeoutError) waited too long
+
+Errors raised by user code (steps, hooks, services) are never wrapped: they come out of
+``managed_session()`` as themselves. This module must never import TensorFlow.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointError",
+    "DeadlineExceededError",
+    "NanLossDuringTrainingError",
+    "ServiceError",
+    "SupervisorError",
+]
+
+
+class SupervisorError(Exception):
+    """Base class of the errors asupervisor raises on its own behalf."""
+
+
+class CheckpointError(SupervisorError):
+    """A checkpoint could not be written, read, or does not match the model's state."""
+
+
+class NanLossDuringTrainingError(SupervisorError):
+    """Raised by ``NanTensorHook`` when the loss became NaN."""
+
+
+class ServiceError(SupervisorError):
+    """A service failed more often than its restart policy allows.
+
+    The last failure of the service is chained as ``__cause__``.
+    """
+
+
+class DeadlineExceededError(SupervisorError, TimeoutError):
+    """Waiting for something (a checkpoint, a ready model) ran out of time."""

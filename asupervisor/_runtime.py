@@ -1,0 +1,396 @@
+"""The engine of one managed session: step thread, stop scope, services, ordered shutdown.
+
+``Supervisor.managed_session()`` returns a :class:`Runtime`, an async context manager.
+
+Start-up: ``hook.begin()`` → state built, restored or initialised (``init_fn``) on the
+step thread → ``local_init_fn`` → ``ready_fn`` check → ``hook.after_create_session()`` →
+services started in the task group, each reporting ready → the stop scope is entered and
+the session is yielded.
+
+Shutdown, whatever the cause: stop requested → the step in flight finishes → services
+cancelled → final checkpoint (unless a step or hook raised) → ``hook.end()`` (clean stops
+only) → closers (summaries flushed) → dedicated threads joined → the cause re-raised. Each
+phase is bounded by what is left of ``stop_grace_secs``; a phase that overruns is logged
+by name (``shutdown.overrun phase=...``).
+
+Only the step thread touches model state. Nothing here blocks the event loop: the only
+waits are for the step thread and for services, all by awaiting.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Iterable
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import structlog
+
+from ._handoff import LoopHandle
+from ._hooks import HookRunner
+from ._services import Service, supervise
+from ._session import Session
+from ._signals import SignalService
+from ._status import CheckpointInfo, Status
+from ._step_counter import StepCounterService
+from ._stop import StopControl
+from ._tf import is_end_of_data, tf
+from ._threads import DedicatedThread
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
+    from ._clock import Clock
+    from ._config import SupervisorConfig
+
+__all__ = ["Runtime"]
+
+log = structlog.get_logger(__name__)
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+
+
+class Runtime:
+    """One managed session (an async context manager yielding :class:`Session`)."""
+
+    def __init__(self, config: SupervisorConfig, services: Iterable[Service]) -> None:
+        self.config = config
+        self.clock: Clock = config.clock
+        self.stop_grace_secs = config.stop_grace_secs
+        self.hooks = HookRunner(config.hooks)
+        self.step = 0  # steps completed; written only by the step thread
+        self.last_output: Any = None  # the last step's return value (hooks, summaries)
+        self.steps_per_sec: float | None = None
+        self.last_checkpoint: CheckpointInfo | None = None
+        self.restored_from: str | None = None
+        self.closed = False
+        self.checkpoint: Any = None  # the tf.train.Checkpoint holding state + global_step
+        self.global_step_var: Any = None
+        #: async callables run, in order, in the "final_checkpoint" phase of a stop
+        self.final_save: list[Callable[[], Awaitable[None]]] = []
+        #: async callables run, in order, in the "closers" phase (summaries flushed, ...)
+        self.closers: list[Callable[[], Awaitable[None]]] = []
+        self._user_services = list(services)
+        self._service_states: dict[str, str] = {}
+        self._threads: list[DedicatedThread] = []
+        self._tg: TaskGroup | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._entered = False
+
+    # -- what services see (ServiceContext) -------------------------------------------
+
+    @property
+    def global_step(self) -> int:
+        """Steps completed so far."""
+        return self.step
+
+    def new_thread(self, name: str) -> DedicatedThread:
+        """Start a dedicated thread that is joined when the session ends."""
+        thread = DedicatedThread(name, self.loop)
+        thread.start()
+        self._threads.append(thread)
+        return thread
+
+    def set_service_state(self, name: str, state: str) -> None:
+        """Record a service's state for ``status()``."""
+        self._service_states[name] = state
+
+    def status(self) -> Status:
+        """A frozen snapshot of this session."""
+        return Status(
+            running=self._entered and not self.closed,
+            global_step=self.step,
+            steps_per_sec=self.steps_per_sec,
+            last_checkpoint=self.last_checkpoint,
+            stop_reason=self.control.reason if self._entered else None,
+            services=MappingProxyType(dict(self._service_states)),
+        )
+
+    # -- step thread work ------------------------------------------------------------
+
+    def _startup(self) -> bool:
+        """On the step thread: begin hooks, build/restore/init state, check readiness."""
+        config = self.config
+        self.hooks.begin()
+        self._build_state()
+        restored = self._restore()
+        if not restored and config.init_fn is not None:
+            config.init_fn()
+        if config.local_init_fn is not None:
+            config.local_init_fn()
+        if config.ready_fn is not None:
+            not_ready = [str(name) for name in (config.ready_fn() or ())]
+            if not_ready:
+                raise RuntimeError(f"the model is not ready after start-up: {', '.join(not_ready)}")
+        self.step = int(self.global_step_var.numpy())
+        self.hooks.after_create_session(self.session)
+        return restored
+
+    def _build_state(self) -> None:
+        """Create the global step variable if needed and the checkpoint holding it all."""
+        tf_ = tf()
+        config = self.config
+        state = config.state
+        var = config.global_step
+        if var is None and state is not None and not isinstance(state, dict):
+            candidate = getattr(state, "global_step", None)
+            if isinstance(candidate, tf_.Variable):
+                var = candidate
+        if var is None and isinstance(state, dict) and isinstance(state.get("global_step"), tf_.Variable):
+            var = state["global_step"]
+        if var is None:
+            var = tf_.Variable(0, dtype=tf_.int64, trainable=False, name="global_step")
+        if not isinstance(var, tf_.Variable) or not var.dtype.is_integer or var.shape.rank != 0:
+            raise TypeError(f"global_step must be a scalar integer tf.Variable, got {var!r}")
+        self.global_step_var = var
+        if state is None:
+            self.checkpoint = tf_.train.Checkpoint(global_step=var)
+        elif isinstance(state, dict):
+            self.checkpoint = tf_.train.Checkpoint(**{**state, "global_step": var})
+        else:
+            if getattr(state, "global_step", None) is not var:
+                state.global_step = var
+            self.checkpoint = state
+
+    def _restore(self) -> bool:
+        """Restore the latest good checkpoint; ``False`` when there is none."""
+        return False
+
+    def sync_global_step(self) -> None:
+        """On the step thread: make the ``global_step`` variable equal the step count."""
+        var = self.global_step_var
+        if var is not None:
+            var.assign(self.step)
+
+    def _count(self, results: Any) -> int:
+        self.last_output = results
+        self.step += 1
+        return self.step
+
+    def run_one_step(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """On the step thread: one step, with hooks, counted."""
+        if self.step_thread.has_boundary_jobs:
+            self.step_thread.run_boundary_jobs()
+        try:
+            if self.hooks.per_step:
+                return self.hooks.run_step(self.control, self.session, fn, args, kwargs, self._count)
+            results = fn(*args, **kwargs)
+            self.last_output = results
+            self.step += 1
+            return results
+        except Exception as exc:
+            self._note_step_error(exc)
+            raise
+
+    def loop_job(self, fn: Callable[..., Any], data: Iterable[Any] | None, max_steps: int | None, halt: Any) -> tuple[int, str | None]:
+        """On the step thread: the step loop of ``Session.run_loop``.
+
+        Returns ``(steps run, stop reason or None)``. Checks, at every boundary, the stop
+        flag, this loop's halt flag, boundary jobs (snapshots) and ``max_steps``.
+        """
+        control = self.control
+        boundary = self.step_thread._boundary
+        run_boundary = self.step_thread.run_boundary_jobs
+        hooks = self.hooks
+        per_step = hooks.per_step
+        session = self.session
+        count = self._count
+        n = 0
+        reason: str | None = None
+        try:
+            iterator = None if data is None else self.make_iterator(data)
+            while not (control.stopping or halt.halted):
+                if boundary:
+                    run_boundary()
+                if max_steps is not None and self.step >= max_steps:
+                    reason = "max_steps"
+                    break
+                if iterator is None:
+                    if per_step:
+                        hooks.run_step(control, session, fn, (), {}, count)
+                    else:
+                        self.last_output = fn()
+                        self.step += 1
+                else:
+                    batch = next(iterator)
+                    if per_step:
+                        hooks.run_step(control, session, fn, (batch,), {}, count)
+                    else:
+                        self.last_output = fn(batch)
+                        self.step += 1
+                n += 1
+        except Exception as exc:
+            if not is_end_of_data(exc):
+                self._note_step_error(exc)
+                raise
+            reason = "end_of_data"
+        finally:
+            self.sync_global_step()
+        return n, reason
+
+    def make_iterator(self, data: Iterable[Any]) -> Any:
+        """On the step thread: an iterator over ``data`` (``iter(data)``)."""
+        return iter(data)
+
+    def _note_step_error(self, exc: BaseException) -> None:
+        # On the step thread: keep the error (never lost), mark the state suspect and
+        # raise the stop flag so nothing else runs; the awaiting task cancels the scope.
+        control = self.control
+        control.state_suspect = True
+        if not is_end_of_data(exc):
+            control.record_error(exc)
+
+    def step_failed(self, exc: BaseException) -> bool:
+        """On the loop thread: a step raised ``exc``; stop. Returns whether it was end of data."""
+        if is_end_of_data(exc):
+            self.control.request_stop(reason="end_of_data")
+            return True
+        self.control.request_stop(exc)
+        return False
+
+    # -- enter / exit ----------------------------------------------------------------
+
+    def _services(self) -> list[Service]:
+        config = self.config
+        services: list[Service] = []
+        if config.handle_signals:
+            services.append(SignalService())
+        if config.save_summaries_secs > 0:
+            services.append(StepCounterService(config.save_summaries_secs, self._on_rate))
+        services.extend(self._user_services)
+        return services
+
+    def _on_rate(self, step: int, rate: float) -> None:
+        self.steps_per_sec = rate
+
+    async def __aenter__(self) -> Session:
+        if self._entered:
+            raise RuntimeError("a managed session can be entered only once")
+        self._entered = True
+        self.loop = LoopHandle()
+        self.control = StopControl(self.loop)
+        self.session = Session(self)
+        self.step_thread = self.new_thread("asv-step")
+        try:
+            restored = await self.step_thread.call(self._startup)
+            self._tg = anyio.create_task_group()
+            await self._tg.__aenter__()
+            for service in self._services():
+                if service.name in self._service_states:
+                    raise ValueError(f"two services are named {service.name!r}; names must be unique")
+                self._service_states[service.name] = "starting"
+                await self._tg.start(supervise, service, self)
+            self._scope = anyio.CancelScope()
+            self.control.scope = self._scope
+            self._scope.__enter__()
+        except BaseException as exc:
+            await self._abort_start(exc)
+            raise
+        if self.control.stopping:  # a service failed or a stop came in during start-up
+            self._scope.cancel()
+        log.info(
+            "session.started",
+            global_step=self.step,
+            restored=restored,
+            logdir=str(self.config.logdir) if self.config.logdir else None,
+        )
+        return self.session
+
+    async def _abort_start(self, exc: BaseException) -> None:
+        """Start-up failed: undo what was started; the caller re-raises ``exc``."""
+        self.control.request_stop(exc if isinstance(exc, Exception) else None, reason=f"error:{type(exc).__name__}")
+        self.control.state_suspect = True
+        with anyio.CancelScope(shield=True):
+            if self._tg is not None:
+                await self._stop_services()
+            await self._close_threads()
+        self.closed = True
+        log.error("session.start_failed", error=repr(exc))
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        control = self.control
+        assert self._scope is not None
+        # The stop scope swallows its own cancellation: then the body's exception (a
+        # cancellation) must be suppressed by returning True.
+        suppress = bool(self._scope.__exit__(exc_type, exc, tb))
+        if suppress:
+            exc = None
+        if exc is None:
+            control.request_stop(reason="completed")
+        elif isinstance(exc, anyio.get_cancelled_exc_class()):
+            control.request_stop(reason="cancelled")  # the caller's scope: app shutdown
+        elif isinstance(exc, Exception) and is_end_of_data(exc):
+            control.request_stop(reason="end_of_data")
+            suppress = True
+        elif isinstance(exc, Exception):
+            control.request_stop(exc)
+        else:  # KeyboardInterrupt, SystemExit: stop without calling it clean
+            control.request_stop(reason=f"error:{type(exc).__name__}")
+            control.state_suspect = True
+        await self._shutdown(clean=not control.errors and not control.state_suspect)
+        if control.errors:
+            first = control.errors[0]
+            for other in control.errors[1:]:
+                _add_note(first, f"asupervisor: also raised during this session: {other!r}")
+            if first is exc:
+                return False
+            raise first
+        return suppress
+
+    async def _shutdown(self, *, clean: bool) -> None:
+        """Stop everything in order, each phase bounded by the rest of the grace period."""
+        control = self.control
+        grace = self.stop_grace_secs
+        deadline = anyio.current_time() + grace if math.isfinite(grace) else math.inf
+        # Services first: their task group is exited before any other scope is entered.
+        assert self._tg is not None
+        await self._stop_services()
+
+        async def phase(name: str, fn: Callable[[], Awaitable[object]]) -> None:
+            with anyio.CancelScope(shield=True, deadline=deadline) as scope:
+                try:
+                    await fn()
+                except Exception as exc:
+                    control.record_secondary(exc, where=name)
+            if scope.cancelled_caught:
+                log.error("shutdown.overrun", phase=name, grace_secs=grace)
+
+        if not control.state_suspect:
+            for save in self.final_save:
+                await phase("final_checkpoint", save)
+        await phase("sync_global_step", lambda: self.step_thread.call(self.sync_global_step))
+        if clean:
+            await phase("hooks_end", lambda: self.step_thread.call(self.hooks.end, self.session))
+        for closer in self.closers:
+            await phase("closers", closer)
+        await phase("threads", self._close_threads)
+        self.closed = True
+        log.info("session.stopped", reason=control.reason, global_step=self.step)
+
+    async def _stop_services(self) -> None:
+        tg = self._tg
+        if tg is None:
+            return
+        self._tg = None
+        tg.cancel_scope.shield = True  # an outer cancellation must not cut the wait short
+        tg.cancel_scope.cancel()
+        await tg.__aexit__(None, None, None)
+        for name, state in self._service_states.items():
+            if state not in ("failed", "finished"):
+                self._service_states[name] = "stopped"
+
+    async def _close_threads(self) -> None:
+        # Service threads first, the step thread (which owns the state) last.
+        for thread in reversed(self._threads):
+            await thread.aclose_within(self.stop_grace_secs)

@@ -1,0 +1,194 @@
+"""The session yielded by ``Supervisor.managed_session()``: how the body runs steps.
+
+Every method that runs user code sends it to the supervisor's step thread and awaits the
+result there, so the event loop stays free. ``run_loop`` runs the whole loop on the step
+thread (one hand-off per call, not per step). Stopping is cancellation: once a stop is
+requested, the body's next ``await`` is cancelled, and a step in flight still finishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ["Session", "StepContext"]
+
+
+class StepContext:
+    """What ``run_step_fn``'s ``step_fn`` receives (MonitoredSession parity).
+
+    It is used on the step thread, inside ``step_fn``.
+    """
+
+    __slots__ = ("_rt", "_stop")
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+        self._stop = False
+
+    @property
+    def session(self) -> Session:
+        """The session this step belongs to."""
+        return self._rt.session
+
+    @property
+    def global_step(self) -> int:
+        """Steps completed so far."""
+        return self._rt.step
+
+    def run_with_hooks(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn`` as one step: hooks around it, the step counted; returns its result."""
+        return self._rt.run_one_step(fn, args, kwargs)
+
+    def run_without_hooks(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn`` on the step thread with no hooks and without counting a step."""
+        return fn(*args, **kwargs)
+
+    def request_stop(self) -> None:
+        """Stop the session once ``step_fn`` returns."""
+        self._stop = True
+
+
+class Session:
+    """Runs steps for the body of ``async with sv.managed_session() as sess``."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    @property
+    def global_step(self) -> int:
+        """Steps completed so far, restored ones included (a Python int, no device sync)."""
+        return self._rt.step
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the session stopped or is stopping (``None`` while it runs).
+
+        One of ``requested``, ``max_steps``, ``end_of_data``, ``hook``, ``cancelled``,
+        ``completed``, ``signal:<NAME>``, ``service:<name>``, ``error:<TypeName>``.
+        """
+        return self._rt.control.reason
+
+    def should_stop(self) -> bool:
+        """Whether a stop was requested; any thread may ask."""
+        return self._rt.control.should_stop()
+
+    def request_stop(self, exc: BaseException | None = None) -> None:
+        """Stop the session at the next step boundary; any thread may call it.
+
+        Args:
+            exc: an error to raise out of ``managed_session()`` (the first one wins).
+        """
+        self._rt.control.request_stop(exc)
+
+    async def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` as one step on the step thread, hooks around it.
+
+        Returns:
+            What ``fn`` returned.
+
+        Raises:
+            RuntimeError: the session has stopped.
+            Exception: whatever ``fn`` or a hook raised (the session stops too).
+        """
+        rt = self._rt
+        await self._check_running()
+        waiter = rt.step_thread.submit(rt.run_one_step, fn, args, kwargs)
+        try:
+            return await waiter.wait(grace_secs=rt.config.stop_grace_secs)
+        except Exception as exc:
+            if rt.step_failed(exc):
+                await self._check_running()  # end of data: the session stops right here
+            raise
+
+    async def run_loop(
+        self,
+        fn: Callable[..., Any],
+        data: Iterable[Any] | None = None,
+        *,
+        max_steps: int | None = None,
+    ) -> int:
+        """Run steps on the step thread until a stop, ``max_steps`` or the end of ``data``.
+
+        Args:
+            fn: the step; called as ``fn(batch)`` for each item of ``data``, else ``fn()``.
+            data: an iterable (a ``tf.data.Dataset``, a generator, a queue runner, ...);
+                it is iterated on the step thread. Its end is a clean stop.
+            max_steps: stop once the *global* step reaches this (absolute, so a resumed
+                run stops at the same step); reaching it is a clean stop.
+
+        Returns:
+            The number of steps this call ran.
+        """
+        if max_steps is not None and (
+            isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0
+        ):
+            raise ValueError(f"max_steps must be an int >= 0 or None, got {max_steps!r}")
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        rt = self._rt
+        await self._check_running()
+        halt = _Halt()
+        waiter = rt.step_thread.submit(rt.loop_job, fn, data, max_steps, halt)
+        try:
+            steps, reason = await waiter.wait(halt.set, grace_secs=rt.config.stop_grace_secs)
+        except Exception as exc:
+            if rt.step_failed(exc):
+                await self._check_running()
+            raise
+        if reason is not None:
+            rt.control.request_stop(reason=reason)
+        return steps  # type: ignore[no-any-return]
+
+    async def run_step_fn(self, step_fn: Callable[[StepContext], Any]) -> Any:
+        """Call ``step_fn(step_context)`` on the step thread (MonitoredSession parity).
+
+        ``step_context.run_with_hooks(fn, *args)`` runs one counted step with hooks;
+        ``step_context.request_stop()`` stops the session after ``step_fn`` returns.
+
+        Returns:
+            What ``step_fn`` returned.
+        """
+        rt = self._rt
+        await self._check_running()
+        ctx = StepContext(rt)
+        waiter = rt.step_thread.submit(step_fn, ctx)
+        try:
+            result = await waiter.wait(grace_secs=rt.config.stop_grace_secs)
+        except Exception as exc:
+            if rt.step_failed(exc):
+                await self._check_running()
+            raise
+        if ctx._stop:
+            rt.control.request_stop(reason="requested")
+        return result
+
+    async def _check_running(self) -> None:
+        # A stopped session has a cancelled scope: this checkpoint ends the body here.
+        control = self._rt.control
+        if control.stopping and control.scope is not None:
+            control.scope.cancel()  # a request from another thread may still be in flight
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if control.should_stop() or self._rt.closed:
+            raise RuntimeError(
+                f"the session has stopped (reason={self._rt.control.reason!r}); "
+                "no more steps can run in it"
+            )
+
+
+class _Halt:
+    """Tells one running ``run_loop`` to end at the next step boundary."""
+
+    __slots__ = ("halted",)
+
+    def __init__(self) -> None:
+        self.halted = False
+
+    def set(self) -> None:
+        self.halted = True

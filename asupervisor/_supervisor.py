@@ -1,0 +1,201 @@
+"""``Supervisor``: the one-line front door for a long-running TF2 training.
+
+A ``Supervisor`` holds configuration and services; each ``managed_session()`` builds a
+fresh :class:`~asupervisor._runtime.Runtime` from them. Methods that report or request
+(``should_stop``, ``request_stop``, ``global_step``, ``status``) are safe from any thread.
+This module must not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ._clock import Clock, MonotonicClock
+from ._cluster import cluster_info
+from ._config import SupervisorConfig
+from ._hooks import SessionRunHook
+from ._runtime import Runtime
+from ._services import LoopedService, RestartPolicy, Service
+from ._status import Status
+
+__all__ = ["Supervisor"]
+
+
+class Supervisor:
+    """Runs a training: restore or init, services beside the step loop, clean stops.
+
+    Args:
+        logdir: where checkpoints and summaries go; ``None`` disables both services.
+        state: a ``tf.train.Checkpoint`` or a dict of trackables (models, optimizers,
+            variables, ``tf.random.Generator``); ``global_step`` is added to it.
+        global_step: a scalar integer ``tf.Variable``; created when not given. The
+            supervisor counts steps in Python and assigns the count to this variable at
+            step boundaries where state is read (checkpoints, end of ``run_loop``, stop).
+        is_chief: ``None`` derives it from ``TF_CONFIG``.
+        init_fn: called (no arguments, on the step thread) when nothing was restored.
+        local_init_fn: called after restore or init, always.
+        ready_fn: returns the names of what is not ready; a non-empty answer fails
+            start-up with ``RuntimeError``.
+        checkpoint_basename: checkpoint files are ``<logdir>/<basename>-<step>.*``.
+        save_model_secs: seconds between checkpoints; 0 disables timed checkpoints.
+        save_model_steps: steps between checkpoints, or ``None``.
+        max_to_keep: checkpoints kept.
+        keep_checkpoint_every_n_hours: also keep one checkpoint per this many hours.
+        save_summaries_secs: seconds between summaries and step-rate measurements; 0
+            disables both.
+        recovery_wait_secs: seconds between checks while waiting for a checkpoint.
+        stop_grace_secs: the longest a stop may take; overrunning phases are logged.
+        hooks: per-step ``SessionRunHook`` objects.
+        handle_signals: SIGINT and SIGTERM request a graceful stop (main thread only).
+        queue_runners: input queue runners started with the session.
+        clock: the time source of timers and services (tests pass a manual clock).
+
+    Raises:
+        ValueError: a setting is out of range (the message names it), or ``logdir``
+            exists and is not a directory.
+        TypeError: a setting has the wrong type.
+    """
+
+    def __init__(
+        self,
+        logdir: str | os.PathLike[str] | None = None,
+        *,
+        state: Any = None,
+        global_step: Any = None,
+        is_chief: bool | None = None,
+        init_fn: Callable[[], Any] | None = None,
+        local_init_fn: Callable[[], Any] | None = None,
+        ready_fn: Callable[[], Iterable[str]] | None = None,
+        checkpoint_basename: str = "model.ckpt",
+        save_model_secs: float = 600,
+        save_model_steps: int | None = None,
+        max_to_keep: int = 5,
+        keep_checkpoint_every_n_hours: float | None = None,
+        save_summaries_secs: float = 120,
+        recovery_wait_secs: float = 30,
+        stop_grace_secs: float = 120,
+        hooks: Sequence[SessionRunHook] = (),
+        handle_signals: bool = True,
+        queue_runners: Sequence[Any] = (),
+        clock: Clock | None = None,
+    ) -> None:
+        self.config = SupervisorConfig(
+            logdir=logdir,  # type: ignore[arg-type]  # normalised to a Path
+            state=state,
+            global_step=global_step,
+            is_chief=cluster_info().is_chief if is_chief is None else is_chief,
+            init_fn=init_fn,
+            local_init_fn=local_init_fn,
+            ready_fn=ready_fn,
+            checkpoint_basename=checkpoint_basename,
+            save_model_secs=save_model_secs,
+            save_model_steps=save_model_steps,
+            max_to_keep=max_to_keep,
+            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+            save_summaries_secs=save_summaries_secs,
+            recovery_wait_secs=recovery_wait_secs,
+            stop_grace_secs=stop_grace_secs,
+            hooks=hooks,
+            handle_signals=handle_signals,
+            queue_runners=queue_runners,
+            clock=clock or MonotonicClock(),
+        )
+        self._services: list[Service] = []
+        self._runtime: Runtime | None = None
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes checkpoints and summaries."""
+        return bool(self.config.is_chief)
+
+    @property
+    def logdir(self) -> str | None:
+        """The log directory, or ``None``."""
+        return None if self.config.logdir is None else str(self.config.logdir)
+
+    def managed_session(self) -> Runtime:
+        """An async context manager: restore-or-init, start services, yield a session.
+
+        On exit, whatever the cause, everything stops in order (see DESIGN "Start-up and
+        shutdown order") and the exception that caused the stop is re-raised as itself.
+        A supervisor runs one session at a time.
+
+        Raises:
+            RuntimeError: a session of this supervisor is already running.
+        """
+        if self._runtime is not None and not self._runtime.closed:
+            raise RuntimeError("this Supervisor already has a running managed session")
+        self._runtime = Runtime(self.config, self._services)
+        return self._runtime
+
+    def loop(
+        self,
+        interval_secs: float,
+        target: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        restart: RestartPolicy | None = None,
+    ) -> LoopedService:
+        """Add a looped service: ``target(*args, **kwargs)`` every ``interval_secs``.
+
+        The first call is at session start. An async ``target`` is awaited on the event
+        loop; a sync one runs on a dedicated thread, never on the loop thread. By default
+        an exception stops the session and propagates; give ``restart`` to restart the
+        service within limits instead. Added services start with the next session.
+
+        Args:
+            interval_secs: seconds between calls (> 0).
+            target: the function to call.
+            args: positional arguments for ``target``.
+            kwargs: keyword arguments for ``target``.
+            name: the service's name in logs and ``status()``; derived from ``target``.
+            restart: failure policy; ``None`` escalates on the first failure.
+
+        Returns:
+            The service (already registered).
+        """
+        service = LoopedService(interval_secs, target, tuple(args), kwargs, name=name, restart=restart)
+        self.add_service(service)
+        return service
+
+    def add_service(self, service: Service) -> None:
+        """Register a custom :class:`Service`, started with every later session."""
+        if not isinstance(service, Service):
+            raise TypeError(f"expected an asupervisor Service, got {service!r}")
+        if any(s.name == service.name for s in self._services):
+            raise ValueError(f"a service named {service.name!r} is already registered")
+        self._services.append(service)
+
+    def should_stop(self) -> bool:
+        """Whether the running session was asked to stop (``False`` with no session)."""
+        rt = self._runtime
+        return rt is not None and rt._entered and rt.control.should_stop()
+
+    def request_stop(self, exc: BaseException | None = None) -> None:
+        """Ask the running session to stop; callable from any thread.
+
+        Args:
+            exc: an error to raise out of ``managed_session()`` (the first one wins).
+
+        Raises:
+            RuntimeError: no session is running.
+        """
+        rt = self._runtime
+        if rt is None or not rt._entered or rt.closed:
+            raise RuntimeError("request_stop() needs a running managed_session()")
+        rt.control.request_stop(exc)
+
+    @property
+    def global_step(self) -> int:
+        """The last completed step (a Python int; 0 before the first session)."""
+        return 0 if self._runtime is None else self._runtime.step
+
+    def status(self) -> Status:
+        """A frozen snapshot: step, steps/sec, last checkpoint, stop reason, services."""
+        if self._runtime is None or not self._runtime._entered:
+            return Status(running=False, global_step=self.global_step)
+        return self._runtime.status()

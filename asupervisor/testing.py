@@ -1,0 +1,58 @@
+"""Helpers for testing code that uses asupervisor: a clock you move by hand.
+
+Use :class:`ManualClock` as ``Supervisor(..., clock=ManualClock())`` (or for any service
+that takes a clock) so that "every 600 s" runs the moment the test calls ``advance(600)``.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+__all__ = ["ManualClock"]
+
+
+class ManualClock:
+    """A :class:`asupervisor.Clock` whose time moves only when :meth:`advance` is called.
+
+    Sleepers wake, in deadline order, when the time passes their deadline. Methods must be
+    called on the event loop thread.
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(start)
+        self._changed = anyio.Event()
+        self._sleepers = 0
+        self._sleepers_changed = anyio.Event()
+
+    def now(self) -> float:
+        """The current manual time."""
+        return self._now
+
+    @property
+    def sleepers(self) -> int:
+        """How many tasks are waiting in :meth:`sleep_until` right now."""
+        return self._sleepers
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Wait until :meth:`advance` moved the time to ``deadline`` or beyond."""
+        self._sleepers += 1
+        self._sleepers_changed.set()
+        try:
+            while self._now < deadline:
+                await self._changed.wait()
+        finally:
+            self._sleepers -= 1
+
+    async def wait_for_sleepers(self, count: int = 1) -> None:
+        """Return once at least ``count`` tasks are sleeping on this clock."""
+        while self._sleepers < count:
+            self._sleepers_changed = anyio.Event()
+            await self._sleepers_changed.wait()
+
+    def advance(self, secs: float) -> None:
+        """Move time forward by ``secs`` and wake every sleeper whose deadline passed."""
+        if secs < 0:
+            raise ValueError(f"cannot move a clock backwards (secs={secs!r})")
+        self._now += secs
+        event, self._changed = self._changed, anyio.Event()
+        event.set()
