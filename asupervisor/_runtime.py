@@ -76,6 +76,9 @@ class Runtime:
         self.final_save: list[Callable[[], Awaitable[None]]] = []
         #: async callables run, in order, in the "closers" phase (summaries flushed, ...)
         self.closers: list[Callable[[], Awaitable[None]]] = []
+        #: callables returning ``{tag: scalar}`` that the summary service writes each tick
+        #: (queue runners register their ``queue/<name>/fraction_full`` here)
+        self.scalar_sources: list[Callable[[], dict[str, float]]] = []
         self._user_services = list(services)
         self._service_states: dict[str, str] = {}
         self._threads: list[DedicatedThread] = []
