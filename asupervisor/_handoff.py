@@ -115,7 +115,7 @@ class Waiter(Generic[T]):
                 raise error
             finally:
                 del error
-        return self._value  # type: ignore[no-any-return]
+        return self._value
 
     async def wait(
         self, on_cancel: Callable[[], object] | None = None, *, grace_secs: float = math.inf

@@ -132,7 +132,7 @@ async def supervise(
         while True:
             ctx.set_service_state(name, "starting" if not started.called else "restarting")
             try:
-                await service.run(ctx, task_status=started)  # type: ignore[arg-type]
+                await service.run(ctx, task_status=started)
             except Exception as exc:
                 policy = service.restart
                 now = ctx.clock.now()

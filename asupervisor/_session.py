@@ -144,7 +144,7 @@ class Session:
             raise
         if reason is not None:
             rt.control.request_stop(reason=reason)
-        return steps  # type: ignore[no-any-return]
+        return steps
 
     async def run_step_fn(self, step_fn: Callable[[StepContext], Any]) -> Any:
         """Call ``step_fn(step_context)`` on the step thread (MonitoredSession parity).

@@ -18,7 +18,9 @@ def tf() -> ModuleType:
     """The ``tensorflow`` module, imported on first call."""
     module = sys.modules.get("tensorflow")
     if module is None:
-        import tensorflow as module
+        import tensorflow
+
+        module = tensorflow
     return module
 
 
