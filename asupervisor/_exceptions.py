@@ -45,3 +45,11 @@ class ServiceError(SupervisorError):
 
 class DeadlineExceededError(SupervisorError, TimeoutError):
     """Waiting for something (a checkpoint, a ready model) ran out of time."""
+
+
+class EndOfData(Exception):
+    """Internal: a ``StopIteration`` carried across a thread hand-off.
+
+    A ``StopIteration`` cannot be raised through a coroutine (PEP 479), so a job that
+    raises one hands this over instead, with the original as ``__cause__``.
+    """

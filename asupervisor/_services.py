@@ -204,6 +204,16 @@ class LoopedService(Service):
         self.restart = restart
         self.is_async = _is_async_callable(target)
 
+    def _call_sync(self, control: StopControl) -> None:
+        # On the service's thread. An error that will escalate raises the stop flag at
+        # once, so the step loop stops at its next boundary, not after the hand-off.
+        try:
+            self.target(*self.args, **self.kwargs)
+        except Exception as exc:
+            if self.restart is None:
+                control.record_error(exc, reason=f"service:{self.name}")
+            raise
+
     async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
         """Call the target at every tick until cancelled."""
         if self.is_async:
@@ -217,7 +227,7 @@ class LoopedService(Service):
         try:
             async for _ in interval_ticks(ctx.clock, self.interval_secs):
                 ctx.set_service_state(self.name, "running")
-                waiter = thread.submit(self.target, *self.args, **self.kwargs)
+                waiter = thread.submit(self._call_sync, ctx.control)
                 await waiter.wait(grace_secs=ctx.stop_grace_secs)
         finally:
             await thread.aclose_within(ctx.stop_grace_secs)

@@ -171,15 +171,16 @@ class Session:
 
     async def _check_running(self) -> None:
         # A stopped session has a cancelled scope: this checkpoint ends the body here.
+        # While running, nothing to do: the wait that follows is itself a checkpoint.
         control = self._rt.control
-        if control.stopping and control.scope is not None:
+        if not (control.stopping or self._rt.closed):
+            return
+        if control.scope is not None:
             control.scope.cancel()  # a request from another thread may still be in flight
         await anyio.lowlevel.checkpoint_if_cancelled()
-        if control.should_stop() or self._rt.closed:
-            raise RuntimeError(
-                f"the session has stopped (reason={self._rt.control.reason!r}); "
-                "no more steps can run in it"
-            )
+        raise RuntimeError(
+            f"the session has stopped (reason={control.reason!r}); no more steps can run in it"
+        )
 
 
 class _Halt:

@@ -45,9 +45,13 @@ class StopControl:
         self._lock = threading.Lock()
 
     def should_stop(self) -> bool:
-        """Whether a stop was requested (the session scope is, or is being, cancelled)."""
-        scope = self.scope
-        return self.stopping or (scope is not None and scope.cancel_called)
+        """Whether a stop was requested (the session scope is, or is being, cancelled).
+
+        Only :meth:`request_stop` cancels the scope, and it raises the flag first, so
+        the flag is the answer, readable from any thread (trio's ``cancel_called`` is
+        not: it reads the loop's clock).
+        """
+        return self.stopping
 
     def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
         """Ask the session to stop; callable from any thread, any number of times.
@@ -67,7 +71,7 @@ class StopControl:
             log.info("session.stop_requested", reason=self.reason)
         self._loop.call_from_any_thread(self._cancel_scope)
 
-    def record_error(self, exc: BaseException) -> None:
+    def record_error(self, exc: BaseException, *, reason: str | None = None) -> None:
         """From any thread: keep ``exc`` as a stop cause and raise the stop flag.
 
         Unlike :meth:`request_stop` it leaves the scope alone: the task that will raise
@@ -77,7 +81,7 @@ class StopControl:
             if not any(e is exc for e in self.errors):
                 self.errors.append(exc)
             if self.reason is None:
-                self.reason = error_reason(exc)
+                self.reason = reason or error_reason(exc)
             self.stopping = True
 
     def _cancel_scope(self) -> None:

@@ -11,6 +11,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from ._exceptions import EndOfData
+
 __all__ = ["is_end_of_data", "is_recoverable", "tf"]
 
 
@@ -31,7 +33,7 @@ def _tf_errors() -> Any:
 
 def is_end_of_data(exc: BaseException) -> bool:
     """``StopIteration`` or ``tf.errors.OutOfRangeError``: the data ran out (a clean stop)."""
-    if isinstance(exc, StopIteration):
+    if isinstance(exc, (StopIteration, EndOfData)):
         return True
     errors = _tf_errors()
     return errors is not None and isinstance(exc, errors.OutOfRangeError)

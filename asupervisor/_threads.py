@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 import structlog
 
+from ._exceptions import EndOfData
 from ._handoff import LoopHandle, Waiter
 
 __all__ = ["DedicatedThread", "ThreadClosedError"]
@@ -55,6 +56,10 @@ class _Job:
     def run(self) -> None:
         try:
             result = self.fn(*self.args, **self.kwargs)
+        except StopIteration as exc:  # cannot travel through a coroutine (PEP 479)
+            end = EndOfData("end of data")
+            end.__cause__ = exc
+            self.waiter.set_error(end)
         except BaseException as exc:  # handed to the awaiting task, which re-raises it
             self.waiter.set_error(exc)
             if not isinstance(exc, Exception):
