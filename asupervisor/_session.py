@@ -144,6 +144,10 @@ class Session:
             raise
         if reason is not None:
             rt.control.request_stop(reason=reason)
+        elif rt.control.stopping:
+            # Ended by a stop whose cancellation may still be on its way from another
+            # thread: end the body here, as if it had arrived first.
+            await self._check_running()
         return steps
 
     async def run_step_fn(self, step_fn: Callable[[StepContext], Any]) -> Any:

@@ -67,9 +67,9 @@ class StopControl:
                 self.reason = reason or (error_reason(exc) if exc is not None else "requested")
             first = not self.stopping
             self.stopping = True
+        self._loop.call_from_any_thread(self._cancel_scope)
         if first:
             log.info("session.stop_requested", reason=self.reason)
-        self._loop.call_from_any_thread(self._cancel_scope)
 
     def record_error(self, exc: BaseException, *, reason: str | None = None) -> None:
         """From any thread: keep ``exc`` as a stop cause and raise the stop flag.
