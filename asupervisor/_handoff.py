@@ -117,6 +117,11 @@ class Waiter(Generic[T]):
                 del error
         return self._value
 
+    async def wait_cancellable(self) -> T:
+        """Wait for the outcome; a cancellation ends the wait at once (the work goes on)."""
+        await self._event.wait()
+        return self.outcome()
+
     async def wait(
         self, on_cancel: Callable[[], object] | None = None, *, grace_secs: float = math.inf
     ) -> T:

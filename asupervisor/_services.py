@@ -142,7 +142,7 @@ async def supervise(
                         failures.popleft()
                 if policy is None or len(failures) > policy.max_restarts:
                     ctx.set_service_state(name, "failed")
-                    log.error("service.failed", error=repr(exc), action="stop")
+                    log.error("service.failed", service=name, error=repr(exc), action="stop")
                     cause: BaseException = exc
                     if policy is not None:
                         cause = ServiceError(
@@ -155,7 +155,9 @@ async def supervise(
                     started.started()  # let a start-up that waits on us go on to stop
                     return
                 backoff = min(policy.max_backoff_secs, policy.backoff_secs * 2 ** (len(failures) - 1))
-                log.warning("service.failed", error=repr(exc), action="restart", backoff_secs=backoff)
+                log.warning(
+                    "service.failed", service=name, error=repr(exc), action="restart", backoff_secs=backoff
+                )
                 ctx.set_service_state(name, "backoff")
                 await ctx.clock.sleep_until(ctx.clock.now() + backoff)
                 continue

@@ -154,7 +154,7 @@ class DedicatedThread:
                 self._jobs.put(_STOP)
         if self._thread.ident is None:
             return
-        await self._exited.wait()
+        await self._exited.wait_cancellable()
         # The thread has signalled its last act; join() only waits for its teardown.
         self._thread.join()
 

@@ -1,0 +1,42 @@
+"""The public surface: names, docstrings, and a cheap, side-effect-free import."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import asupervisor as asv
+
+
+def test_all_is_sorted_and_complete() -> None:
+    """__all__ is sorted and every name in it exists."""
+    assert list(asv.__all__) == sorted(asv.__all__)
+    for name in asv.__all__:
+        assert hasattr(asv, name), name
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    """Every public class and function, and their public methods, are documented."""
+    missing = []
+    for name in asv.__all__:
+        obj = getattr(asv, name)
+        if not inspect.getdoc(obj):
+            missing.append(name)
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                if attr.startswith("_") or not (inspect.isfunction(member) or isinstance(member, property)):
+                    continue
+                if not inspect.getdoc(member):
+                    missing.append(f"{name}.{attr}")
+    assert not missing, f"undocumented: {missing}"
+
+
+def test_import_does_not_import_tensorflow_or_configure_logging() -> None:
+    """Importing asupervisor imports no TensorFlow and leaves structlog unconfigured."""
+    code = (
+        "import sys, structlog; before = structlog.is_configured(); import asupervisor;"
+        "assert 'tensorflow' not in sys.modules, 'tensorflow imported';"
+        "assert structlog.is_configured() == before, 'logging configured'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
