@@ -79,6 +79,9 @@ class Runtime:
         #: callables returning ``{tag: scalar}`` that the summary service writes each tick
         #: (queue runners register their ``queue/<name>/fraction_full`` here)
         self.scalar_sources: list[Callable[[], dict[str, float]]] = []
+        #: iterators run_loop finished with; released at shutdown, because destroying a
+        #: tf.data iterator can block for seconds while its background work winds down
+        self._spent_iterators: list[Any] = []
         self._user_services = list(services)
         self._service_states: dict[str, str] = {}
         self._threads: list[DedicatedThread] = []
@@ -206,6 +209,7 @@ class Runtime:
         count = self._count
         n = 0
         reason: str | None = None
+        iterator = None
         try:
             iterator = None if data is None else self.make_iterator(data)
             while not (control.stopping or halt.halted):
@@ -235,6 +239,8 @@ class Runtime:
             reason = "end_of_data"
         finally:
             self.sync_global_step()
+            if iterator is not None:
+                self._spent_iterators.append(iterator)
         return n, reason
 
     def make_iterator(self, data: Iterable[Any]) -> Any:
@@ -377,6 +383,8 @@ class Runtime:
             await phase("hooks_end", lambda: self.step_thread.call(self.hooks.end, self.session))
         for closer in self.closers:
             await phase("closers", closer)
+        if self._spent_iterators:
+            await phase("iterators", lambda: self.step_thread.call(self._spent_iterators.clear))
         await phase("threads", self._close_threads)
         self.closed = True
         log.info("session.stopped", reason=control.reason, global_step=self.step)
