@@ -226,10 +226,13 @@ class LoopedService(Service):
             return
         thread = ctx.new_thread(f"asv-{self.name}")
         task_status.started()
+        waiter = None
         try:
             async for _ in interval_ticks(ctx.clock, self.interval_secs):
                 ctx.set_service_state(self.name, "running")
                 waiter = thread.submit(self._call_sync, ctx.control)
                 await waiter.wait(grace_secs=ctx.stop_grace_secs)
         finally:
-            await thread.aclose_within(ctx.stop_grace_secs)
+            # A call that already overran its grace is not waited for a second time.
+            stuck = waiter is not None and not waiter.done
+            await thread.aclose_within(0 if stuck else ctx.stop_grace_secs)
