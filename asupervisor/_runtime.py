@@ -79,6 +79,10 @@ class Runtime:
         #: callables returning ``{tag: scalar}`` that the summary service writes each tick
         #: (queue runners register their ``queue/<name>/fraction_full`` here)
         self.scalar_sources: list[Callable[[], dict[str, float]]] = []
+        #: queue name → its ``statistics()`` callable, for ``status().queues``
+        self.queue_stats: dict[str, Callable[[], object]] = {}
+        #: callables releasing a step-thread wait for input; see :meth:`wake_step_thread`
+        self.step_wakers: list[Callable[[], None]] = []
         self._user_services = list(services)
         self._service_states: dict[str, str] = {}
         self._threads: list[DedicatedThread] = []
@@ -100,6 +104,11 @@ class Runtime:
         self._threads.append(thread)
         return thread
 
+    def wake_step_thread(self) -> None:
+        """Release waits for input on the step thread: a stop or a halted ``run_loop``."""
+        for wake in tuple(self.step_wakers):
+            wake()
+
     def set_service_state(self, name: str, state: str) -> None:
         """Record a service's state for ``status()``."""
         self._service_states[name] = state
@@ -113,6 +122,7 @@ class Runtime:
             last_checkpoint=self.last_checkpoint,
             stop_reason=self.control.reason if self._entered else None,
             services=MappingProxyType(dict(self._service_states)),
+            queues=MappingProxyType({name: stats() for name, stats in self.queue_stats.items()}),
         )
 
     # -- step thread work ------------------------------------------------------------
@@ -277,7 +287,7 @@ class Runtime:
             raise RuntimeError("a managed session can be entered only once")
         self._entered = True
         self.loop = LoopHandle()
-        self.control = StopControl(self.loop)
+        self.control = StopControl(self.loop, on_stop=self.wake_step_thread)
         self.session = Session(self)
         self.step_thread = self.new_thread("asv-step")
         try:
