@@ -185,6 +185,11 @@ class BoundedQueue:
         """
         items = self._items
         control = self._control
+        if self._loop.in_loop_thread() and not (self.ended or self.closed or control.stopping):
+            raise RuntimeError(
+                "waiting for a queue runner's input would block the event loop; consume it "
+                "on the step thread (sess.run_loop(fn, data=qr), or qr.get() inside a step)"
+            )
         start = time.perf_counter()
         with self._lock:
             self._consumer_waiting = True

@@ -108,6 +108,14 @@ class QueueRunner:
             (``queue/<name>/fraction_full``) and logs; the service is
             ``queue_runner:<name>``. Defaults to ``queue``, ``queue_1``, ...
 
+    Attributes:
+        source: the source, as given.
+        capacity: the most items queued at once.
+        threads: the number of producers.
+        name: the queue's name.
+        service: the :class:`~asupervisor.Service` that runs the producers
+            (``queue_runner:<name>`` in ``status().services``).
+
     Raises:
         TypeError: ``source`` is not iterable, async iterable or callable.
         ValueError: ``capacity`` or ``threads`` is below 1, or ``name`` is empty.
@@ -156,7 +164,8 @@ class QueueRunner:
         Raises:
             tf.errors.OutOfRangeError: every producer finished and the queue is drained,
                 or the session is stopping (both end the session cleanly).
-            RuntimeError: the queue runner is not part of a started session.
+            RuntimeError: the queue runner is not part of a started session, or the
+                queue is empty and the caller is the event loop (which must not block).
         """
         q = self._queue
         if q is None:
@@ -318,7 +327,7 @@ class _QueueRunnerService(Service):
     def _failed(self, ctx: ServiceContext, q: BoundedQueue, exc: Exception) -> None:
         # Record the cause before the consumer is released, so the session's stop
         # reason is this error and not the end of data the consumer then sees.
-        log.error("queue_runner.producer_failed", queue=self.qr.name, error=repr(exc))
+        log.error("queue_runner.producer_failed", service=self.name, queue=self.qr.name, error=repr(exc))
         ctx.control.request_stop(exc, reason=f"service:{self.name}")
         q.close()
 

@@ -437,3 +437,33 @@ async def test_statistics_in_status_and_scalar_sources(no_new_threads: None) -> 
     stats = sv.status().queues["feed"]
     assert isinstance(stats, asv.QueueStatistics)
     assert stats.produced == stats.consumed == 20 and stats.fraction_full == 0.0
+
+
+@pytest.mark.anyio
+async def test_get_refuses_to_block_the_event_loop(no_new_threads: None) -> None:
+    """``qr.get()`` called on the event loop with nothing queued raises instead of blocking."""
+    gate = threading.Event()
+
+    def held() -> Iterator[int]:
+        gate.wait(20)
+        return iter(())
+
+    qr = asv.QueueRunner(held, capacity=2)
+    sv = make_sv(qr)
+    async with sv.managed_session():
+        with pytest.raises(RuntimeError, match="block the event loop"):
+            qr.get()
+        gate.set()
+
+
+@pytest.mark.anyio
+async def test_each_session_starts_with_a_fresh_queue(no_new_threads: None) -> None:
+    """A factory source starts afresh in every session; statistics are per session."""
+    qr = asv.QueueRunner(lambda: iter(range(5)), capacity=2, name="again")
+    sv = make_sv(qr)
+    for _ in range(2):
+        seen: list[int] = []
+        async with sv.managed_session() as sess:
+            await sess.run_loop(seen.append, data=qr)
+        assert seen == list(range(5)) and sess.stop_reason == "end_of_data"
+        check_stats(qr, 5, 5)
