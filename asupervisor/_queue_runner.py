@@ -256,6 +256,8 @@ class _QueueRunnerService(Service):
         """Start the producers, report ready, and wait for them to finish."""
         rt: _RuntimeContext = ctx  # type: ignore[assignment]
         qr = self.qr
+        if qr._queue is not None and not qr._queue.closed:
+            raise RuntimeError(f"{qr!r} is already running in another session; a queue runner serves one at a time")
         q = BoundedQueue(qr.capacity, qr.threads, ctx.control, ctx.loop)
         qr._queue = q
         rt.queue_stats[qr.name] = qr.statistics

@@ -467,3 +467,34 @@ async def test_each_session_starts_with_a_fresh_queue(no_new_threads: None) -> N
             await sess.run_loop(seen.append, data=qr)
         assert seen == list(range(5)) and sess.stop_reason == "end_of_data"
         check_stats(qr, 5, 5)
+
+
+@pytest.mark.anyio
+async def test_async_producers_share_an_async_generator(no_new_threads: None) -> None:
+    """Several async producer tasks take turns on one async generator: nothing lost or doubled."""
+    async def numbers() -> AsyncIterator[int]:
+        for i in range(300):
+            if i % 7 == 0:
+                await anyio.lowlevel.checkpoint()
+            yield i
+
+    gen = numbers()
+    qr = asv.QueueRunner(gen, capacity=5, threads=3, name="shared_async")
+    sv = make_sv(qr)
+    seen: list[int] = []
+    async with sv.managed_session() as sess:
+        await sess.run_loop(seen.append, data=qr)
+    await gen.aclose()
+    assert sorted(seen) == list(range(300)) and sess.stop_reason == "end_of_data"
+    check_stats(qr, 300, 300)
+
+
+@pytest.mark.anyio
+async def test_a_queue_runner_serves_one_session_at_a_time(no_new_threads: None) -> None:
+    """Registering one queue runner with two supervisors that run at once fails the second."""
+    qr = asv.QueueRunner(lambda: iter(range(3)), capacity=1, name="single")
+    first, second = make_sv(qr), make_sv(qr)
+    async with first.managed_session():
+        with pytest.raises(RuntimeError, match="already running"):
+            async with second.managed_session():
+                pass  # pragma: no cover
