@@ -336,7 +336,10 @@ class Runtime:
         assert self._scope is not None
         # The stop scope swallows its own cancellation: then the body's exception (a
         # cancellation) must be suppressed by returning True.
-        suppress = bool(self._scope.__exit__(exc_type, exc, tb))
+        try:
+            suppress = bool(self._scope.__exit__(exc_type, exc, tb))
+        except BaseException as remaining:  # trio: the body's group minus the scope's Cancelled
+            suppress, exc = False, remaining
         if suppress:
             exc = None
         if exc is None:
