@@ -79,7 +79,7 @@ class Supervisor:
         stop_grace_secs: float = 120,
         hooks: Sequence[SessionRunHook] = (),
         handle_signals: bool = True,
-        queue_runners: Sequence[Any] = (),
+        queue_runners: Sequence[QueueRunner] = (),
         clock: Clock | None = None,
     ) -> None:
         self.config = SupervisorConfig(
