@@ -175,7 +175,8 @@ class QueueRunner:
         except IndexError:
             item = q.wait_get(False)
             if item is END:
-                raise tf().errors.OutOfRangeError(None, None, f"queue {self.name!r} is closed and empty") from None
+                message = f"queue {self.name!r} is closed and empty"
+                raise tf().errors.OutOfRangeError(None, None, message) from None
             return item
         if q._space_wanted and len(q._items) <= q.low_water:
             q.notify_space()
@@ -257,7 +258,9 @@ class _QueueRunnerService(Service):
         rt: _RuntimeContext = ctx  # type: ignore[assignment]
         qr = self.qr
         if qr._queue is not None and not qr._queue.closed:
-            raise RuntimeError(f"{qr!r} is already running in another session; a queue runner serves one at a time")
+            raise RuntimeError(
+                f"{qr!r} is already running in another session; a queue runner serves one at a time"
+            )
         q = BoundedQueue(qr.capacity, qr.threads, ctx.control, ctx.loop)
         qr._queue = q
         rt.queue_stats[qr.name] = qr.statistics
@@ -303,7 +306,9 @@ class _QueueRunnerService(Service):
             for thread in threads:
                 await thread.aclose_within(ctx.stop_grace_secs)
 
-    def _produce(self, ctx: ServiceContext, q: BoundedQueue, shared: Any, lock: threading.Lock | None) -> None:
+    def _produce(
+        self, ctx: ServiceContext, q: BoundedQueue, shared: Any, lock: threading.Lock | None
+    ) -> None:
         """On a producer thread: pull items and put them until the end, an error or close."""
         put = q.put
         try:
@@ -329,7 +334,9 @@ class _QueueRunnerService(Service):
     def _failed(self, ctx: ServiceContext, q: BoundedQueue, exc: Exception) -> None:
         # Record the cause before the consumer is released, so the session's stop
         # reason is this error and not the end of data the consumer then sees.
-        log.error("queue_runner.producer_failed", service=self.name, queue=self.qr.name, error=repr(exc))
+        log.error(
+            "queue_runner.producer_failed", service=self.name, queue=self.qr.name, error=repr(exc)
+        )
         ctx.control.request_stop(exc, reason=f"service:{self.name}")
         q.close()
 
@@ -351,7 +358,14 @@ class _QueueRunnerService(Service):
         if errors:
             raise errors[0]
 
-    async def _pump(self, ctx: ServiceContext, q: BoundedQueue, shared: Any, lock: anyio.Lock | None, errors: list[Exception]) -> None:
+    async def _pump(
+        self,
+        ctx: ServiceContext,
+        q: BoundedQueue,
+        shared: Any,
+        lock: anyio.Lock | None,
+        errors: list[Exception],
+    ) -> None:
         """On the event loop: pull an async iterator and put without blocking the loop."""
         own = None  # an iterator this producer made (from a factory): closed at the end
         try:

@@ -365,7 +365,9 @@ async def test_halted_run_loop_releases_the_consumer_and_keeps_items(no_new_thre
     async with sv.managed_session() as sess:
         with anyio.CancelScope() as scope:
             async def cancel_when_waiting() -> None:
-                await wait_until(lambda: qr._queue is not None and qr._queue._consumer_waiting and len(seen) == 3)
+                await wait_until(
+                    lambda: qr._queue is not None and qr._queue._consumer_waiting and len(seen) == 3
+                )
                 scope.cancel()
 
             async with anyio.create_task_group() as tg:
