@@ -86,7 +86,7 @@ class _RuntimeContext(ServiceContext, Protocol):
 
     scalar_sources: list[Callable[[], dict[str, float]]]
     step_wakers: list[Callable[[], None]]
-    queue_stats: dict[str, Callable[[], object]]
+    queue_stats: dict[str, Callable[[], QueueStatistics]]
 
 
 class QueueRunner:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from ._clock import Clock
     from ._config import SupervisorConfig
+    from ._queue_runner import QueueStatistics
 
 __all__ = ["Runtime"]
 
@@ -80,7 +81,7 @@ class Runtime:
         #: (queue runners register their ``queue/<name>/fraction_full`` here)
         self.scalar_sources: list[Callable[[], dict[str, float]]] = []
         #: queue name → its ``statistics()`` callable, for ``status().queues``
-        self.queue_stats: dict[str, Callable[[], object]] = {}
+        self.queue_stats: dict[str, Callable[[], QueueStatistics]] = {}
         #: callables releasing a step-thread wait for input; see :meth:`wake_step_thread`
         self.step_wakers: list[Callable[[], None]] = []
         self._user_services = list(services)
