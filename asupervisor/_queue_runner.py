@@ -312,7 +312,15 @@ class _QueueRunnerService(Service):
         """On a producer thread: pull items and put them until the end, an error or close."""
         put = q.put
         try:
-            it = iter(self.qr.source()) if shared is None else shared
+            it = shared
+            if it is None:
+                made = self.qr.source()
+                if hasattr(made, "__aiter__") and not hasattr(made, "__iter__"):
+                    raise TypeError(
+                        "a QueueRunner factory returned an async iterable: pass the async "
+                        "iterable itself, or make the factory an `async def` generator function"
+                    )
+                it = iter(made)
             if lock is None:
                 for item in it:
                     if not put(item):

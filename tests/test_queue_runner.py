@@ -500,3 +500,24 @@ async def test_a_queue_runner_serves_one_session_at_a_time(no_new_threads: None)
         with pytest.raises(RuntimeError, match="already running"):
             async with second.managed_session():
                 pass  # pragma: no cover
+
+
+@pytest.mark.anyio
+async def test_factory_returning_an_async_iterable_is_a_clear_error(no_new_threads: None) -> None:
+    """A sync factory that returns an async iterable stops the session with a TypeError saying why."""
+    async def records() -> AsyncIterator[int]:
+        yield 1
+
+    made: list[AsyncIterator[int]] = []
+
+    def factory() -> AsyncIterator[int]:
+        made.append(records())
+        return made[-1]
+
+    qr = asv.QueueRunner(factory, name="wrong")
+    sv = make_sv(qr)
+    with pytest.raises(TypeError, match="async def"):
+        async with sv.managed_session() as sess:
+            await sess.run_loop(lambda item: None, data=qr)
+    for gen in made:
+        await gen.aclose()
