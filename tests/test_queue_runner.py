@@ -285,15 +285,17 @@ async def test_fast_async_producer_slow_consumer(no_new_threads: None) -> None:
     ticks = 0
 
     def step(item: int) -> None:
-        if item == 0:  # hold the first step until the producer waits on a full queue
+        if item == 0:  # hold the first step until the producer waits on a full queue...
             wait_until_in_thread(lambda: qr._queue is not None and qr._queue._space_wanted > 0)
+            before = ticks  # ...and the event loop keeps running meanwhile
+            wait_until_in_thread(lambda: ticks >= before + 10)
         seen.append(item)
 
-    async def ticker() -> None:  # the loop stays responsive while the producer waits
+    async def ticker() -> None:
         nonlocal ticks
         while True:
             ticks += 1
-            await anyio.sleep(0)
+            await anyio.sleep(0.001)
 
     async with sv.managed_session() as sess:
         async with anyio.create_task_group() as tg:
@@ -301,7 +303,6 @@ async def test_fast_async_producer_slow_consumer(no_new_threads: None) -> None:
             await sess.run_loop(step, data=qr)
             tg.cancel_scope.cancel()
     assert seen == list(range(80)) and sess.stop_reason == "end_of_data"
-    assert ticks > 0
     stats = check_stats(qr, 80, 80)
     assert stats.max_size == capacity
 
