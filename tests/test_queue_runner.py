@@ -522,3 +522,25 @@ async def test_factory_returning_an_async_iterable_is_a_clear_error(no_new_threa
             await sess.run_loop(lambda item: None, data=qr)
     for gen in made:
         await gen.aclose()
+
+
+@pytest.mark.anyio
+async def test_get_inside_a_step_is_released_on_stop(no_new_threads: None) -> None:
+    """A step waiting in ``qr.get()`` for input that never comes ends when a stop is requested."""
+    async def nothing() -> AsyncIterator[int]:
+        await anyio.Event().wait()  # never set: cancelled at session end
+        yield 0  # pragma: no cover
+
+    qr = asv.QueueRunner(nothing, capacity=2)
+    sv = make_sv(qr)
+
+    async def stop_when_waiting() -> None:
+        await wait_until(lambda: qr._queue is not None and qr._queue._consumer_waiting)
+        sv.request_stop()
+
+    with anyio.fail_after(20):
+        async with sv.managed_session() as sess:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stop_when_waiting)
+                await sess.run(qr.get)
+    assert sess.stop_reason == "requested" and sv.global_step == 0
