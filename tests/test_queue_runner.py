@@ -57,6 +57,7 @@ def wait_until_in_thread(predicate: Callable[[], bool]) -> None:
 
 
 def check_stats(qr: asv.QueueRunner, produced: int, consumed: int) -> asv.QueueStatistics:
+    """Assert the counts of a finished queue and that its size never exceeded its capacity."""
     stats = qr.statistics()
     assert stats.produced == produced
     assert stats.consumed == consumed
