@@ -19,6 +19,8 @@ from ._hooks import SessionRunContext as SessionRunContext
 from ._hooks import SessionRunHook as SessionRunHook
 from ._hooks import SessionRunValues as SessionRunValues
 from ._logging import configure_logging as configure_logging
+from ._queue_runner import QueueRunner as QueueRunner
+from ._queue_runner import QueueStatistics as QueueStatistics
 from ._services import LoopedService as LoopedService
 from ._services import RestartPolicy as RestartPolicy
 from ._services import Service as Service
@@ -40,6 +42,8 @@ __all__ = [
     "LoopedService",
     "MonotonicClock",
     "NanLossDuringTrainingError",
+    "QueueRunner",
+    "QueueStatistics",
     "RestartPolicy",
     "Service",
     "ServiceContext",

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from ._clock import Clock
     from ._config import SupervisorConfig
+    from ._queue_runner import QueueStatistics
 
 __all__ = ["Runtime"]
 
@@ -82,6 +83,10 @@ class Runtime:
         #: iterators run_loop finished with; released at shutdown, because destroying a
         #: tf.data iterator can block for seconds while its background work winds down
         self._spent_iterators: list[Any] = []
+        #: queue name → its ``statistics()`` callable, for ``status().queues``
+        self.queue_stats: dict[str, Callable[[], QueueStatistics]] = {}
+        #: callables releasing a step-thread wait for input; see :meth:`wake_step_thread`
+        self.step_wakers: list[Callable[[], None]] = []
         self._user_services = list(services)
         self._service_states: dict[str, str] = {}
         self._threads: list[DedicatedThread] = []
@@ -103,6 +108,11 @@ class Runtime:
         self._threads.append(thread)
         return thread
 
+    def wake_step_thread(self) -> None:
+        """Release waits for input on the step thread: a stop or a halted ``run_loop``."""
+        for wake in tuple(self.step_wakers):
+            wake()
+
     def set_service_state(self, name: str, state: str) -> None:
         """Record a service's state for ``status()``."""
         self._service_states[name] = state
@@ -116,6 +126,7 @@ class Runtime:
             last_checkpoint=self.last_checkpoint,
             stop_reason=self.control.reason if self._entered else None,
             services=MappingProxyType(dict(self._service_states)),
+            queues=MappingProxyType({name: stats() for name, stats in self.queue_stats.items()}),
         )
 
     # -- step thread work ------------------------------------------------------------
@@ -284,7 +295,7 @@ class Runtime:
             raise RuntimeError("a managed session can be entered only once")
         self._entered = True
         self.loop = LoopHandle()
-        self.control = StopControl(self.loop)
+        self.control = StopControl(self.loop, on_stop=self.wake_step_thread)
         self.session = Session(self)
         self.step_thread = self.new_thread("asv-step")
         try:

@@ -134,7 +134,7 @@ class Session:
             raise TypeError(f"fn must be callable, got {fn!r}")
         rt = self._rt
         await self._check_running()
-        halt = _Halt()
+        halt = _Halt(rt.wake_step_thread)
         waiter = rt.step_thread.submit(rt.loop_job, fn, data, max_steps, halt)
         try:
             steps, reason = await waiter.wait(halt.set, grace_secs=rt.config.stop_grace_secs)
@@ -190,10 +190,13 @@ class Session:
 class _Halt:
     """Tells one running ``run_loop`` to end at the next step boundary."""
 
-    __slots__ = ("halted",)
+    __slots__ = ("halted", "_wake")
 
-    def __init__(self) -> None:
+    def __init__(self, wake: Callable[[], None] | None = None) -> None:
         self.halted = False
+        self._wake = wake
 
     def set(self) -> None:
         self.halted = True
+        if self._wake is not None:  # release a wait for input (a queue runner's)
+            self._wake()

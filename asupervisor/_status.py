@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._queue_runner import QueueStatistics
 
 __all__ = ["CheckpointInfo", "Status"]
 
@@ -45,4 +49,4 @@ class Status:
     last_checkpoint: CheckpointInfo | None = None
     stop_reason: str | None = None
     services: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    queues: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+    queues: Mapping[str, QueueStatistics] = field(default_factory=lambda: MappingProxyType({}))

@@ -13,6 +13,7 @@ first being the one ``managed_session()`` raises. This module must never block.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import structlog
@@ -35,7 +36,7 @@ def error_reason(exc: BaseException) -> str:
 class StopControl:
     """Thread-safe stop requests for one session, backed by its cancel scope."""
 
-    def __init__(self, loop: LoopHandle) -> None:
+    def __init__(self, loop: LoopHandle, on_stop: Callable[[], None] | None = None) -> None:
         self.stopping = False  # read by the step loop at every boundary
         self.reason: str | None = None
         self.errors: list[BaseException] = []
@@ -43,6 +44,8 @@ class StopControl:
         self.scope: anyio.CancelScope | None = None
         self._loop = loop
         self._lock = threading.Lock()
+        #: called, from the requesting thread, at every stop request (wakes blocked waits)
+        self._on_stop = on_stop
 
     def should_stop(self) -> bool:
         """Whether a stop was requested (the session scope is, or is being, cancelled).
@@ -67,6 +70,8 @@ class StopControl:
                 self.reason = reason or (error_reason(exc) if exc is not None else "requested")
             first = not self.stopping
             self.stopping = True
+        if self._on_stop is not None:
+            self._on_stop()
         self._loop.call_from_any_thread(self._cancel_scope)
         if first:
             log.info("session.stop_requested", reason=self.reason)

@@ -16,6 +16,7 @@ from ._clock import Clock, MonotonicClock
 from ._cluster import cluster_info
 from ._config import SupervisorConfig
 from ._hooks import SessionRunHook
+from ._queue_runner import QueueRunner
 from ._runtime import Runtime
 from ._services import LoopedService, RestartPolicy, Service
 from ._status import Status
@@ -78,7 +79,7 @@ class Supervisor:
         stop_grace_secs: float = 120,
         hooks: Sequence[SessionRunHook] = (),
         handle_signals: bool = True,
-        queue_runners: Sequence[Any] = (),
+        queue_runners: Sequence[QueueRunner] = (),
         clock: Clock | None = None,
     ) -> None:
         self.config = SupervisorConfig(
@@ -104,6 +105,8 @@ class Supervisor:
         )
         self._services: list[Service] = []
         self._runtime: Runtime | None = None
+        for qr in self.config.queue_runners:
+            self.add_queue_runner(qr)
 
     @property
     def is_chief(self) -> bool:
@@ -169,6 +172,17 @@ class Supervisor:
         if any(s.name == service.name for s in self._services):
             raise ValueError(f"a service named {service.name!r} is already registered")
         self._services.append(service)
+
+    def add_queue_runner(self, qr: QueueRunner) -> None:
+        """Register a :class:`QueueRunner`; its producers start with every later session.
+
+        Raises:
+            TypeError: ``qr`` is not a ``QueueRunner``.
+            ValueError: a queue runner of the same name is already registered.
+        """
+        if not isinstance(qr, QueueRunner):
+            raise TypeError(f"expected an asupervisor QueueRunner, got {qr!r}")
+        self.add_service(qr.service)
 
     def should_stop(self) -> bool:
         """Whether the running session was asked to stop (``False`` with no session)."""

@@ -40,3 +40,17 @@ def test_import_does_not_import_tensorflow_or_configure_logging() -> None:
         "assert structlog.is_configured() == before, 'logging configured'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_library_never_uses_pooled_threads() -> None:
+    """The library starts only threads it joins: no anyio/trio thread pools, no executors."""
+    from pathlib import Path
+
+    package = Path(asv.__file__).parent
+    offenders = [
+        f"{path.name}: {needle}"
+        for path in package.glob("*.py")
+        for needle in ("to_thread", "run_in_executor", "ThreadPoolExecutor")
+        if needle in path.read_text()
+    ]
+    assert not offenders
