@@ -35,6 +35,7 @@ from ._signals import SignalService
 from ._status import CheckpointInfo, Status
 from ._step_counter import StepCounterService
 from ._stop import StopControl
+from ._summary import SummaryService, SummaryWriter
 from ._tf import is_end_of_data, tf
 from ._threads import DedicatedThread
 
@@ -79,6 +80,8 @@ class Runtime:
         #: callables returning ``{tag: scalar}`` that the summary service writes each tick
         #: (queue runners register their ``queue/<name>/fraction_full`` here)
         self.scalar_sources: list[Callable[[], dict[str, float]]] = []
+        #: the event-file writer (chief with a logdir only), created on entering
+        self.summary_writer: SummaryWriter | None = None
         self._user_services = list(services)
         self._service_states: dict[str, str] = {}
         self._threads: list[DedicatedThread] = []
@@ -164,6 +167,27 @@ class Runtime:
     def _restore(self) -> bool:
         """Restore the latest good checkpoint; ``False`` when there is none."""
         return False
+
+    def save_checkpoint_from_step_thread(self, directory: str | None = None, basename: str | None = None) -> str:
+        """On the step thread: checkpoint the state now and make it the latest; its path.
+
+        The seam ``CheckpointSaverHook`` saves through (see ``_checkpoint_seam``).
+        """
+        from ._checkpoint_seam import write_checkpoint_now
+
+        config = self.config
+        target = directory if directory is not None else config.logdir
+        if target is None:
+            raise ValueError("no checkpoint directory: the Supervisor has no logdir")
+        self.sync_global_step()
+        return write_checkpoint_now(
+            self.checkpoint,
+            target,
+            basename or config.checkpoint_basename,
+            self.step,
+            max_to_keep=config.max_to_keep,
+            keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
+        )
 
     def sync_global_step(self) -> None:
         """On the step thread: make the ``global_step`` variable equal the step count."""
@@ -266,11 +290,15 @@ class Runtime:
             services.append(SignalService())
         if config.save_summaries_secs > 0:
             services.append(StepCounterService(config.save_summaries_secs, self._on_rate))
+            if self.summary_writer is not None:
+                services.append(SummaryService(config.save_summaries_secs, self.summary_writer, self))
         services.extend(self._user_services)
         return services
 
     def _on_rate(self, step: int, rate: float) -> None:
         self.steps_per_sec = rate
+        if self.summary_writer is not None:
+            self.summary_writer.write(step, {"global_step/sec": rate})
 
     async def __aenter__(self) -> Session:
         if self._entered:
@@ -280,6 +308,7 @@ class Runtime:
         self.control = StopControl(self.loop)
         self.session = Session(self)
         self.step_thread = self.new_thread("asv-step")
+        self.summary_writer = SummaryWriter.open(self)
         try:
             restored = await self.step_thread.call(self._startup)
             self._tg = anyio.create_task_group()
