@@ -268,10 +268,11 @@ class Runtime:
     def _note_step_error(self, exc: BaseException) -> None:
         # On the step thread: keep the error (never lost), mark the state suspect and
         # raise the stop flag so nothing else runs; the awaiting task cancels the scope.
+        if is_end_of_data(exc):  # the data ran out: a clean stop (TF1 calls hook.end too)
+            return
         control = self.control
         control.state_suspect = True
-        if not is_end_of_data(exc):
-            control.record_error(exc)
+        control.record_error(exc)
 
     def step_failed(self, exc: BaseException) -> bool:
         """On the loop thread: a step raised ``exc``; stop. Returns whether it was end of data."""

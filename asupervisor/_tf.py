@@ -31,6 +31,10 @@ def is_end_of_data(exc: BaseException) -> bool:
     """``StopIteration`` or ``tf.errors.OutOfRangeError``: the data ran out (a clean stop)."""
     if isinstance(exc, StopIteration):
         return True
+    if isinstance(exc, RuntimeError) and isinstance(exc.__cause__, StopIteration) and (
+        str(exc) == "coroutine raised StopIteration"  # PEP 479, on its way to an awaiting task
+    ):
+        return True
     errors = _tf_errors()
     return errors is not None and isinstance(exc, errors.OutOfRangeError)
 
