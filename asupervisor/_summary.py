@@ -1,9 +1,11 @@
 """TensorBoard summaries: one event-file writer per session and the timed summary service.
 
-:class:`SummaryWriter` owns a dedicated thread (``asv-summary``) and the
-``tf.summary`` file writer, created on that thread and used only there (``tf.summary``
-keeps its default writer per thread, so every write enters ``writer.as_default()`` and
-passes ``step=`` explicitly). Anyone may queue values from any thread with
+:class:`SummaryWriter` owns a dedicated thread (``asv-summary``) and an event file,
+opened and written only there. Events hold the protos ``tf.summary`` writes (tensors
+with the scalars/histograms/text plugin metadata), built by TensorBoard's own ``*_pb``
+helpers and framed by ``tf.io.TFRecordWriter``: a write costs tens of microseconds
+instead of the ~0.4 ms of eager ``tf.summary`` ops (which also hold the GIL the step
+thread needs), and no per-thread default writer is involved. Anyone may queue values from any thread with
 :meth:`SummaryWriter.write`: the stock hooks from the step thread, the services and
 ``Supervisor.summary_computed`` from the event loop. Values may be eager tensors: they are
 read (``.numpy()``) on the summary thread, so the step thread never waits for a device
@@ -22,8 +24,12 @@ flushed and closed in the session's ``closers`` phase.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
+import os
+import socket
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,8 +86,15 @@ def scalar_entries(output: Any) -> dict[str, Any]:
     return scalars
 
 
-def _write_value(tf_: Any, name: str, value: Any, step: int) -> None:
-    """On the summary thread: one value as a scalar, histogram or text summary."""
+_file_counter = itertools.count()
+
+
+def _summary_value(name: str, value: Any) -> Any:
+    """On the summary thread: one value as a scalar, histogram or text ``Summary``.
+
+    The protos are those ``tf.summary`` writes (tensors with plugin metadata), built by
+    TensorBoard's own ``*_pb`` helpers without running TensorFlow ops.
+    """
     import numpy as np
 
     if hasattr(value, "numpy"):
@@ -90,13 +103,17 @@ def _write_value(tf_: Any, name: str, value: Any, step: int) -> None:
     kind = array.dtype.kind
     if kind in "biuf":
         if array.ndim == 0:
-            tf_.summary.scalar(name, float(array), step=step)
-        else:
-            tf_.summary.histogram(name, array.astype(np.float64), step=step)
-    elif kind in "SUO":
-        tf_.summary.text(name, tf_.constant(array.astype(str) if kind != "S" else array), step=step)
-    else:
-        raise TypeError(f"cannot write summary {name!r}: unsupported value {value!r}")
+            from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+
+            return scalar_pb(name, float(array))
+        from tensorboard.plugins.histogram.summary_v2 import histogram_pb
+
+        return histogram_pb(name, array.astype(np.float64))
+    if kind in "SUO":
+        from tensorboard.plugins.text.summary_v2 import text_pb
+
+        return text_pb(name, array.astype(str) if kind != "U" else array)
+    raise TypeError(f"cannot write summary {name!r}: unsupported value {value!r}")
 
 
 class SummaryWriter:
@@ -165,17 +182,31 @@ class SummaryWriter:
                 values.update(source())
             if not values:
                 return
-            tf_ = tf()
-            if self._writer is None:
-                self.logdir.mkdir(parents=True, exist_ok=True)
-                self._writer = tf_.summary.create_file_writer(str(self.logdir))
-            with self._writer.as_default():
-                for name, value in values.items():
-                    _write_value(tf_, name, value, step)
+            from tensorboard.compat.proto import event_pb2, summary_pb2
+
+            summary = summary_pb2.Summary()
+            for name, value in values.items():
+                summary.value.extend(_summary_value(name, value).value)
+            self._record(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
         except Exception as exc:
             log.error("summary.write_failed", step=step, error=repr(exc))
             self._rt.control.request_stop(exc, reason="service:summary")
             raise
+
+    def _record(self, event: Any) -> None:
+        """On the summary thread: append one ``Event`` to this session's event file."""
+        if self._writer is None:
+            from tensorboard.compat.proto import event_pb2
+
+            self.logdir.mkdir(parents=True, exist_ok=True)
+            name = (
+                f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
+                f"{os.getpid()}.{next(_file_counter)}.v2"
+            )
+            self._writer = tf().io.TFRecordWriter(str(self.logdir / name))
+            header = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
+            self._writer.write(header.SerializeToString())
+        self._writer.write(event.SerializeToString())
 
     def _close_job(self) -> None:
         if self._writer is not None:
