@@ -156,8 +156,9 @@ class StepCounterHook(SessionRunHook):
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
         """Measure and report the rate when the timer fires."""
         step = run_values.global_step
-        if self._timer.should_trigger_for_step(step):
-            secs, steps = self._timer.update_last_triggered_step(step)
+        timer = self._timer
+        if step >= timer.next_step and timer.should_trigger_for_step(step):
+            secs, steps = timer.update_last_triggered_step(step)
             if secs and steps is not None and secs > 0:
                 rate = steps / secs
                 self.steps_per_sec = rate
@@ -231,7 +232,7 @@ class LoggingTensorHook(SessionRunHook):
         timer = self._timer
         if timer is not None:
             it = self._iter
-            if timer.should_trigger_for_step(it):
+            if it >= timer.next_step and timer.should_trigger_for_step(it):
                 secs, _ = timer.update_last_triggered_step(it)
                 self._log(run_values.results, run_values.global_step, secs)
             self._iter = it + 1
@@ -316,8 +317,9 @@ class SummarySaverHook(SessionRunHook):
         """Queue the step's scalars when the timer fires."""
         writer = self._writer
         step = run_values.global_step
-        if writer is not None and self._timer.should_trigger_for_step(step):
-            self._timer.update_last_triggered_step(step)
+        timer = self._timer
+        if step >= timer.next_step and writer is not None and timer.should_trigger_for_step(step):
+            timer.update_last_triggered_step(step)
             scalars = scalar_entries(run_values.results)
             if self._keys is not None:
                 scalars = {k: v for k, v in scalars.items() if k in self._keys}
@@ -458,7 +460,10 @@ class ProfilerHook(SessionRunHook):
     def before_run(self, run_context: SessionRunContext) -> None:
         """Start a trace if the coming step is one to trace."""
         rt = self._rt
-        if self._dir is None or rt is None or not self._timer.should_trigger_for_step(rt.step + 1):
+        timer = self._timer
+        if rt is None or rt.step + 1 < timer.next_step or self._dir is None:
+            return
+        if not timer.should_trigger_for_step(rt.step + 1):
             return
         from ._tf import tf
 
@@ -565,8 +570,9 @@ class CheckpointSaverHook(SessionRunHook):
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
         """Save when the timer fires."""
         step = run_values.global_step
-        if self._timer.should_trigger_for_step(step):
-            self._timer.update_last_triggered_step(step)
+        timer = self._timer
+        if step >= timer.next_step and timer.should_trigger_for_step(step):
+            timer.update_last_triggered_step(step)
             if self._save(run_context.session, step):
                 run_context.request_stop()
 

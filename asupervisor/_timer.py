@@ -78,7 +78,7 @@ class SecondOrStepTimer:
             one is not positive.
     """
 
-    __slots__ = ("_every_secs", "_every_steps", "_clock", "_last_step", "_last_time", "_next_step", "_next_time")
+    __slots__ = ("_every_secs", "_every_steps", "_clock", "_last_step", "_last_time", "next_step", "_next_time")
 
     def __init__(
         self,
@@ -115,8 +115,10 @@ class SecondOrStepTimer:
         """Forget the last firing: the next step asked about fires."""
         self._last_step: int | None = None
         self._last_time: float | None = None
-        self._next_step = -_NEVER  # fires on the first step
-        self._next_time = math.inf
+        #: the lowest step that may fire: callers on a hot path skip the call below it
+        #: (``if step >= timer.next_step and timer.should_trigger_for_step(step)``)
+        self.next_step = -_NEVER  # fires on the first step
+        self._next_time = -math.inf
 
     def should_trigger_for_step(self, step: int) -> bool:
         """Whether the timer fires at ``step`` (never twice for one step).
@@ -124,11 +126,11 @@ class SecondOrStepTimer:
         Args:
             step: the step about to be, or just, completed.
         """
-        if step >= self._next_step:
-            return step != self._last_step
-        if self._every_secs is not None and step != self._last_step:
-            return self._clock.now() >= self._next_time
-        return False
+        if step < self.next_step or step == self._last_step:
+            return False
+        if self._every_secs is None:
+            return True
+        return self._clock.now() >= self._next_time
 
     def update_last_triggered_step(self, step: int) -> tuple[float | None, int | None]:
         """Record a firing at ``step``.
@@ -145,10 +147,10 @@ class SecondOrStepTimer:
         self._last_step = step
         self._last_time = now
         if self._every_steps is not None:
-            self._next_step = step + self._every_steps
+            self.next_step = step + self._every_steps
         else:
-            self._next_step = _NEVER
             assert self._every_secs is not None
+            self.next_step = step + 1
             self._next_time = now + self._every_secs
         return elapsed
 
