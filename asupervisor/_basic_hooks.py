@@ -450,12 +450,20 @@ class ProfilerHook(SessionRunHook):
         self._timer.reset()
 
     def after_create_session(self, session: Session) -> None:
-        """Work out where traces go."""
+        """Work out where traces go; make sure no trace outlives the session."""
         self._rt = rt = _runtime(session)
         if self._output_dir is not None:
             self._dir = self._output_dir
         elif rt.config.logdir is not None and rt.config.is_chief:
             self._dir = str(rt.config.logdir)
+        if self._dir is not None:
+            rt.closers.append(self._aclose)
+
+    async def _aclose(self) -> None:
+        """A session closer: a trace still open after an error is stopped (on the step thread)."""
+        rt = self._rt
+        if self._tracing and rt is not None:
+            await rt.step_thread.call(self._stop, rt.step)
 
     def before_run(self, run_context: SessionRunContext) -> None:
         """Start a trace if the coming step is one to trace."""

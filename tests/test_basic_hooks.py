@@ -330,3 +330,16 @@ async def test_profiler_hook_writes_a_trace_tensorboard_reads(tmp_path: Path) ->
         await sess.run_loop(step, max_steps=3)
     traces = list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+async def test_profiler_hook_closes_a_trace_left_open_by_an_error(tmp_path: Path) -> None:
+    """A step that raises while traced does not leave the profiler running."""
+
+    def boom() -> None:
+        raise ValueError("step failed")
+
+    with pytest.raises(ValueError):
+        async with make_sv([asv.ProfilerHook(save_steps=10)], tmp_path).managed_session() as sess:
+            await sess.run(boom)
+    tf.profiler.experimental.start(str(tmp_path / "again"))  # raises if a session were still open
+    tf.profiler.experimental.stop()

@@ -263,3 +263,28 @@ def test_runner_rejects_non_hooks() -> None:
     """An object with no hook method is a ``TypeError``."""
     with pytest.raises(TypeError):
         HookRunner([object()])  # type: ignore[list-item]
+
+
+def test_hook_names_are_exported_and_import_stays_cheap() -> None:
+    """The hook, summary and MonitoredTrainingSession names are public; ``__all__`` is sorted."""
+    import subprocess
+    import sys
+
+    for name in (
+        "CheckpointSaverHook",
+        "CheckpointSaverListener",
+        "FinalOpsHook",
+        "GlobalStepWaiterHook",
+        "LoggingTensorHook",
+        "MonitoredTrainingSession",
+        "NanTensorHook",
+        "ProfilerHook",
+        "SecondOrStepTimer",
+        "StepCounterHook",
+        "StopAtStepHook",
+        "SummarySaverHook",
+    ):
+        assert name in asv.__all__ and hasattr(asv, name)
+    assert asv.__all__ == sorted(asv.__all__)
+    code = "import sys, asupervisor; assert 'tensorflow' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
