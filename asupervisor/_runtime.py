@@ -73,6 +73,8 @@ class Runtime:
         self.closed = False
         self.checkpoint: Any = None  # the tf.train.Checkpoint holding state + global_step
         self.global_step_var: Any = None
+        #: the event-file writer (chief with a logdir only), created on entering
+        self.summary_writer: SummaryWriter | None = None
         #: async callables run, in order, in the "final_checkpoint" phase of a stop
         self.final_save: list[Callable[[], Awaitable[None]]] = []
         #: async callables run, in order, in the "closers" phase (summaries flushed, ...)
@@ -80,8 +82,6 @@ class Runtime:
         #: callables returning ``{tag: scalar}`` that the summary service writes each tick
         #: (queue runners register their ``queue/<name>/fraction_full`` here)
         self.scalar_sources: list[Callable[[], dict[str, float]]] = []
-        #: the event-file writer (chief with a logdir only), created on entering
-        self.summary_writer: SummaryWriter | None = None
         self._user_services = list(services)
         self._service_states: dict[str, str] = {}
         self._threads: list[DedicatedThread] = []
