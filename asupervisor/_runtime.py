@@ -399,11 +399,12 @@ class Runtime:
             if scope.cancelled_caught:
                 log.error("shutdown.overrun", phase=name, grace_secs=grace)
 
-        if not control.state_suspect:
-            for save in self.final_save:
-                await phase("final_checkpoint", save)
+        for save in self.final_save:
+            if control.state_suspect:  # also set by a final check (NanTensorHook's last loss)
+                break
+            await phase("final_checkpoint", save)
         await phase("sync_global_step", lambda: self.step_thread.call(self.sync_global_step))
-        if clean:
+        if clean and not control.state_suspect:
             await phase("hooks_end", lambda: self.step_thread.call(self.hooks.end, self.session))
         for closer in self.closers:
             await phase("closers", closer)

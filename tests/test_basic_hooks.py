@@ -87,8 +87,13 @@ def test_stop_at_step_arguments() -> None:
 # -- NanTensorHook ----------------------------------------------------------------------
 
 
-async def test_nan_tensor_hook_raises_on_nan_loss_without_end() -> None:
-    """A NaN loss raises ``NanLossDuringTrainingError`` out of the session; ``end`` hooks do not run."""
+@pytest.mark.parametrize("immediate", [False, True])
+async def test_nan_tensor_hook_raises_on_nan_loss_without_end(immediate: bool) -> None:
+    """A NaN loss raises ``NanLossDuringTrainingError`` naming its step; ``end`` hooks do not run.
+
+    By default the loss is read one step late (no wait for the step in flight), so the
+    error comes after the next step; ``immediate=True`` raises right after the NaN step.
+    """
     v = tf.Variable(0.0)
     ended = []
 
@@ -99,24 +104,56 @@ async def test_nan_tensor_hook_raises_on_nan_loss_without_end() -> None:
     @tf.function
     def step() -> dict[str, tf.Tensor]:
         value = v.assign_add(1.0)
-        return {"loss": tf.where(value >= 3.0, tf.constant(math.nan), value)}
+        return {"loss": tf.where(tf.equal(value, 3.0), tf.constant(math.nan), value)}
 
-    sv = make_sv([asv.NanTensorHook(), End()], state={"v": v})
-    with pytest.raises(asv.NanLossDuringTrainingError, match="NaN loss"):
+    sv = make_sv([asv.NanTensorHook(immediate=immediate), End()], state={"v": v})
+    with pytest.raises(asv.NanLossDuringTrainingError, match="step 3"):
         async with sv.managed_session() as sess:
             await sess.run_loop(step)
-    assert sv.global_step == 3
+    assert sv.global_step == (3 if immediate else 4)
     assert ended == []
 
 
-async def test_nan_tensor_hook_can_stop_cleanly_instead() -> None:
-    """``fail_on_nan_loss=False`` stops the session cleanly at the NaN step."""
-    losses = iter([1.0, 2.0, math.nan, 4.0])
-    hook = asv.NanTensorHook(loss_key="l", fail_on_nan_loss=False)
+async def test_nan_loss_at_the_last_step_skips_the_final_checkpoint(tmp_path: Path) -> None:
+    """A NaN in the very last step is still caught (before the final save): no NaN checkpoint, no ``end``."""
+    v = tf.Variable(0.0)
+    listener = Listener()
+    ended = []
+
+    class End(asv.SessionRunHook):
+        def end(self, session: asv.Session) -> None:
+            ended.append(session.global_step)
+
+    @tf.function
+    def step() -> dict[str, tf.Tensor]:
+        value = v.assign_add(1.0)
+        return {"loss": tf.where(tf.equal(value, 3.0), tf.constant(math.nan), value)}
+
+    hooks = [asv.CheckpointSaverHook(tmp_path, save_steps=100, listeners=[listener]), asv.NanTensorHook(), End()]
+    with pytest.raises(asv.NanLossDuringTrainingError, match="step 3"):
+        async with make_sv(hooks, state={"v": v}).managed_session() as sess:
+            await sess.run_loop(step, max_steps=3)
+    assert [s for name, s in listener.calls if name == "after_save"] == [0]
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-0")
+    assert ended == []
+
+
+@pytest.mark.parametrize(("immediate", "stopped_at"), [(False, 4), (True, 3)])
+async def test_nan_tensor_hook_can_stop_cleanly_instead(immediate: bool, stopped_at: int) -> None:
+    """``fail_on_nan_loss=False`` stops the session cleanly once the NaN is seen."""
+    losses = iter([1.0, 2.0, math.nan, 4.0, 5.0])
+    hook = asv.NanTensorHook(loss_key="l", fail_on_nan_loss=False, immediate=immediate)
     async with make_sv([hook]).managed_session() as sess:
         await sess.run_loop(lambda: {"l": tf.constant(next(losses))})
-    assert sess.global_step == 3
+    assert sess.global_step == stopped_at
     assert sess.stop_reason == "hook"
+
+
+async def test_nan_tensor_hook_checks_python_floats_at_once() -> None:
+    """A loss that is a Python number needs no device read: it is checked right away."""
+    with pytest.raises(asv.NanLossDuringTrainingError, match="step 2"):
+        async with make_sv([asv.NanTensorHook()]).managed_session() as sess:
+            await sess.run_loop(lambda: {"loss": math.nan if sess.global_step == 1 else 1.0})
 
 
 async def test_nan_tensor_hook_names_a_missing_key() -> None:
