@@ -6,6 +6,16 @@ configure logging or touch an event loop. See ``docs/`` for the concepts.
 
 from __future__ import annotations
 
+from ._basic_hooks import CheckpointSaverHook as CheckpointSaverHook
+from ._basic_hooks import CheckpointSaverListener as CheckpointSaverListener
+from ._basic_hooks import FinalOpsHook as FinalOpsHook
+from ._basic_hooks import GlobalStepWaiterHook as GlobalStepWaiterHook
+from ._basic_hooks import LoggingTensorHook as LoggingTensorHook
+from ._basic_hooks import NanTensorHook as NanTensorHook
+from ._basic_hooks import ProfilerHook as ProfilerHook
+from ._basic_hooks import StepCounterHook as StepCounterHook
+from ._basic_hooks import StopAtStepHook as StopAtStepHook
+from ._basic_hooks import SummarySaverHook as SummarySaverHook
 from ._clock import Clock as Clock
 from ._clock import MonotonicClock as MonotonicClock
 from ._cluster import ClusterInfo as ClusterInfo
@@ -19,6 +29,7 @@ from ._hooks import SessionRunContext as SessionRunContext
 from ._hooks import SessionRunHook as SessionRunHook
 from ._hooks import SessionRunValues as SessionRunValues
 from ._logging import configure_logging as configure_logging
+from ._monitored_session import MonitoredTrainingSession as MonitoredTrainingSession
 from ._queue_runner import QueueRunner as QueueRunner
 from ._queue_runner import QueueStatistics as QueueStatistics
 from ._services import LoopedService as LoopedService
@@ -30,21 +41,31 @@ from ._session import StepContext as StepContext
 from ._status import CheckpointInfo as CheckpointInfo
 from ._status import Status as Status
 from ._supervisor import Supervisor as Supervisor
+from ._timer import SecondOrStepTimer as SecondOrStepTimer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointError",
     "CheckpointInfo",
+    "CheckpointSaverHook",
+    "CheckpointSaverListener",
     "Clock",
     "ClusterInfo",
     "DeadlineExceededError",
+    "FinalOpsHook",
+    "GlobalStepWaiterHook",
+    "LoggingTensorHook",
     "LoopedService",
+    "MonitoredTrainingSession",
     "MonotonicClock",
     "NanLossDuringTrainingError",
+    "NanTensorHook",
+    "ProfilerHook",
     "QueueRunner",
     "QueueStatistics",
     "RestartPolicy",
+    "SecondOrStepTimer",
     "Service",
     "ServiceContext",
     "ServiceError",
@@ -54,6 +75,9 @@ __all__ = [
     "SessionRunValues",
     "Status",
     "StepContext",
+    "StepCounterHook",
+    "StopAtStepHook",
+    "SummarySaverHook",
     "Supervisor",
     "SupervisorError",
     "cluster_info",

@@ -104,6 +104,8 @@ class HookRunner:
         self._end = self._implementing("end")
         #: whether any hook runs around steps (the step loop's fast path checks this once)
         self.per_step = bool(self._before or self._after)
+        self._ctx: SessionRunContext | None = None
+        self._values = SessionRunValues(None, 0)
 
     def _implementing(self, name: str) -> list[Callable[..., Any]]:
         return [getattr(h, name) for h in self.hooks if _overrides(h, name)]
@@ -136,13 +138,23 @@ class HookRunner:
 
         ``step_done(result)`` counts the step and returns the new global step.
         """
-        ctx = SessionRunContext(args, session)
+        # One context and one values object, reused step after step (no allocation per
+        # step); hooks copy what they keep beyond the step.
+        ctx = self._ctx
+        if ctx is None or ctx.session is not session:
+            ctx = self._ctx = SessionRunContext(args, session)
+        else:
+            ctx.original_args = args
+            ctx._stop_requested = False
         for before in self._before:
             before(ctx)
         results = fn(*args, **kwargs)
-        values = SessionRunValues(results, step_done(results))
+        values = self._values
+        values.results = results
+        values.global_step = step_done(results)
         for after in self._after:
             after(ctx, values)
+        values.results = None  # keep no reference to the step's tensors
         if ctx._stop_requested:
             control.request_stop(reason="hook")
         return results

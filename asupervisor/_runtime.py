@@ -35,6 +35,7 @@ from ._signals import SignalService
 from ._status import CheckpointInfo, Status
 from ._step_counter import StepCounterService
 from ._stop import StopControl
+from ._summary import SummaryService, SummaryWriter
 from ._tf import is_end_of_data, tf
 from ._threads import DedicatedThread
 
@@ -73,6 +74,8 @@ class Runtime:
         self.closed = False
         self.checkpoint: Any = None  # the tf.train.Checkpoint holding state + global_step
         self.global_step_var: Any = None
+        #: the event-file writer (chief with a logdir only), created on entering
+        self.summary_writer: SummaryWriter | None = None
         #: async callables run, in order, in the "final_checkpoint" phase of a stop
         self.final_save: list[Callable[[], Awaitable[None]]] = []
         #: async callables run, in order, in the "closers" phase (summaries flushed, ...)
@@ -179,6 +182,27 @@ class Runtime:
         """Restore the latest good checkpoint; ``False`` when there is none."""
         return False
 
+    def save_checkpoint_from_step_thread(self, directory: str | None = None, basename: str | None = None) -> str:
+        """On the step thread: checkpoint the state now and make it the latest; its path.
+
+        The seam ``CheckpointSaverHook`` saves through (see ``_checkpoint_seam``).
+        """
+        from ._checkpoint_seam import write_checkpoint_now
+
+        config = self.config
+        target = directory if directory is not None else config.logdir
+        if target is None:
+            raise ValueError("no checkpoint directory: the Supervisor has no logdir")
+        self.sync_global_step()
+        return write_checkpoint_now(
+            self.checkpoint,
+            target,
+            basename or config.checkpoint_basename,
+            self.step,
+            max_to_keep=config.max_to_keep,
+            keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
+        )
+
     def sync_global_step(self) -> None:
         """On the step thread: make the ``global_step`` variable equal the step count."""
         var = self.global_step_var
@@ -284,11 +308,15 @@ class Runtime:
             services.append(SignalService())
         if config.save_summaries_secs > 0:
             services.append(StepCounterService(config.save_summaries_secs, self._on_rate))
+            if self.summary_writer is not None:
+                services.append(SummaryService(config.save_summaries_secs, self.summary_writer, self))
         services.extend(self._user_services)
         return services
 
     def _on_rate(self, step: int, rate: float) -> None:
         self.steps_per_sec = rate
+        if self.summary_writer is not None:
+            self.summary_writer.write(step, {"global_step/sec": rate})
 
     async def __aenter__(self) -> Session:
         if self._entered:
@@ -298,6 +326,7 @@ class Runtime:
         self.control = StopControl(self.loop, on_stop=self.wake_step_thread)
         self.session = Session(self)
         self.step_thread = self.new_thread("asv-step")
+        self.summary_writer = SummaryWriter.open(self)
         try:
             restored = await self.step_thread.call(self._startup)
             self._tg = anyio.create_task_group()
@@ -390,11 +419,12 @@ class Runtime:
             if scope.cancelled_caught:
                 log.error("shutdown.overrun", phase=name, grace_secs=grace)
 
-        if not control.state_suspect:
-            for save in self.final_save:
-                await phase("final_checkpoint", save)
+        for save in self.final_save:
+            if control.state_suspect:  # also set by a final check (NanTensorHook's last loss)
+                break
+            await phase("final_checkpoint", save)
         await phase("sync_global_step", lambda: self.step_thread.call(self.sync_global_step))
-        if clean:
+        if clean and not control.state_suspect:
             await phase("hooks_end", lambda: self.step_thread.call(self.hooks.end, self.session))
         for closer in self.closers:
             await phase("closers", closer)

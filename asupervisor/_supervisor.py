@@ -203,6 +203,25 @@ class Supervisor:
             raise RuntimeError("request_stop() needs a running managed_session()")
         rt.control.request_stop(exc)
 
+    def summary_computed(self, values: Mapping[str, Any], global_step: int | None = None) -> None:
+        """Write ``values`` (name -> scalar, array, tensor or string) to the event file.
+
+        Callable from any thread while a session runs. The write happens on the summary
+        thread; tensors are read there, variables at the next step boundary. Only the
+        chief with a ``logdir`` writes summaries; elsewhere this does nothing.
+
+        Args:
+            values: a mapping of summary tag to value.
+            global_step: the step to record the values at; the current step by default.
+
+        Raises:
+            RuntimeError: no session is running.
+            TypeError: ``values`` is not a mapping of strings to values.
+        """
+        from ._summary import summary_computed
+
+        summary_computed(self._runtime, values, global_step)
+
     @property
     def global_step(self) -> int:
         """The last completed step (a Python int; 0 before the first session)."""
