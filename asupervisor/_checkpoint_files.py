@@ -69,7 +69,7 @@ class CheckpointState:
 def _state_proto() -> type:
     from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState as Proto
 
-    return Proto  # type: ignore[no-any-return]
+    return Proto
 
 
 def _relative(logdir: Path, path: str) -> str:
@@ -199,7 +199,7 @@ def delete_checkpoint(prefix: Path) -> None:
 
 def clean_leftovers(logdir: Path) -> list[str]:
     """Remove what interrupted saves left (names holding the temporary marker)."""
-    removed = []
+    removed: list[str] = []
     try:
         entries = os.listdir(logdir)
     except FileNotFoundError:

@@ -102,6 +102,8 @@ async def recover(rt: Runtime, state: RecoveryState, exc: BaseException) -> bool
     try:
         if backoff > 0:
             await clock.sleep_until(now + backoff)
+        if rt.saver is not None:
+            await rt.saver.drain()  # a checkpoint being written is the one to restore
         path = await rt.step_thread.call(_restore_for_recovery, rt)
     except anyio.get_cancelled_exc_class():
         rt.control.state_suspect = True  # stopped before the state was restored
