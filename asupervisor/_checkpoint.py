@@ -74,6 +74,10 @@ def take_snapshot(checkpoint: Any, step: int) -> Snapshot:
     from tensorflow.python.training.saving import saveable_object
 
     t0 = time.perf_counter()
+    counter = getattr(checkpoint, "_maybe_create_save_counter", None)
+    if counter is not None:  # as tf.train.Checkpoint.save() does: plain TF restores match
+        counter()
+        checkpoint.save_counter.assign_add(1)
     serialized, _ = _serialized(checkpoint)
     keys: list[str] = []
     slices: list[str] = []
