@@ -232,6 +232,7 @@ class Checkpointer:
         self.wall_clock = wall_clock
         self.started_at = wall_clock()
         self.last: CheckpointInfo | None = None
+        self.last_commit_secs: float | None = None  # snapshot handed over → named in the state file
         self.last_snapshot_step: int | None = None  # step thread only
         self._iterator_source: Any = None
         self._iterator: Any = None
@@ -300,6 +301,7 @@ class Checkpointer:
             state, max_to_keep=self.max_to_keep, keep_every_secs=self.keep_every_secs
         )
         files.write_state(self.logdir, state)  # now it is the latest
+        self.last_commit_secs = time.perf_counter() - t0
         for old in delete:
             files.delete_checkpoint(self.logdir / old)
         info = CheckpointInfo(path=str(final), step=snapshot.step, time=now)
@@ -309,7 +311,7 @@ class Checkpointer:
             "checkpoint.saved",
             step=snapshot.step,
             path=str(final),
-            secs=round(time.perf_counter() - t0, 4),
+            secs=round(self.last_commit_secs, 4),
             blocked_secs=round(snapshot.blocked_secs, 4),
             deleted=delete or None,
         )

@@ -211,8 +211,12 @@ class CheckpointService(Service):
         if self.interval_secs <= 0:
             return
         first = ctx.clock.now() + self.interval_secs
-        async for _ in interval_ticks(ctx.clock, self.interval_secs, first_at=first):
-            await self.saver.save("timer")
+        ticks = interval_ticks(ctx.clock, self.interval_secs, first_at=first)
+        try:
+            async for _ in ticks:
+                await self.saver.save("timer")
+        finally:
+            await ticks.aclose()  # type: ignore[attr-defined]  # an async generator
 
 
 def restore_on_startup(rt: Runtime) -> bool:
