@@ -278,8 +278,13 @@ class Checkpointer:
 
     # -- writer thread -------------------------------------------------------------
 
-    def write(self, snapshot: Snapshot) -> CheckpointInfo:
-        """Write, commit, apply retention; returns the committed checkpoint."""
+    def write(self, snapshot: Snapshot, *, min_keep: int = 1) -> CheckpointInfo:
+        """Write, commit, apply retention; returns the committed checkpoint.
+
+        Args:
+            snapshot: what :meth:`snapshot` took.
+            min_keep: keep at least this many (2 while another save is in flight).
+        """
         t0 = time.perf_counter()
         name = f"{self.basename}-{snapshot.step}"
         final = self.logdir / name
@@ -298,7 +303,7 @@ class Checkpointer:
         keep.append((name, now))
         state = files.CheckpointState(name, [p for p, _ in keep], [t for _, t in keep], state.last_preserved)
         state, delete = files.select_retention(
-            state, max_to_keep=self.max_to_keep, keep_every_secs=self.keep_every_secs
+            state, max_to_keep=max(self.max_to_keep, min_keep), keep_every_secs=self.keep_every_secs
         )
         files.write_state(self.logdir, state)  # now it is the latest
         self.last_commit_secs = time.perf_counter() - t0

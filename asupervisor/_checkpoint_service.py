@@ -30,6 +30,7 @@ import structlog
 from ._checkpoint import Checkpointer, Snapshot
 from ._clock import interval_ticks
 from ._services import Service
+from ._threads import ThreadClosedError
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
@@ -108,8 +109,11 @@ class CheckpointSaver:
     # -- writer thread ---------------------------------------------------------------
 
     def _write(self, snap: Snapshot) -> CheckpointInfo | None:
+        with self._lock:
+            others = self._in_flight - 1  # snapshots queued behind this one
         try:
-            info = self.checkpointer.write(snap)
+            # never fewer than 2 checkpoints while another save is in flight
+            info = self.checkpointer.write(snap, min_keep=2 if others > 0 else 1)
         except Exception as exc:
             log.error("checkpoint.failed", step=snap.step, error=repr(exc))
             with self._lock:
@@ -125,9 +129,17 @@ class CheckpointSaver:
     # -- event loop ------------------------------------------------------------------
 
     def _launch(self, snap: Snapshot, keep: bool) -> None:
-        if self._writer is None:
-            self._writer = self.rt.new_thread("asv-checkpoint")
-        waiter = self._writer.submit(self._write, snap)
+        try:
+            if self._writer is None:
+                self._writer = self.rt.new_thread("asv-checkpoint")
+            waiter = self._writer.submit(self._write, snap)
+        except ThreadClosedError as exc:  # the session is already closing its threads
+            log.error("checkpoint.failed", step=snap.step, error=repr(exc))
+            with self._lock:
+                self._in_flight -= 1
+                if self._error is None:
+                    self._error = exc
+            return
         if keep:
             # a save() cancelled before it took its waiter leaves it here: drop finished ones
             self._waiters = {k: w for k, w in self._waiters.items() if not w.done}
