@@ -29,7 +29,8 @@ import structlog
 
 from ._checkpoint import restore_latest, restore_path
 from ._clock import Clock, MonotonicClock
-from ._exceptions import DeadlineExceededError
+from ._checkpoint_files import missing_files
+from ._exceptions import CheckpointError, DeadlineExceededError
 from ._handoff import LoopHandle
 from ._tf import tf
 from ._threads import DedicatedThread
@@ -119,8 +120,17 @@ class SessionManager:
 
     def _restore(self, checkpoint_dir: Path | None, path: str | None) -> str | None:
         if path is not None:
-            restore_path(self._ckpt(), path)
-            return path
+            reason = missing_files(Path(path))
+            if reason is None:
+                try:
+                    restore_path(self._ckpt(), path)
+                except CheckpointError:
+                    raise
+                except (tf().errors.OpError, IndexError, ValueError, OSError) as exc:
+                    reason = f"{type(exc).__name__}: {exc}"
+                else:
+                    return path
+            raise CheckpointError(f"checkpoint_filename_with_path {path!r} cannot be restored: {reason}")
         if checkpoint_dir is None:
             return None
         return restore_latest(self._ckpt(), checkpoint_dir)

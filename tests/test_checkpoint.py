@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -328,3 +329,38 @@ async def test_unavailable_past_the_retry_bound_propagates(tmp_path: Path) -> No
             await sess.run(step)
     assert len(calls) == 4  # the first try and three retries
     assert files.read_state(tmp_path).latest == "model.ckpt-0"  # type: ignore[union-attr]
+
+
+async def _tick(clock: ManualClock, secs: float) -> None:
+    """Once the service sleeps on ``clock``, move time and wait until it sleeps again."""
+    await clock.wait_for_sleepers(1)
+    clock.advance(secs)
+    while clock.sleepers:
+        await anyio.sleep(0)
+    await clock.wait_for_sleepers(1)
+
+
+@pytest.mark.anyio
+async def test_timed_save_while_a_write_is_in_flight_is_skipped_and_logged(tmp_path: Path) -> None:
+    """A timer tick that comes while the previous save is still being written is skipped, loudly."""
+    state = make_state()
+    clock = ManualClock()
+    sv = supervisor(tmp_path, state, clock=clock, save_model_secs=60)
+    gate = threading.Event()
+    with capture_logs() as logs:
+        async with sv.managed_session() as sess:
+            try:
+                await sv.save_now()
+                saver = sv._runtime.saver  # type: ignore[union-attr]
+                saver._writer.submit(gate.wait)  # the writer is busy until the gate opens
+                await sess.run(bump(state))
+                await _tick(clock, 60)  # step 1 snapshotted, its write queued: in flight
+                await sess.run(bump(state))
+                await _tick(clock, 60)  # step 2: skipped, the step loop does not wait
+                assert [e["step"] for e in logs if e["event"] == "checkpoint.skipped"] == [2]
+            finally:
+                gate.set()
+    saved = [e["step"] for e in logs if e["event"] == "checkpoint.saved"]
+    assert saved == [0, 1, 2]  # step 2 by the final save
+    skipped = [e for e in logs if e["event"] == "checkpoint.skipped"]
+    assert skipped[0]["reason"] == "timer" and "busy" in skipped[0]["why"]

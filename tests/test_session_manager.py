@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,20 @@ async def test_prepare_session_bad_arguments(tmp_path: Path) -> None:
         await sm.prepare_session(tmp_path)
     with pytest.raises(ValueError, match="max_wait_secs"):
         await sm.prepare_session(tmp_path, max_wait_secs=-1, init_fn=lambda: None)
+
+
+@pytest.mark.anyio
+async def test_prepare_session_unreadable_file_is_a_checkpoint_error(tmp_path: Path) -> None:
+    """A checkpoint_filename_with_path that is missing or damaged is a CheckpointError naming it."""
+    sm = asv.SessionManager(state=make_state())
+    missing = str(tmp_path / "nope-3")
+    with pytest.raises(asv.CheckpointError, match="nope-3"):
+        await sm.prepare_session(checkpoint_filename_with_path=missing, init_fn=lambda: None)
+    path = write_checkpoint(tmp_path, 1.0)
+    data = Path(path + ".data-00000-of-00001")
+    os.truncate(data, data.stat().st_size - 8)
+    with pytest.raises(asv.CheckpointError, match="cannot be restored"):
+        await sm.prepare_session(checkpoint_filename_with_path=path)
 
 
 @pytest.mark.anyio
