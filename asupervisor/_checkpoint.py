@@ -37,13 +37,32 @@ from ._exceptions import CheckpointError
 from ._status import CheckpointInfo
 from ._tf import tf
 
-__all__ = ["Checkpointer", "Snapshot", "check_matches", "restore_latest", "restore_path"]
+__all__ = [
+    "Checkpointer",
+    "Snapshot",
+    "check_matches",
+    "restore_latest",
+    "restore_path",
+    "write_checkpoint_now",
+]
 
 log = structlog.get_logger(__name__)
 
 #: keys a checkpoint may lack without being "another model"
 _OPTIONAL_KEYS = ("save_counter/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE")
 _ITERATOR_ATTR = "asv_data_iterator"
+
+# One commit at a time per directory: the writer thread and a synchronous save (a
+# CheckpointSaverHook on the step thread) must not interleave their read-modify-write of
+# the state file.
+_commit_locks: dict[str, threading.Lock] = {}
+_commit_locks_guard = threading.Lock()
+
+
+def _commit_lock(logdir: Path) -> threading.Lock:
+    key = os.path.realpath(logdir)
+    with _commit_locks_guard:
+        return _commit_locks.setdefault(key, threading.Lock())
 
 
 @dataclass(frozen=True)
@@ -295,29 +314,68 @@ class Checkpointer:
         except BaseException:
             files.delete_checkpoint(tmp)
             raise
-        now = self.wall_clock()
-        state = files.read_state(self.logdir) or files.CheckpointState(last_preserved=self.started_at)
-        if state.last_preserved == 0.0:
-            state.last_preserved = self.started_at
-        keep = [(p, t) for p, t in zip(state.paths, state.timestamps) if p != name]
-        keep.append((name, now))
-        state = files.CheckpointState(name, [p for p, _ in keep], [t for _, t in keep], state.last_preserved)
-        state, delete = files.select_retention(
-            state, max_to_keep=max(self.max_to_keep, min_keep), keep_every_secs=self.keep_every_secs
-        )
-        files.write_state(self.logdir, state)  # now it is the latest
+        with _commit_lock(self.logdir):
+            info, delete = self._commit(name, snapshot, min_keep)
         self.last_commit_secs = time.perf_counter() - t0
-        for old in delete:
-            files.delete_checkpoint(self.logdir / old)
-        info = CheckpointInfo(path=str(final), step=snapshot.step, time=now)
         with self._lock:
             self.last = info
         log.info(
             "checkpoint.saved",
             step=snapshot.step,
-            path=str(final),
+            path=info.path,
             secs=round(self.last_commit_secs, 4),
             blocked_secs=round(snapshot.blocked_secs, 4),
             deleted=delete or None,
         )
         return info
+
+    def _commit(self, name: str, snapshot: Snapshot, min_keep: int = 1) -> tuple[CheckpointInfo, list[str]]:
+        now = self.wall_clock()
+        state = files.read_state(self.logdir) or files.CheckpointState(last_preserved=self.started_at)
+        if state.last_preserved == 0.0:
+            state.last_preserved = self.started_at
+        keep = [(p, t) for p, t in zip(state.paths, state.timestamps) if p != name]
+        latest_step = files.step_of(state.latest) if state.latest else None
+        if latest_step is not None and latest_step > snapshot.step and state.latest in state.paths:
+            # an older snapshot committed after a newer checkpoint (a hook's synchronous
+            # save): keep it in step order and leave the newer one the latest
+            at = next((i for i, (p, _) in enumerate(keep) if (files.step_of(p) or -1) > snapshot.step), len(keep))
+            keep.insert(at, (name, now))
+            latest = state.latest
+        else:
+            keep.append((name, now))
+            latest = name
+        state = files.CheckpointState(latest, [p for p, _ in keep], [t for _, t in keep], state.last_preserved)
+        state, delete = files.select_retention(
+            state, max_to_keep=max(self.max_to_keep, min_keep), keep_every_secs=self.keep_every_secs
+        )
+        files.write_state(self.logdir, state)  # now it is the latest
+        for old in delete:
+            files.delete_checkpoint(self.logdir / old)
+        return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), delete
+
+
+def write_checkpoint_now(
+    checkpoint: Any,
+    directory: str | os.PathLike[str],
+    basename: str,
+    step: int,
+    *,
+    max_to_keep: int,
+    keep_checkpoint_every_n_hours: float | None = None,
+) -> str:
+    """On the step thread: snapshot and commit ``<directory>/<basename>-<step>`` now.
+
+    The synchronous save (same files, commit protocol and retention as the checkpoint
+    service) for callers that need the checkpoint to be the latest when this returns,
+    such as ``CheckpointSaverHook``. Returns the checkpoint's path prefix.
+    """
+    checkpointer = Checkpointer(
+        checkpoint,
+        Path(directory),
+        basename=basename,
+        max_to_keep=max_to_keep,
+        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+    )
+    checkpointer.logdir.mkdir(parents=True, exist_ok=True)
+    return checkpointer.write(take_snapshot(checkpoint, step)).path

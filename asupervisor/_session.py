@@ -98,17 +98,16 @@ class Session:
             Exception: whatever ``fn`` or a hook raised (the session stops too).
         """
         rt = self._rt
-        while True:
-            await self._check_running()
-            waiter = rt.step_thread.submit(rt.run_one_step, fn, args, kwargs)
-            try:
-                return await waiter.wait(grace_secs=rt.config.stop_grace_secs)
-            except Exception as exc:
-                if await rt.recover(exc):
-                    continue  # restored the latest checkpoint: run the step again
-                if rt.step_failed(exc):
-                    await self._check_running()  # end of data: the session stops right here
-                raise
+        await self._check_running()
+        waiter = rt.step_thread.submit(rt.run_one_step, fn, args, kwargs)
+        try:
+            return await waiter.wait(grace_secs=rt.config.stop_grace_secs)
+        except Exception as exc:
+            if await rt.recover(exc):  # restored the latest checkpoint: run the step again
+                return await self.run(fn, *args, **kwargs)
+            if rt.step_failed(exc):
+                await self._check_running()  # end of data: the session stops right here
+            raise
 
     async def run_loop(
         self,
@@ -136,24 +135,20 @@ class Session:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         rt = self._rt
-        total = 0
-        while True:
-            await self._check_running()
-            halt = _Halt()
-            waiter = rt.step_thread.submit(rt.loop_job, fn, data, max_steps, halt)
-            try:
-                steps, reason = await waiter.wait(halt.set, grace_secs=rt.config.stop_grace_secs)
-            except Exception as exc:
-                if await rt.recover(exc):
-                    continue  # restored the latest checkpoint: go on from there
-                if rt.step_failed(exc):
-                    await self._check_running()
-                raise
-            total += steps
-            break
+        await self._check_running()
+        halt = _Halt()
+        waiter = rt.step_thread.submit(rt.loop_job, fn, data, max_steps, halt)
+        try:
+            steps, reason = await waiter.wait(halt.set, grace_secs=rt.config.stop_grace_secs)
+        except Exception as exc:
+            if await rt.recover(exc):  # restored the latest checkpoint: go on from there
+                return await self.run_loop(fn, data, max_steps=max_steps)
+            if rt.step_failed(exc):
+                await self._check_running()
+            raise
         if reason is not None:
             rt.control.request_stop(reason=reason)
-        return total
+        return steps  # type: ignore[no-any-return]
 
     async def run_step_fn(self, step_fn: Callable[[StepContext], Any]) -> Any:
         """Call ``step_fn(step_context)`` on the step thread (MonitoredSession parity).
@@ -166,19 +161,16 @@ class Session:
         """
         rt = self._rt
         await self._check_running()
-        while True:
-            ctx = StepContext(rt)
-            waiter = rt.step_thread.submit(step_fn, ctx)
-            try:
-                result = await waiter.wait(grace_secs=rt.config.stop_grace_secs)
-            except Exception as exc:
-                if await rt.recover(exc):
-                    await self._check_running()
-                    continue  # restored the latest checkpoint: call step_fn again
-                if rt.step_failed(exc):
-                    await self._check_running()
-                raise
-            break
+        ctx = StepContext(rt)
+        waiter = rt.step_thread.submit(step_fn, ctx)
+        try:
+            result = await waiter.wait(grace_secs=rt.config.stop_grace_secs)
+        except Exception as exc:
+            if await rt.recover(exc):  # restored the latest checkpoint: call step_fn again
+                return await self.run_step_fn(step_fn)
+            if rt.step_failed(exc):
+                await self._check_running()
+            raise
         if ctx._stop:
             rt.control.request_stop(reason="requested")
         return result

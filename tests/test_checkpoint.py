@@ -364,3 +364,25 @@ async def test_timed_save_while_a_write_is_in_flight_is_skipped_and_logged(tmp_p
     assert saved == [0, 1, 2]  # step 2 by the final save
     skipped = [e for e in logs if e["event"] == "checkpoint.skipped"]
     assert skipped[0]["reason"] == "timer" and "busy" in skipped[0]["why"]
+
+
+def test_synchronous_save_shares_the_commit_protocol(tmp_path: Path) -> None:
+    """write_checkpoint_now (CheckpointSaverHook's seam) commits like the service, and an
+    older snapshot committed after it does not become the latest."""
+    from asupervisor._checkpoint import Checkpointer, write_checkpoint_now
+
+    state = make_state()
+    ckpt = tf.train.Checkpoint(**state, global_step=tf.Variable(0, dtype=tf.int64))
+    background = Checkpointer(ckpt, tmp_path)
+    background.prepare()
+    ckpt.global_step.assign(3)
+    older = background.snapshot(3)
+    assert older is not None
+    state["w"].assign_add(tf.ones([4, 3]))
+    ckpt.global_step.assign(4)
+    assert write_checkpoint_now(ckpt, tmp_path, "model.ckpt", 4, max_to_keep=5) == str(tmp_path / "model.ckpt-4")
+    background.write(older)
+    recorded = files.read_state(tmp_path)
+    assert recorded is not None
+    assert recorded.latest == "model.ckpt-4" and recorded.paths == ["model.ckpt-3", "model.ckpt-4"]
+    assert plain_restore(tmp_path) == (1.0, 4)
