@@ -25,6 +25,7 @@ import os
 import secrets
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,13 +117,61 @@ def take_snapshot(checkpoint: Any, step: int) -> Snapshot:
     return Snapshot(step, keys, slices, tensors, t1, t1 - t0)
 
 
+_SHARD_BYTES = 8 << 20  # at least this much data per data shard
+_MAX_SHARDS = 4
+
+
+def _nbytes(tensor: Any) -> int:
+    try:
+        return int(tensor.shape.num_elements() or 0) * int(tensor.dtype.size)
+    except (TypeError, ValueError, AttributeError):  # strings, variants: small, unknown size
+        return 0
+
+
+def _shards(snapshot: Snapshot) -> list[list[int]]:
+    """Tensor indices per data shard: balanced by bytes, as many shards as cores help."""
+    sizes = [_nbytes(t) for t in snapshot.tensors]
+    big = sum(1 for n in sizes if n >= _SHARD_BYTES // 4)
+    count = max(1, min(_MAX_SHARDS, os.cpu_count() or 1, sum(sizes) // _SHARD_BYTES, big))
+    groups: list[list[int]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        j = loads.index(min(loads))
+        groups[j].append(i)
+        loads[j] += sizes[i]
+    return [g for g in groups if g]
+
+
 def write_snapshot(snapshot: Snapshot, prefix: str) -> None:
-    """Write ``snapshot`` as a TF2 object checkpoint at ``prefix`` (``SaveV2``)."""
+    """Write ``snapshot`` as a TF2 object checkpoint at ``prefix`` (``SaveV2``).
+
+    A large snapshot is written as several data shards in parallel (one ``SaveV2`` per
+    shard on short-lived threads joined here), then merged into one index with
+    ``MergeV2Checkpoints``, as TF's own multi-device saver does.
+    """
     tf_ = tf()
     from tensorflow.python.ops import gen_io_ops
 
+    groups = _shards(snapshot)
     with tf_.device("/cpu:0"):
-        gen_io_ops.save_v2(prefix, snapshot.keys, snapshot.slices, snapshot.tensors)
+        if len(groups) == 1:
+            gen_io_ops.save_v2(prefix, snapshot.keys, snapshot.slices, snapshot.tensors)
+            return
+        parts = [f"{prefix}_temp/part-{j:05d}-of-{len(groups):05d}" for j in range(len(groups))]
+
+        def save_part(j: int) -> None:
+            idx = groups[j]
+            with tf_.device("/cpu:0"):
+                gen_io_ops.save_v2(
+                    parts[j],
+                    [snapshot.keys[i] for i in idx],
+                    [snapshot.slices[i] for i in idx],
+                    [snapshot.tensors[i] for i in idx],
+                )
+
+        with ThreadPoolExecutor(len(groups), thread_name_prefix="asv-checkpoint-shard") as pool:
+            list(pool.map(save_part, range(len(groups))))
+        gen_io_ops.merge_v2_checkpoints(parts, prefix, delete_old_dirs=True)
 
 
 def _model_keys(checkpoint: Any) -> dict[str, tuple[Any, Any, str]]:
