@@ -386,3 +386,21 @@ def test_synchronous_save_shares_the_commit_protocol(tmp_path: Path) -> None:
     assert recorded is not None
     assert recorded.latest == "model.ckpt-4" and recorded.paths == ["model.ckpt-3", "model.ckpt-4"]
     assert plain_restore(tmp_path) == (1.0, 4)
+
+
+def test_large_snapshot_is_written_as_parallel_shards_plain_tf_reads(tmp_path: Path) -> None:
+    """A large state is written as several data shards in one checkpoint that plain TF restores."""
+    from asupervisor._checkpoint import Checkpointer
+
+    big = [tf.Variable(tf.random.uniform([1 << 20], seed=i), name=f"big{i}") for i in range(6)]  # 24 MB
+    ckpt = tf.train.Checkpoint(big=big)
+    checkpointer = Checkpointer(ckpt, tmp_path)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(1)
+    assert snap is not None
+    checkpointer.write(snap)
+    shards = [n for n in listing(tmp_path) if ".data-" in n]
+    assert len(shards) == min(os.cpu_count() or 1, 3) and all(n.startswith("model.ckpt-1.") for n in shards)
+    fresh = [tf.Variable(tf.zeros([1 << 20])) for _ in range(6)]
+    tf.train.Checkpoint(big=fresh).restore(tf.train.latest_checkpoint(str(tmp_path))).assert_existing_objects_matched()
+    assert all((a.numpy() == b.numpy()).all() for a, b in zip(big, fresh))
