@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
+from . import _checkpoint_service, _recovery
 from ._handoff import LoopHandle
 from ._hooks import HookRunner
 from ._services import Service, supervise
@@ -36,12 +37,13 @@ from ._status import CheckpointInfo, Status
 from ._step_counter import StepCounterService
 from ._stop import StopControl
 from ._summary import SummaryService, SummaryWriter
-from ._tf import is_end_of_data, tf
+from ._tf import is_end_of_data, is_recoverable, tf
 from ._threads import DedicatedThread
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
+    from ._checkpoint import Checkpointer
     from ._clock import Clock
     from ._config import SupervisorConfig
     from ._queue_runner import QueueStatistics
@@ -76,6 +78,12 @@ class Runtime:
         self.global_step_var: Any = None
         #: the event-file writer (chief with a logdir only), created on entering
         self.summary_writer: SummaryWriter | None = None
+        # checkpoints (see _checkpoint_service): set up by _restore() when there is a logdir
+        self.checkpointer: Checkpointer | None = None
+        self.saver: _checkpoint_service.CheckpointSaver | None = None
+        self.next_trigger_step: float = math.inf  # the step loop calls saver.on_step() here
+        self.recovering = False  # a step raised AbortedError/UnavailableError; see _recovery
+        self._recovery = _recovery.RecoveryState(_recovery.RecoveryPolicy.from_recovery_wait(config.recovery_wait_secs))
         #: async callables run, in order, in the "final_checkpoint" phase of a stop
         self.final_save: list[Callable[[], Awaitable[None]]] = []
         #: async callables run, in order, in the "closers" phase (summaries flushed, ...)
@@ -180,7 +188,7 @@ class Runtime:
 
     def _restore(self) -> bool:
         """Restore the latest good checkpoint; ``False`` when there is none."""
-        return False
+        return _checkpoint_service.restore_on_startup(self)
 
     def save_checkpoint_from_step_thread(self, directory: str | None = None, basename: str | None = None) -> str:
         """On the step thread: checkpoint the state now and make it the latest; its path.
@@ -220,14 +228,17 @@ class Runtime:
             self.step_thread.run_boundary_jobs()
         try:
             if self.hooks.per_step:
-                return self.hooks.run_step(self.control, self.session, fn, args, kwargs, self._count)
-            results = fn(*args, **kwargs)
-            self.last_output = results
-            self.step += 1
-            return results
+                results = self.hooks.run_step(self.control, self.session, fn, args, kwargs, self._count)
+            else:
+                results = fn(*args, **kwargs)
+                self.last_output = results
+                self.step += 1
         except Exception as exc:
             self._note_step_error(exc)
             raise
+        if self.step >= self.next_trigger_step:
+            self.saver.on_step()  # type: ignore[union-attr]
+        return results
 
     def loop_job(self, fn: Callable[..., Any], data: Iterable[Any] | None, max_steps: int | None, halt: Any) -> tuple[int, str | None]:
         """On the step thread: the step loop of ``Session.run_loop``.
@@ -267,6 +278,8 @@ class Runtime:
                         self.last_output = fn(batch)
                         self.step += 1
                 n += 1
+                if self.step >= self.next_trigger_step:
+                    self.saver.on_step()  # type: ignore[union-attr]
         except Exception as exc:
             if not is_end_of_data(exc):
                 self._note_step_error(exc)
@@ -279,20 +292,46 @@ class Runtime:
         return n, reason
 
     def make_iterator(self, data: Iterable[Any]) -> Any:
-        """On the step thread: an iterator over ``data`` (``iter(data)``)."""
+        """On the step thread: an iterator over ``data`` (``iter(data)``).
+
+        The iterator of a ``tf.data.Dataset`` is tracked in the checkpoint (and resumes
+        from it) when there is a logdir.
+        """
+        if self.checkpointer is not None and isinstance(data, tf().data.Dataset):
+            return self.checkpointer.track_iterator(data)
         return iter(data)
 
-    def _note_step_error(self, exc: BaseException) -> None:
+    def _note_step_error(self, exc: BaseException, *, recoverable: bool = True) -> None:
         # On the step thread: keep the error (never lost), mark the state suspect and
         # raise the stop flag so nothing else runs; the awaiting task cancels the scope.
         if is_end_of_data(exc):  # the data ran out: a clean stop (TF1 calls hook.end too)
             return
         control = self.control
+        if recoverable and self.checkpointer is not None and is_recoverable(exc) and not control.stopping:
+            self.recovering = True  # Session awaits recover(): restore and retry, or give up
+            return
         control.state_suspect = True
         control.record_error(exc)
 
+    async def recover(self, exc: BaseException) -> bool:
+        """On the loop thread: after a step error, restore and return whether to retry."""
+        if not self.recovering:
+            return False
+        try:
+            retry = await _recovery.recover(self, self._recovery, exc)
+        except Exception as err:
+            _add_note(exc, f"asupervisor: recovery failed: {err!r}")
+            retry = False
+        if not retry:
+            self.recovering = False
+            self._note_step_error(exc, recoverable=False)
+        return retry
+
     def step_failed(self, exc: BaseException) -> bool:
         """On the loop thread: a step raised ``exc``; stop. Returns whether it was end of data."""
+        if self.recovering:  # a caller that does not recover: the error stops the session
+            self.recovering = False
+            self.control.state_suspect = True
         if is_end_of_data(exc):
             self.control.request_stop(reason="end_of_data")
             return True
@@ -310,6 +349,7 @@ class Runtime:
             services.append(StepCounterService(config.save_summaries_secs, self._on_rate))
             if self.summary_writer is not None:
                 services.append(SummaryService(config.save_summaries_secs, self.summary_writer, self))
+        services.extend(_checkpoint_service.services_for(self))
         services.extend(self._user_services)
         return services
 

@@ -103,6 +103,8 @@ class Session:
         try:
             return await waiter.wait(grace_secs=rt.config.stop_grace_secs)
         except Exception as exc:
+            if await rt.recover(exc):  # restored the latest checkpoint: run the step again
+                return await self.run(fn, *args, **kwargs)
             if rt.step_failed(exc):
                 await self._check_running()  # end of data: the session stops right here
             raise
@@ -139,6 +141,8 @@ class Session:
         try:
             steps, reason = await waiter.wait(halt.set, grace_secs=rt.config.stop_grace_secs)
         except Exception as exc:
+            if await rt.recover(exc):  # restored the latest checkpoint: go on from there
+                return await self.run_loop(fn, data, max_steps=max_steps)
             if rt.step_failed(exc):
                 await self._check_running()
             raise
@@ -166,6 +170,8 @@ class Session:
         try:
             result = await waiter.wait(grace_secs=rt.config.stop_grace_secs)
         except Exception as exc:
+            if await rt.recover(exc):  # restored the latest checkpoint: call step_fn again
+                return await self.run_step_fn(step_fn)
             if rt.step_failed(exc):
                 await self._check_running()
             raise

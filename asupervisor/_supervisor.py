@@ -19,7 +19,7 @@ from ._hooks import SessionRunHook
 from ._queue_runner import QueueRunner
 from ._runtime import Runtime
 from ._services import LoopedService, RestartPolicy, Service
-from ._status import Status
+from ._status import CheckpointInfo, Status
 
 __all__ = ["Supervisor"]
 
@@ -226,6 +226,26 @@ class Supervisor:
     def global_step(self) -> int:
         """The last completed step (a Python int; 0 before the first session)."""
         return 0 if self._runtime is None else self._runtime.step
+
+    async def save_now(self) -> CheckpointInfo:
+        """Take a checkpoint at the next step boundary; return once it is committed.
+
+        A save still being written is waited for first; if the current step is already
+        saved, that checkpoint is returned.
+
+        Raises:
+            RuntimeError: no session is running, or this process does not write checkpoints
+                (no ``logdir``, or not the chief).
+            Exception: the error of a failed background write, or of this write.
+        """
+        rt = self._runtime
+        if rt is None or not rt._entered or rt.closed:
+            raise RuntimeError("save_now() needs a running managed_session()")
+        if rt.saver is None:
+            raise RuntimeError("save_now() needs a logdir and a chief supervisor (is_chief=True)")
+        info = await rt.saver.save("save_now", force=True, wait=True)
+        assert info is not None
+        return info
 
     def status(self) -> Status:
         """A frozen snapshot: step, steps/sec, last checkpoint, stop reason, services."""

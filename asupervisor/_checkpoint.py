@@ -1,0 +1,430 @@
+"""Taking, writing and restoring checkpoints of a ``tf.train.Checkpoint``.
+
+A save has two halves:
+
+* :meth:`Checkpointer.snapshot` runs **on the step thread**, at a step boundary. It walks
+  the object graph and reads every value to save. TensorFlow's reads are copy-on-write
+  (a later in-place update copies the buffer while a read tensor still holds it), so the
+  snapshot is consistent and costs no copy of the data on the step thread.
+* :meth:`Checkpointer.write` runs **on the checkpoint writer thread**: it writes the
+  snapshot with TF's ``SaveV2`` op as an ordinary TF2 object checkpoint under a temporary
+  prefix, then commits it (:mod:`._checkpoint_files`), applies retention and updates
+  :attr:`Checkpointer.last`.
+
+Restore (:func:`restore_latest`, also used by ``SessionManager``) tries the newest
+checkpoint named in the state file first and falls back to older ones when one is
+missing files or fails to load (``checkpoint.corrupt`` is logged with the reason). A
+checkpoint of a different model (a variable missing or of another shape or dtype) is a
+:class:`~asupervisor.CheckpointError` naming the variables, raised before anything is
+restored. This module never runs on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from . import _checkpoint_files as files
+from ._exceptions import CheckpointError
+from ._status import CheckpointInfo
+from ._tf import tf
+
+__all__ = [
+    "Checkpointer",
+    "Snapshot",
+    "check_matches",
+    "restore_latest",
+    "restore_path",
+    "write_checkpoint_now",
+]
+
+log = structlog.get_logger(__name__)
+
+#: keys a checkpoint may lack without being "another model"
+_OPTIONAL_KEYS = ("save_counter/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE")
+_ITERATOR_ATTR = "asv_data_iterator"
+
+# One commit at a time per directory: the writer thread and a synchronous save (a
+# CheckpointSaverHook on the step thread) must not interleave their read-modify-write of
+# the state file.
+_commit_locks: dict[str, threading.Lock] = {}
+_commit_locks_guard = threading.Lock()
+
+
+def _commit_lock(logdir: Path) -> threading.Lock:
+    key = os.path.realpath(logdir)
+    with _commit_locks_guard:
+        return _commit_locks.setdefault(key, threading.Lock())
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The values of a checkpoint at one step boundary, ready to be written."""
+
+    step: int
+    keys: list[str]
+    slices: list[str]
+    tensors: list[Any]
+    taken_at: float  # perf_counter when taken
+    blocked_secs: float
+
+
+def _serialized(checkpoint: Any) -> tuple[dict[Any, dict[str, Any]], Any]:
+    """TF's own walk of the object graph: ``{trackable: {key: value}}`` and the graph proto."""
+    serialized, _, registered, proto = checkpoint._saver._gather_serialized_tensors(None)
+    if registered:
+        raise CheckpointError(
+            "the state holds objects with registered savers (e.g. DTensor), which "
+            "asupervisor cannot snapshot; save them with tf.train.Checkpoint directly"
+        )
+    return serialized, proto
+
+
+def take_snapshot(checkpoint: Any, step: int) -> Snapshot:
+    """On the step thread: read every value to save (copy-on-write, no data copy)."""
+    from tensorflow.python.training.saving import saveable_object
+
+    t0 = time.perf_counter()
+    counter = getattr(checkpoint, "_maybe_create_save_counter", None)
+    if counter is not None:  # as tf.train.Checkpoint.save() does: plain TF restores match
+        counter()
+        checkpoint.save_counter.assign_add(1)
+    serialized, _ = _serialized(checkpoint)
+    keys: list[str] = []
+    slices: list[str] = []
+    tensors: list[Any] = []
+    for tensor_dict in serialized.values():
+        for key, value in tensor_dict.items():
+            by_slice = value if isinstance(value, dict) else {"": value}
+            for slice_spec, tensor in by_slice.items():
+                if isinstance(tensor, saveable_object.SaveSpec):
+                    tensor = tensor.tensor  # reads the variable now
+                if tensor is None:  # an uninitialised variable: TF skips it too
+                    continue
+                keys.append(key)
+                slices.append(slice_spec)
+                tensors.append(tensor)
+    t1 = time.perf_counter()
+    return Snapshot(step, keys, slices, tensors, t1, t1 - t0)
+
+
+_SHARD_BYTES = 8 << 20  # at least this much data per data shard
+_MAX_SHARDS = 4
+
+
+def _nbytes(tensor: Any) -> int:
+    try:
+        return int(tensor.shape.num_elements() or 0) * int(tensor.dtype.size)
+    except (TypeError, ValueError, AttributeError):  # strings, variants: small, unknown size
+        return 0
+
+
+def _shards(snapshot: Snapshot) -> list[list[int]]:
+    """Tensor indices per data shard: balanced by bytes, as many shards as cores help."""
+    sizes = [_nbytes(t) for t in snapshot.tensors]
+    big = sum(1 for n in sizes if n >= _SHARD_BYTES // 4)
+    count = max(1, min(_MAX_SHARDS, os.cpu_count() or 1, sum(sizes) // _SHARD_BYTES, big))
+    groups: list[list[int]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        j = loads.index(min(loads))
+        groups[j].append(i)
+        loads[j] += sizes[i]
+    return [g for g in groups if g]
+
+
+def write_snapshot(snapshot: Snapshot, prefix: str) -> None:
+    """Write ``snapshot`` as a TF2 object checkpoint at ``prefix`` (``SaveV2``).
+
+    A large snapshot is written as several data shards in parallel (one ``SaveV2`` per
+    shard on short-lived threads joined here), then merged into one index with
+    ``MergeV2Checkpoints``, as TF's own multi-device saver does.
+    """
+    tf_ = tf()
+    from tensorflow.python.ops import gen_io_ops
+
+    groups = _shards(snapshot)
+    with tf_.device("/cpu:0"):
+        if len(groups) == 1:
+            gen_io_ops.save_v2(prefix, snapshot.keys, snapshot.slices, snapshot.tensors)
+            return
+        parts = [f"{prefix}_temp/part-{j:05d}-of-{len(groups):05d}" for j in range(len(groups))]
+
+        def save_part(j: int) -> None:
+            idx = groups[j]
+            with tf_.device("/cpu:0"):
+                gen_io_ops.save_v2(
+                    parts[j],
+                    [snapshot.keys[i] for i in idx],
+                    [snapshot.slices[i] for i in idx],
+                    [snapshot.tensors[i] for i in idx],
+                )
+
+        with ThreadPoolExecutor(len(groups), thread_name_prefix="asv-checkpoint-shard") as pool:
+            list(pool.map(save_part, range(len(groups))))
+        gen_io_ops.merge_v2_checkpoints(parts, prefix, delete_old_dirs=True)
+
+
+def _model_keys(checkpoint: Any) -> dict[str, tuple[Any, Any, str]]:
+    """``{checkpoint key: (shape, dtype, name)}`` of the variables the state holds now."""
+    serialized, _ = _serialized(checkpoint)
+    out: dict[str, tuple[Any, Any, str]] = {}
+    for obj, tensor_dict in serialized.items():
+        if obj is None:
+            continue
+        shape = getattr(obj, "shape", None)
+        dtype = getattr(obj, "dtype", None)
+        name = getattr(obj, "name", None) or type(obj).__name__
+        for key in tensor_dict:
+            if key.endswith("/.ATTRIBUTES/VARIABLE_VALUE"):
+                out[key] = (shape, dtype, str(name))
+            else:
+                out[key] = (None, None, str(name))
+    return out
+
+
+def check_matches(checkpoint: Any, path: str, *, allow_missing: tuple[str, ...] = ()) -> None:
+    """Raise :class:`CheckpointError` if ``path`` holds another model than ``checkpoint``.
+
+    Compares the index of ``path`` (no data read) with the variables the state holds now:
+    a variable the checkpoint lacks, or has with another shape or dtype, is named.
+    Checkpoint values the state has no object for yet are allowed (objects created later,
+    such as optimizer slots, are restored when they are created).
+    """
+    reader = tf().train.load_checkpoint(path)
+    shapes = reader.get_variable_to_shape_map()
+    dtypes = reader.get_variable_to_dtype_map()
+    missing, wrong = [], []
+    for key, (shape, dtype, name) in sorted(_model_keys(checkpoint).items()):
+        if key not in shapes:
+            if key not in _OPTIONAL_KEYS and not any(key.startswith(p) for p in allow_missing):
+                missing.append(f"{key} ({name})")
+            continue
+        if shape is not None and shape.is_fully_defined() and list(shape) != list(shapes[key]):
+            wrong.append(f"{key} ({name}): checkpoint shape {list(shapes[key])}, model shape {list(shape)}")
+        elif dtype is not None and dtypes[key] != getattr(dtype, "base_dtype", dtype):
+            wrong.append(f"{key} ({name}): checkpoint dtype {dtypes[key].name}, model dtype {dtype.name}")
+    if missing or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing from the checkpoint: {', '.join(missing)}")
+        if wrong:
+            parts.append(f"different in the checkpoint: {'; '.join(wrong)}")
+        raise CheckpointError(
+            f"checkpoint {path} was written by a different model ({' | '.join(parts)}); "
+            "point logdir at this model's checkpoints or start from an empty directory"
+        )
+
+
+def restore_path(checkpoint: Any, path: str, *, strict: bool = True) -> None:
+    """Restore ``path`` into ``checkpoint`` (checking it matches the model first)."""
+    if strict:
+        check_matches(checkpoint, path, allow_missing=(f"{_ITERATOR_ATTR}/",))
+    checkpoint.restore(path).expect_partial()
+
+
+def candidates(logdir: Path) -> list[str]:
+    """Checkpoint prefixes (absolute) named in the state file, newest first."""
+    state = files.read_state(logdir)
+    if state is None:
+        return []
+    names = list(state.paths)
+    if state.latest is not None:
+        names = [n for n in names if n != state.latest] + [state.latest]
+    return [str(logdir / n) for n in reversed(names)]
+
+
+def restore_latest(checkpoint: Any, logdir: Path, *, strict: bool = True) -> str | None:
+    """Restore the newest good checkpoint in ``logdir``; returns its path, or ``None``.
+
+    A checkpoint that is missing files or fails to load is reported
+    (``checkpoint.corrupt path=... reason=...``) and the one before it is tried.
+
+    Raises:
+        CheckpointError: the checkpoint belongs to a different model (``strict`` only).
+    """
+    tf_ = tf()
+    for path in candidates(logdir):
+        reason = files.missing_files(Path(path))
+        if reason is None:
+            try:
+                t0 = time.perf_counter()
+                restore_path(checkpoint, path, strict=strict)
+            except CheckpointError:
+                raise
+            except (tf_.errors.OpError, IndexError, ValueError, OSError) as exc:
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            else:
+                log.info("checkpoint.restored", path=path, secs=round(time.perf_counter() - t0, 4))
+                return path
+        log.error("checkpoint.corrupt", path=path, reason=reason, action="trying the previous one")
+    return None
+
+
+class Checkpointer:
+    """Saves and restores one ``tf.train.Checkpoint`` in a log directory.
+
+    Args:
+        checkpoint: the ``tf.train.Checkpoint`` holding the whole state.
+        logdir: the directory of the checkpoints and the state file.
+        basename: checkpoints are ``<logdir>/<basename>-<step>``.
+        max_to_keep: the newest checkpoints kept.
+        keep_checkpoint_every_n_hours: also keep one checkpoint per this many hours.
+        wall_clock: wall-clock time for commit timestamps (``time.time``).
+    """
+
+    def __init__(
+        self,
+        checkpoint: Any,
+        logdir: Path,
+        *,
+        basename: str = "model.ckpt",
+        max_to_keep: int = 5,
+        keep_checkpoint_every_n_hours: float | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.checkpoint = checkpoint
+        self.logdir = Path(logdir)
+        self.basename = basename
+        self.max_to_keep = max_to_keep
+        self.keep_every_secs = None if keep_checkpoint_every_n_hours is None else keep_checkpoint_every_n_hours * 3600
+        self.wall_clock = wall_clock
+        self.started_at = wall_clock()
+        self.last: CheckpointInfo | None = None
+        self.last_commit_secs: float | None = None  # snapshot handed over → named in the state file
+        self.last_snapshot_step: int | None = None  # step thread only
+        self._iterator_source: Any = None
+        self._iterator: Any = None
+        self._lock = threading.Lock()
+
+    # -- step thread ---------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """On start-up: create the directory and remove leftovers of interrupted saves."""
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        files.clean_leftovers(self.logdir)
+
+    def restore(self, *, strict: bool = True) -> str | None:
+        """Restore the newest good checkpoint; returns its path or ``None``."""
+        path = restore_latest(self.checkpoint, self.logdir, strict=strict)
+        if path is not None:
+            step = files.step_of(Path(path).name)
+            self.last = CheckpointInfo(path=path, step=step if step is not None else -1, time=os.path.getmtime(path + ".index"))
+            self.last_snapshot_step = self.last.step
+        return path
+
+    def snapshot(self, step: int) -> Snapshot | None:
+        """Snapshot the state at ``step``; ``None`` if that step is already saved."""
+        if step == self.last_snapshot_step:
+            return None
+        snap = take_snapshot(self.checkpoint, step)
+        self.last_snapshot_step = step
+        return snap
+
+    def track_iterator(self, dataset: Any) -> Any:
+        """An iterator over ``dataset`` that is part of the checkpoint.
+
+        The iterator of the same dataset object is reused within a session (so a retried
+        or second ``run_loop`` goes on where the last stopped); if the restored checkpoint
+        holds an iterator position, the new iterator resumes from it.
+        """
+        if self._iterator_source is dataset and self._iterator is not None:
+            return self._iterator
+        iterator = iter(dataset)
+        setattr(self.checkpoint, _ITERATOR_ATTR, iterator)  # restores a deferred position
+        self._iterator_source, self._iterator = dataset, iterator
+        return iterator
+
+    # -- writer thread -------------------------------------------------------------
+
+    def write(self, snapshot: Snapshot, *, min_keep: int = 1) -> CheckpointInfo:
+        """Write, commit, apply retention; returns the committed checkpoint.
+
+        Args:
+            snapshot: what :meth:`snapshot` took.
+            min_keep: keep at least this many (2 while another save is in flight).
+        """
+        t0 = time.perf_counter()
+        name = f"{self.basename}-{snapshot.step}"
+        final = self.logdir / name
+        tmp = self.logdir / f"{name}{files.TMP_MARKER}{secrets.token_hex(4)}"
+        try:
+            write_snapshot(snapshot, str(tmp))
+            files.publish(tmp, final)
+        except BaseException:
+            files.delete_checkpoint(tmp)
+            raise
+        with _commit_lock(self.logdir):
+            info, delete = self._commit(name, snapshot, min_keep)
+        self.last_commit_secs = time.perf_counter() - t0
+        with self._lock:
+            self.last = info
+        log.info(
+            "checkpoint.saved",
+            step=snapshot.step,
+            path=info.path,
+            secs=round(self.last_commit_secs, 4),
+            blocked_secs=round(snapshot.blocked_secs, 4),
+            deleted=delete or None,
+        )
+        return info
+
+    def _commit(self, name: str, snapshot: Snapshot, min_keep: int = 1) -> tuple[CheckpointInfo, list[str]]:
+        now = self.wall_clock()
+        state = files.read_state(self.logdir) or files.CheckpointState(last_preserved=self.started_at)
+        if state.last_preserved == 0.0:
+            state.last_preserved = self.started_at
+        keep = [(p, t) for p, t in zip(state.paths, state.timestamps) if p != name]
+        latest_step = files.step_of(state.latest) if state.latest else None
+        if latest_step is not None and latest_step > snapshot.step and state.latest in state.paths:
+            # an older snapshot committed after a newer checkpoint (a hook's synchronous
+            # save): keep it in step order and leave the newer one the latest
+            at = next((i for i, (p, _) in enumerate(keep) if (files.step_of(p) or -1) > snapshot.step), len(keep))
+            keep.insert(at, (name, now))
+            latest = state.latest
+        else:
+            keep.append((name, now))
+            latest = name
+        state = files.CheckpointState(latest, [p for p, _ in keep], [t for _, t in keep], state.last_preserved)
+        state, delete = files.select_retention(
+            state, max_to_keep=max(self.max_to_keep, min_keep), keep_every_secs=self.keep_every_secs
+        )
+        files.write_state(self.logdir, state)  # now it is the latest
+        for old in delete:
+            files.delete_checkpoint(self.logdir / old)
+        return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), delete
+
+
+def write_checkpoint_now(
+    checkpoint: Any,
+    directory: str | os.PathLike[str],
+    basename: str,
+    step: int,
+    *,
+    max_to_keep: int,
+    keep_checkpoint_every_n_hours: float | None = None,
+) -> str:
+    """On the step thread: snapshot and commit ``<directory>/<basename>-<step>`` now.
+
+    The synchronous save (same files, commit protocol and retention as the checkpoint
+    service) for callers that need the checkpoint to be the latest when this returns,
+    such as ``CheckpointSaverHook``. Returns the checkpoint's path prefix.
+    """
+    checkpointer = Checkpointer(
+        checkpoint,
+        Path(directory),
+        basename=basename,
+        max_to_keep=max_to_keep,
+        keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+    )
+    checkpointer.logdir.mkdir(parents=True, exist_ok=True)
+    return checkpointer.write(take_snapshot(checkpoint, step)).path

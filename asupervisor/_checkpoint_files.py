@@ -1,0 +1,255 @@
+"""Checkpoint files on disk: names, the ``checkpoint`` state file, publishing, retention.
+
+Layout of a log directory (TF's own, so plain TensorFlow reads it)::
+
+    checkpoint                              CheckpointState text proto, relative paths
+    model.ckpt-<step>.index                 a committed TF2 object checkpoint
+    model.ckpt-<step>.data-00000-of-00001
+    model.ckpt-<step>.asv-tmp-<hex>.*       a save in flight (removed at start-up)
+
+The commit protocol (:func:`publish` then :func:`write_state`): the data is written under
+a temporary prefix, every file is fsynced, renamed to its final name, the directory is
+fsynced, and only then is the ``checkpoint`` file atomically replaced (temporary file,
+fsync, rename, directory fsync). A crash at any instant leaves the previous state file,
+which names only complete checkpoints.
+
+This module does plain file work; it never touches model state and must never run on the
+event loop thread (callers use the writer or step thread). The state-file proto comes
+from TensorFlow, imported lazily.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+__all__ = [
+    "CheckpointState",
+    "TMP_MARKER",
+    "clean_leftovers",
+    "delete_checkpoint",
+    "fsync_dir",
+    "missing_files",
+    "publish",
+    "read_state",
+    "select_retention",
+    "step_of",
+    "write_state",
+]
+
+log = structlog.get_logger(__name__)
+
+STATE_FILE = "checkpoint"
+TMP_MARKER = ".asv-tmp-"
+_DATA_RE = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
+
+
+@dataclass
+class CheckpointState:
+    """The content of the ``checkpoint`` state file, with paths relative to the logdir.
+
+    Attributes:
+        latest: the newest committed checkpoint (a prefix name), or ``None``.
+        paths: the checkpoints retention manages, oldest first (``latest`` last).
+        timestamps: the wall-clock commit time of each of ``paths``.
+        last_preserved: time of the last checkpoint kept by ``keep_checkpoint_every_n_hours``.
+    """
+
+    latest: str | None = None
+    paths: list[str] = field(default_factory=list)
+    timestamps: list[float] = field(default_factory=list)
+    last_preserved: float = 0.0
+
+
+def _state_proto() -> type:
+    from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState as Proto
+
+    return Proto
+
+
+def _relative(logdir: Path, path: str) -> str:
+    p = Path(path)
+    if p.is_absolute():
+        try:
+            return str(p.relative_to(logdir))
+        except ValueError:
+            return str(p)  # outside logdir: keep it absolute, as TF does
+    return path
+
+
+def read_state(logdir: Path) -> CheckpointState | None:
+    """Parse ``<logdir>/checkpoint``; ``None`` if there is none or it is unreadable."""
+    path = logdir / STATE_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    from google.protobuf import text_format
+
+    proto = _state_proto()()
+    try:
+        text_format.Merge(text, proto)
+    except text_format.ParseError as exc:
+        log.error("checkpoint.state_corrupt", path=str(path), reason=str(exc))
+        return None
+    paths = [_relative(logdir, p) for p in proto.all_model_checkpoint_paths]
+    latest = _relative(logdir, proto.model_checkpoint_path) if proto.model_checkpoint_path else None
+    if latest is not None and latest not in paths:
+        paths.append(latest)
+    stamps = list(proto.all_model_checkpoint_timestamps)
+    if len(stamps) != len(paths):
+        stamps = [0.0] * len(paths)
+    return CheckpointState(latest, paths, stamps, float(proto.last_preserved_timestamp))
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so that renames in it are durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_state(logdir: Path, state: CheckpointState) -> None:
+    """Atomically replace ``<logdir>/checkpoint`` (temp file, fsync, rename, dir fsync)."""
+    from google.protobuf import text_format
+
+    proto = _state_proto()(
+        model_checkpoint_path=state.latest or "",
+        all_model_checkpoint_paths=state.paths,
+        all_model_checkpoint_timestamps=state.timestamps,
+        last_preserved_timestamp=state.last_preserved,
+    )
+    tmp = logdir / f"{STATE_FILE}{TMP_MARKER}{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text_format.MessageToString(proto))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, logdir / STATE_FILE)
+    fsync_dir(logdir)
+
+
+def checkpoint_files(prefix: Path) -> list[Path]:
+    """The files of the checkpoint ``prefix`` that exist (index and data shards)."""
+    parent = prefix.parent
+    name = prefix.name
+    try:
+        entries = os.listdir(parent)
+    except FileNotFoundError:
+        return []
+    out = []
+    for entry in entries:
+        if entry == f"{name}.index" or (entry.startswith(f"{name}.data-") and _DATA_RE.search(entry)):
+            out.append(parent / entry)
+    return sorted(out)
+
+
+def missing_files(prefix: Path) -> str | None:
+    """Why the checkpoint ``prefix`` is incomplete on disk, or ``None`` if all files exist."""
+    files = checkpoint_files(prefix)
+    if not any(f.name.endswith(".index") for f in files):
+        return f"index file {prefix.name}.index is missing"
+    shards = [m for f in files if (m := _DATA_RE.search(f.name))]
+    if not shards:
+        return f"no data file {prefix.name}.data-* exists"
+    total = int(shards[0].group(2))
+    present = {int(m.group(1)) for m in shards}
+    absent = [i for i in range(total) if i not in present]
+    if absent:
+        return f"data shards {absent} of {total} are missing"
+    return None
+
+
+def publish(tmp_prefix: Path, final_prefix: Path) -> None:
+    """Commit a written checkpoint: fsync its files, rename them, fsync the directory."""
+    files = checkpoint_files(tmp_prefix)
+    if not files:
+        raise FileNotFoundError(f"no checkpoint files were written under {tmp_prefix}")
+    for f in files:
+        _fsync_file(f)
+    # Data first, index last: an index under the final name implies complete data.
+    for f in sorted(files, key=lambda p: p.name.endswith(".index")):
+        suffix = f.name[len(tmp_prefix.name) :]
+        os.replace(f, final_prefix.parent / (final_prefix.name + suffix))
+    fsync_dir(final_prefix.parent)
+
+
+def delete_checkpoint(prefix: Path) -> None:
+    """Remove the files of the checkpoint ``prefix`` (missing files are fine)."""
+    for f in checkpoint_files(prefix):
+        try:
+            f.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def clean_leftovers(logdir: Path) -> list[str]:
+    """Remove what interrupted saves left (names holding the temporary marker)."""
+    removed: list[str] = []
+    try:
+        entries = os.listdir(logdir)
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        if TMP_MARKER not in entry:
+            continue
+        path = logdir / entry
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+        removed.append(entry)
+    if removed:
+        log.info("checkpoint.leftovers_removed", logdir=str(logdir), files=sorted(removed))
+    return removed
+
+
+def step_of(name: str) -> int | None:
+    """The step in a checkpoint name ``<basename>-<step>``, or ``None``."""
+    head, sep, tail = name.rpartition("-")
+    return int(tail) if sep and tail.isdigit() else None
+
+
+def select_retention(
+    state: CheckpointState, *, max_to_keep: int, keep_every_secs: float | None
+) -> tuple[CheckpointState, list[str]]:
+    """Apply retention to ``state`` (just committed); returns the new state and what to delete.
+
+    The newest ``max_to_keep`` checkpoints stay. An older one is kept for good (dropped
+    from the managed list, not deleted) when it is at least ``keep_every_secs`` younger
+    than the last one kept that way, like ``tf.train.CheckpointManager``. The latest
+    checkpoint is never deleted.
+    """
+    keep = max(1, max_to_keep)
+    paths = list(state.paths)
+    stamps = list(state.timestamps)
+    last_preserved = state.last_preserved
+    delete: list[str] = []
+    while len(paths) > keep:
+        path, stamp = paths.pop(0), stamps.pop(0)
+        if path == state.latest:  # never (cannot happen with keep >= 1; belt and braces)
+            paths.append(path)
+            stamps.append(stamp)
+            break
+        if keep_every_secs is not None and stamp - last_preserved >= keep_every_secs:
+            last_preserved = stamp
+            continue
+        delete.append(path)
+    return CheckpointState(state.latest, paths, stamps, last_preserved), delete

@@ -1,0 +1,181 @@
+"""Checkpoint benchmark: asupervisor's save/restore next to plain TensorFlow and raw numpy.
+
+Run from the repository root::
+
+    python bench/checkpoint.py            # 16, 128 and 512 MB states, 7 repeats
+    python bench/checkpoint.py --quick    # 16 and 128 MB, 3 repeats
+
+For each state size (float32 variables of 8 MB, or one variable for small states) it
+prints medians over the repeats (the first save is measured apart from the steady state):
+
+* ``blocked``: how long the step thread is blocked per save: the snapshot taken at the
+  step boundary (asupervisor) against ``tf.train.CheckpointManager.save`` (synchronous).
+  ``cow`` is the extra time of the next training step: TensorFlow's reads are
+  copy-on-write, so the first in-place update of a variable whose snapshot is still
+  being written copies its buffer. ``blocked+cow`` is what training loses per save.
+* ``durable``: from the snapshot until the checkpoint is committed (files fsynced,
+  renamed, directory fsynced, ``checkpoint`` state file replaced), against writing the
+  same bytes with numpy plus ``fsync``.
+* ``restore``: asupervisor's restore (state file, model check, restore) against plain
+  ``tf.train.Checkpoint.restore`` of the same checkpoint, both with a warm page cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import structlog  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from asupervisor._checkpoint import Checkpointer, restore_latest  # noqa: E402
+
+MB = 1 << 20
+
+
+def make_state(size_mb: int) -> tuple[tf.train.Checkpoint, list[tf.Variable]]:
+    per_var = min(size_mb, 8) * MB // 4
+    count = max(1, size_mb // 8)
+    variables = [tf.Variable(tf.random.uniform([per_var]), name=f"v{i}") for i in range(count)]
+    gs = tf.Variable(0, dtype=tf.int64, name="global_step")
+    return tf.train.Checkpoint(vars=variables, global_step=gs), variables
+
+
+def train_step(variables: list[tf.Variable]) -> float:
+    """An in-place update of every variable (what an optimizer does); returns its secs."""
+    t0 = time.perf_counter()
+    for v in variables:
+        v.assign_add(_ONES[v.shape[0]])
+    return time.perf_counter() - t0
+
+
+_ONES: dict[int, tf.Tensor] = {}
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
+    ckpt, variables = make_state(size_mb)
+    for v in variables:
+        _ONES.setdefault(v.shape[0], tf.ones([v.shape[0]]))
+    base_step = med([train_step(variables) for _ in range(5)])
+
+    # plain TF, synchronous
+    tf_dir = root / f"tf-{size_mb}"
+    manager = tf.train.CheckpointManager(ckpt, str(tf_dir), max_to_keep=2)
+    tf_saves = []
+    for _ in range(repeats + 1):
+        train_step(variables)
+        t0 = time.perf_counter()
+        manager.save()
+        tf_saves.append(time.perf_counter() - t0)
+
+    # raw numpy write + fsync of the same bytes
+    raw = []
+    arrays = [v.numpy() for v in variables]
+    for i in range(repeats):
+        path = root / f"raw-{size_mb}-{i}.npy"
+        t0 = time.perf_counter()
+        with open(path, "wb") as f:
+            for a in arrays:
+                f.write(a.data)
+            f.flush()
+            os.fsync(f.fileno())
+        raw.append(time.perf_counter() - t0)
+        path.unlink()
+    del arrays
+
+    # asupervisor: snapshot on "the step thread", write + commit on "the writer thread"
+    asv_dir = root / f"asv-{size_mb}"
+    checkpointer = Checkpointer(ckpt, asv_dir, max_to_keep=2)
+    checkpointer.prepare()
+    blocked, cow, durable = [], [], []
+    for i in range(repeats + 1):
+        train_step(variables)
+        ckpt.global_step.assign(i + 1)
+        t0 = time.perf_counter()
+        snap = checkpointer.snapshot(i + 1)
+        t1 = time.perf_counter()
+        blocked.append(t1 - t0)
+        cow.append(train_step(variables) - base_step)  # the next step, snapshot alive
+        assert snap is not None
+        checkpointer.write(snap)
+        assert checkpointer.last_commit_secs is not None
+        durable.append(checkpointer.last_commit_secs)  # write, fsync, publish, state file
+        del snap
+
+    # restore: plain TF vs asupervisor, alternating, warm cache
+    latest = tf.train.latest_checkpoint(str(asv_dir))
+    plain, ours = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ckpt.restore(latest).expect_partial()
+        plain.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        restore_latest(ckpt, asv_dir)
+        ours.append(time.perf_counter() - t0)
+
+    shutil.rmtree(tf_dir, ignore_errors=True)
+    shutil.rmtree(asv_dir, ignore_errors=True)
+    return {
+        "tf_first": tf_saves[0],
+        "tf_steady": med(tf_saves[1:]),
+        "blocked_first": blocked[0],
+        "blocked_steady": med(blocked[1:]),
+        "cow": med(cow[1:]),
+        "durable": med(durable[1:]),
+        "raw": med(raw),
+        "restore_plain": med(plain),
+        "restore_asv": med(ours),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="16 and 128 MB, 3 repeats")
+    parser.add_argument("--sizes", type=int, nargs="*", help="state sizes in MB")
+    parser.add_argument("--repeats", type=int, help="repeats per measurement")
+    parser.add_argument("--dir", help="where to write (default: a temporary directory)")
+    args = parser.parse_args()
+    sizes = args.sizes or ([16, 128] if args.quick else [16, 128, 512])
+    repeats = args.repeats or (3 if args.quick else 7)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))  # quiet
+    root = Path(tempfile.mkdtemp(prefix="asv-bench-", dir=args.dir))
+    try:
+        print(f"tensorflow {tf.__version__}; medians of {repeats} (steady state excludes the first save); ms")
+        header = (
+            f"{'MB':>5} | {'tf save':>8} {'(first)':>8} | {'blocked':>8} {'(first)':>8} {'cow':>6} "
+            f"{'ratio':>6} {'w/ cow':>6} | {'durable':>8} {'raw':>7} {'ratio':>6} | "
+            f"{'restore':>8} {'plain':>7} {'ratio':>6}"
+        )
+        print(header)
+        print("-" * len(header))
+        for size in sizes:
+            r = bench_size(size, repeats, root)
+            ms = {k: v * 1000 for k, v in r.items()}
+            print(
+                f"{size:>5} | {ms['tf_steady']:8.1f} {ms['tf_first']:8.1f} | {ms['blocked_steady']:8.2f} "
+                f"{ms['blocked_first']:8.2f} {ms['cow']:6.1f} {r['blocked_steady'] / r['tf_steady']:6.3f} "
+                f"{(r['blocked_steady'] + max(r['cow'], 0)) / r['tf_steady']:6.3f} | {ms['durable']:8.1f} "
+                f"{ms['raw']:7.1f} {r['durable'] / r['raw']:6.2f} | {ms['restore_asv']:8.1f} "
+                f"{ms['restore_plain']:7.1f} {r['restore_asv'] / r['restore_plain']:6.2f}",
+                flush=True,
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

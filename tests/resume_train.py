@@ -1,0 +1,97 @@
+"""A small deterministic training run for tests/test_resume.py (run as a subprocess).
+
+Usage: ``python resume_train.py LOGDIR MAX_STEPS SAVE_STEPS WIDTH [OUT.npy]``, or import
+it and call :func:`train` (the crash test forks it from a pre-warmed process).
+
+Seeded, op determinism on, CPU only. The state holds a dense model, an optimizer with
+slots, a ``tf.random.Generator`` (dropout-like noise) and, through ``run_loop``, the
+iterator of a shuffled ``tf.data.Dataset``. When OUT is given the final weights are
+written there (after the session has stopped). Prints ``STEP <n>`` after every step so
+that the parent can kill it at a random moment while it trains.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+import anyio
+import numpy as np
+import tensorflow as tf
+
+import asupervisor as asv
+
+
+def build(width: int) -> tuple[dict[str, Any], Any, Any]:
+    """The state, the dataset and the (tf.function) train step, all seeded."""
+    tf.config.experimental.enable_op_determinism()
+    tf.random.set_seed(1)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 16)).astype("float32")
+    y = rng.normal(size=(512, 1)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(512, seed=2).batch(8, drop_remainder=True).repeat()
+    init = np.random.default_rng(1)
+    w1 = tf.Variable(init.normal(size=(16, width)).astype("float32") * 0.1, name="w1")
+    w2 = tf.Variable(init.normal(size=(width, 1)).astype("float32") * 0.1, name="w2")
+    slots = [tf.Variable(tf.zeros_like(w1)), tf.Variable(tf.zeros_like(w2))]  # momentum
+    gen = tf.random.Generator.from_seed(3)
+    state = {"w1": w1, "w2": w2, "m": slots, "gen": gen}
+
+    @tf.function
+    def train_step(batch: tuple[tf.Tensor, tf.Tensor]) -> dict[str, tf.Tensor]:
+        xb, yb = batch
+        keep = tf.cast(gen.uniform(tf.shape(xb)) > 0.1, tf.float32)
+        with tf.GradientTape() as tape:
+            h = tf.nn.relu(tf.matmul(xb * keep, w1))
+            loss = tf.reduce_mean(tf.square(tf.matmul(h, w2) - yb))
+        for v, m, g in zip((w1, w2), slots, tape.gradient(loss, [w1, w2])):
+            m.assign(0.9 * m + g)
+            v.assign_sub(0.01 * m)
+        return {"loss": loss}
+
+    return state, data, train_step
+
+
+def train(
+    logdir: str, max_steps: int, save_steps: int, width: int, out: str | None = None, progress: Any = None
+) -> None:
+    """Train to ``max_steps`` (resuming from ``logdir``).
+
+    After each step, prints ``STEP n``, or with ``progress`` (a shared
+    ``multiprocessing.Value``) stores ``n`` there.
+    """
+    state, data, train_step = build(width)
+
+    def step(batch: Any) -> None:
+        train_step(batch)
+        if progress is None:
+            print("STEP", sv.global_step + 1, flush=True)
+        else:
+            progress.value = sv.global_step + 1
+
+    sv = asv.Supervisor(
+        logdir,
+        state=state,
+        save_model_secs=3600,
+        save_model_steps=save_steps,
+        max_to_keep=3,
+        save_summaries_secs=0,
+        handle_signals=False,
+    )
+
+    async def run() -> None:
+        async with sv.managed_session() as sess:
+            await sess.run_loop(step, data, max_steps=max_steps)
+
+    anyio.run(run)
+    if out is not None:
+        np.save(out, np.concatenate([v.numpy().ravel() for v in (state["w1"], state["w2"])]))
+    print("DONE", sv.global_step, flush=True)
+
+
+if __name__ == "__main__":
+    train(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else None)

@@ -1,0 +1,406 @@
+"""Checkpoints: files on disk, commit protocol, retention, restore-or-init, fallback, recovery."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import tensorflow as tf
+from structlog.testing import capture_logs
+
+import asupervisor as asv
+from asupervisor import _checkpoint_files as files
+from asupervisor.testing import ManualClock
+
+pytestmark = pytest.mark.usefixtures("no_new_threads")
+
+
+def make_state() -> dict[str, Any]:
+    return {"w": tf.Variable(tf.zeros([4, 3]), name="w"), "b": tf.Variable(tf.zeros([3]), name="b")}
+
+
+def supervisor(logdir: Path, state: dict[str, Any], **kwargs: Any) -> asv.Supervisor:
+    kwargs.setdefault("save_model_secs", 600)
+    kwargs.setdefault("clock", ManualClock())
+    return asv.Supervisor(logdir, state=state, save_summaries_secs=0, handle_signals=False, **kwargs)
+
+
+def bump(state: dict[str, Any]) -> Any:
+    def step() -> None:
+        state["w"].assign_add(tf.ones([4, 3]))
+        state["b"].assign_add(tf.ones([3]))
+
+    return step
+
+
+def plain_restore(logdir: Path) -> tuple[float, int]:
+    """What plain TensorFlow reads from tf.train.latest_checkpoint(logdir)."""
+    w = tf.Variable(tf.zeros([4, 3]))
+    gs = tf.Variable(0, dtype=tf.int64)
+    tf.train.Checkpoint(w=w, global_step=gs).restore(tf.train.latest_checkpoint(str(logdir))).expect_partial()
+    return float(w[0, 0]), int(gs)
+
+
+def listing(logdir: Path) -> list[str]:
+    return sorted(os.listdir(logdir))
+
+
+@pytest.mark.anyio
+async def test_final_checkpoint_is_plain_tf_with_relative_state_file(tmp_path: Path) -> None:
+    """A clean stop saves a final checkpoint that plain TF restores; the state file is relative."""
+    state = make_state()
+    sv = supervisor(tmp_path / "run", state)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(bump(state), max_steps=7)
+    assert plain_restore(tmp_path / "run") == (7.0, 7)
+    text = (tmp_path / "run" / "checkpoint").read_text()
+    assert 'model_checkpoint_path: "model.ckpt-7"' in text
+    assert str(tmp_path) not in text
+    assert sv.status().last_checkpoint is not None and sv.status().last_checkpoint.step == 7
+    # a moved logdir still restores
+    os.rename(tmp_path / "run", tmp_path / "moved")
+    assert plain_restore(tmp_path / "moved") == (7.0, 7)
+
+
+@pytest.mark.anyio
+async def test_startup_checkpoint_only_after_init_and_resume_restores(tmp_path: Path) -> None:
+    """An initialised state is saved at start-up; a restored one is not, and resumes its step."""
+    state = make_state()
+    inits: list[int] = []
+    sv = supervisor(tmp_path, state, init_fn=lambda: inits.append(1))
+    async with sv.managed_session() as sess:
+        await sv.save_now()  # queued behind the start-up save: both are committed now
+        assert (tmp_path / "model.ckpt-0.index").exists()
+        await sess.run_loop(bump(state), max_steps=3)
+    assert inits == [1]
+    state2 = make_state()
+    sv2 = supervisor(tmp_path, state2, init_fn=lambda: inits.append(2))
+    with capture_logs() as logs:
+        async with sv2.managed_session() as sess:
+            assert sess.global_step == 3
+            assert float(state2["w"][0, 0]) == 3.0
+            await sess.run_loop(bump(state2), max_steps=5)
+    assert inits == [1]
+    saved = [e["step"] for e in logs if e["event"] == "checkpoint.saved"]
+    assert saved == [5]  # no start-up save of the restored step 3
+
+
+@pytest.mark.anyio
+async def test_timer_saves_at_step_boundary_and_never_twice_the_same_step(tmp_path: Path) -> None:
+    """Each save_model_secs tick saves at a step boundary; a tick with no new step saves nothing."""
+    state = make_state()
+    clock = ManualClock()
+    sv = supervisor(tmp_path, state, clock=clock, save_model_secs=60)
+    with capture_logs() as logs:
+        async with sv.managed_session() as sess:
+            await sv.save_now()
+            await sess.run(bump(state))
+            await sess.run(bump(state))
+            await clock.wait_for_sleepers(1)
+            clock.advance(60)
+            await sv.save_now()  # queued behind the timer's save
+            await clock.wait_for_sleepers(1)
+            clock.advance(60)  # same step: nothing new to save
+            await clock.wait_for_sleepers(1)
+            await sess.run(bump(state))
+            sess.request_stop()
+    saved = [e["step"] for e in logs if e["event"] == "checkpoint.saved"]
+    assert saved == [0, 2, 3]
+    assert plain_restore(tmp_path) == (3.0, 3)
+
+
+@pytest.mark.anyio
+async def test_save_model_steps_saves_at_multiples(tmp_path: Path) -> None:
+    """save_model_steps=N snapshots exactly when the global step reaches a multiple of N."""
+    state = make_state()
+    sv = supervisor(tmp_path, state, save_model_steps=4, max_to_keep=10)
+    async with sv.managed_session() as sess:
+        for _ in range(9):
+            await sess.run(bump(state))
+            if sess.global_step in (3, 7):
+                await sv.save_now()  # also: nothing is in flight when the trigger fires
+    seen = [files.step_of(p) for p in files.read_state(tmp_path).paths]  # type: ignore[union-attr]
+    assert seen == [0, 3, 4, 7, 8, 9]
+    assert plain_restore(tmp_path) == (9.0, 9)  # the final save
+
+
+@pytest.mark.anyio
+async def test_no_final_checkpoint_after_a_step_error(tmp_path: Path) -> None:
+    """A step that raises stops the session without saving its possibly half-updated state."""
+    state = make_state()
+    sv = supervisor(tmp_path, state)
+
+    def bad() -> None:
+        state["w"].assign_add(tf.ones([4, 3]))
+        raise ZeroDivisionError("boom")
+
+    with pytest.raises(ZeroDivisionError):
+        async with sv.managed_session() as sess:
+            await sess.run(bump(state))
+            await sess.run(bad)
+    assert files.read_state(tmp_path).latest == "model.ckpt-0"  # type: ignore[union-attr]
+
+
+@pytest.mark.anyio
+async def test_retention_leftovers_and_foreign_files(tmp_path: Path) -> None:
+    """max_to_keep applies after commit; leftovers go at start-up; others' files stay."""
+    (tmp_path / "model.ckpt-3.asv-tmp-dead.index").write_bytes(b"half")
+    (tmp_path / "model.ckpt-3.asv-tmp-dead.data-00000-of-00001").write_bytes(b"half")
+    for name in ("other.ckpt-1.index", "model.ckpt-999.index", "notes.txt"):
+        (tmp_path / name).write_text("not ours")
+    state = make_state()
+    sv = supervisor(tmp_path, state, max_to_keep=2)
+    async with sv.managed_session() as sess:
+        for _ in range(3):
+            await sess.run(bump(state))
+            await sv.save_now()
+    names = listing(tmp_path)
+    assert not [n for n in names if ".asv-tmp-" in n]
+    assert {"other.ckpt-1.index", "model.ckpt-999.index", "notes.txt"} <= set(names)
+    assert files.read_state(tmp_path).paths == ["model.ckpt-2", "model.ckpt-3"]  # type: ignore[union-attr]
+    assert "model.ckpt-0.index" not in names and "model.ckpt-1.index" not in names
+
+
+def test_retention_policy_keeps_one_per_n_hours() -> None:
+    """keep_checkpoint_every_n_hours keeps old checkpoints spaced by the period for good."""
+    hour = 3600.0
+    state = files.CheckpointState(
+        "c5", ["c1", "c2", "c3", "c4", "c5"], [0.5 * hour, 1.2 * hour, 1.5 * hour, 2.4 * hour, 3.0 * hour], 0.0
+    )
+    kept, delete = files.select_retention(state, max_to_keep=2, keep_every_secs=hour)
+    assert kept.paths == ["c4", "c5"]
+    assert delete == ["c1", "c3"]  # c2 (1.2 h after the last preserved, 0) is kept for good
+    assert kept.last_preserved == 1.2 * hour
+    kept, delete = files.select_retention(state, max_to_keep=1, keep_every_secs=None)
+    assert kept.paths == ["c5"] and delete == ["c1", "c2", "c3", "c4"]
+
+
+async def _two_checkpoints(logdir: Path) -> None:
+    state = make_state()
+    sv = supervisor(logdir, state)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(bump(state), max_steps=2)
+    state = make_state()
+    sv = supervisor(logdir, state)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(bump(state), max_steps=4)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete_data", "flip_index"])
+async def test_corrupt_latest_falls_back_to_previous(tmp_path: Path, damage: str) -> None:
+    """A damaged latest checkpoint is logged as checkpoint.corrupt and the previous one is used."""
+    await _two_checkpoints(tmp_path)
+    data = tmp_path / "model.ckpt-4.data-00000-of-00001"
+    index = tmp_path / "model.ckpt-4.index"
+    if damage == "flip":
+        raw = bytearray(data.read_bytes())
+        raw[-20] ^= 0xFF  # inside the variable values
+        data.write_bytes(bytes(raw))
+    elif damage == "truncate":
+        os.truncate(data, data.stat().st_size // 2)
+    elif damage == "delete_data":
+        data.unlink()
+    else:
+        raw = bytearray(index.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        index.write_bytes(bytes(raw))
+    state = make_state()
+    sv = supervisor(tmp_path, state, save_model_secs=0)
+    with capture_logs() as logs:
+        async with sv.managed_session() as sess:
+            assert sess.global_step == 2
+            assert float(state["w"][0, 0]) == 2.0
+            assert float(state["b"][0]) == 2.0
+    corrupt = [e for e in logs if e["event"] == "checkpoint.corrupt"]
+    assert len(corrupt) == 1 and corrupt[0]["path"].endswith("model.ckpt-4") and corrupt[0]["reason"]
+
+
+@pytest.mark.anyio
+async def test_checkpoint_of_another_model_is_a_clear_error(tmp_path: Path) -> None:
+    """Restoring another model's checkpoint names the missing and mis-shaped variables."""
+    await _two_checkpoints(tmp_path)
+    other = {"w": tf.Variable(tf.zeros([5, 3]), name="w"), "extra": tf.Variable(1.0, name="extra")}
+    sv = supervisor(tmp_path, other, save_model_secs=0)
+    with pytest.raises(asv.CheckpointError) as info:
+        async with sv.managed_session():
+            pass
+    msg = str(info.value)
+    assert "extra/.ATTRIBUTES/VARIABLE_VALUE" in msg and "w/.ATTRIBUTES/VARIABLE_VALUE" in msg
+    assert "[4, 3]" in msg and "[5, 3]" in msg
+    assert float(other["w"][0, 0]) == 0.0  # nothing was partially restored
+
+
+@pytest.mark.anyio
+async def test_background_write_error_is_raised_not_lost(tmp_path: Path) -> None:
+    """A failed background write is raised by the next save (here the final one) at stop."""
+    state = make_state()
+    sv = supervisor(tmp_path, state, save_model_steps=2)
+    (tmp_path / "model.ckpt-2.index").mkdir(parents=True)  # publishing step 2 must fail
+    with pytest.raises(OSError):
+        async with sv.managed_session() as sess:
+            await sv.save_now()  # the start-up save is committed: step 2's will not be skipped
+            await sess.run_loop(bump(state), max_steps=3)
+    assert "model.ckpt-2" not in files.read_state(tmp_path).paths  # type: ignore[union-attr]
+    assert not [n for n in listing(tmp_path) if ".asv-tmp-" in n]
+    plain_restore(tmp_path)  # whatever is latest is complete
+
+
+@pytest.mark.anyio
+async def test_save_now_needs_a_logdir() -> None:
+    """save_now() without a logdir is a clear error."""
+    sv = asv.Supervisor(None, state=make_state(), save_summaries_secs=0, handle_signals=False)
+    async with sv.managed_session():
+        with pytest.raises(RuntimeError, match="logdir"):
+            await sv.save_now()
+
+
+@pytest.mark.anyio
+async def test_dataset_iterator_and_generator_resume_exactly(tmp_path: Path) -> None:
+    """A tf.data iterator and a tf.random.Generator resume where the checkpoint left them."""
+
+    def build() -> tuple[dict[str, Any], tf.data.Dataset]:
+        state = {"acc": tf.Variable(0.0), "gen": tf.random.Generator.from_seed(7)}
+        ds = tf.data.Dataset.range(1000).shuffle(50, seed=3, reshuffle_each_iteration=True).repeat()
+        return state, ds
+
+    def step_fn(state: dict[str, Any]) -> Any:
+        def step(batch: Any) -> None:
+            noise = state["gen"].uniform([])
+            state["acc"].assign(state["acc"] * 0.5 + tf.cast(batch, tf.float32) + noise)
+
+        return step
+
+    state, ds = build()
+    sv = supervisor(tmp_path / "a", state)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(step_fn(state), ds, max_steps=40)
+    straight = float(state["acc"])
+
+    for stop in (15, 40):
+        state, ds = build()
+        sv = supervisor(tmp_path / "b", state)
+        async with sv.managed_session() as sess:
+            await sess.run_loop(step_fn(state), ds, max_steps=stop)
+    assert float(state["acc"]) == straight
+
+
+@pytest.mark.anyio
+async def test_aborted_step_recovers_from_latest_checkpoint(tmp_path: Path) -> None:
+    """AbortedError restores the latest checkpoint and training goes on from there."""
+    state = make_state()
+    failures = [5]
+
+    def step() -> None:
+        bump(state)()
+        if failures and int(state["b"][0]) == failures[0]:
+            failures.pop()
+            raise tf.errors.AbortedError(None, None, "worker restarted")
+
+    sv = supervisor(tmp_path, state, save_model_steps=2, recovery_wait_secs=0)
+    with capture_logs() as logs:
+        async with sv.managed_session() as sess:
+            await sess.run_loop(step, max_steps=8)
+    # restored step 4 (b=4) after the failure at b=5, then 4 more steps
+    assert sess.global_step == 8 and float(state["b"][0]) == 8.0
+    assert [e["event"] for e in logs if e["event"].startswith("session.recover")] == [
+        "session.recovering",
+        "session.recovered",
+    ]
+
+
+@pytest.mark.anyio
+async def test_unavailable_past_the_retry_bound_propagates(tmp_path: Path) -> None:
+    """A step that keeps raising UnavailableError is retried a bounded number of times, then raised."""
+    state = make_state()
+    calls: list[int] = []
+
+    def step() -> None:
+        calls.append(1)
+        raise tf.errors.UnavailableError(None, None, "ps down")
+
+    sv = supervisor(tmp_path, state, recovery_wait_secs=0)
+    with pytest.raises(tf.errors.UnavailableError):
+        async with sv.managed_session() as sess:
+            await sess.run(step)
+    assert len(calls) == 4  # the first try and three retries
+    assert files.read_state(tmp_path).latest == "model.ckpt-0"  # type: ignore[union-attr]
+
+
+async def _tick(clock: ManualClock, secs: float) -> None:
+    """Once the service sleeps on ``clock``, move time and wait until it sleeps again."""
+    await clock.wait_for_sleepers(1)
+    clock.advance(secs)
+    while clock.sleepers:
+        await anyio.sleep(0)
+    await clock.wait_for_sleepers(1)
+
+
+@pytest.mark.anyio
+async def test_timed_save_while_a_write_is_in_flight_is_skipped_and_logged(tmp_path: Path) -> None:
+    """A timer tick that comes while the previous save is still being written is skipped, loudly."""
+    state = make_state()
+    clock = ManualClock()
+    sv = supervisor(tmp_path, state, clock=clock, save_model_secs=60)
+    gate = threading.Event()
+    with capture_logs() as logs:
+        async with sv.managed_session() as sess:
+            try:
+                await sv.save_now()
+                saver = sv._runtime.saver  # type: ignore[union-attr]
+                saver._writer.submit(gate.wait)  # the writer is busy until the gate opens
+                await sess.run(bump(state))
+                await _tick(clock, 60)  # step 1 snapshotted, its write queued: in flight
+                await sess.run(bump(state))
+                await _tick(clock, 60)  # step 2: skipped, the step loop does not wait
+                assert [e["step"] for e in logs if e["event"] == "checkpoint.skipped"] == [2]
+            finally:
+                gate.set()
+    saved = [e["step"] for e in logs if e["event"] == "checkpoint.saved"]
+    assert saved == [0, 1, 2]  # step 2 by the final save
+    skipped = [e for e in logs if e["event"] == "checkpoint.skipped"]
+    assert skipped[0]["reason"] == "timer" and "busy" in skipped[0]["why"]
+
+
+def test_synchronous_save_shares_the_commit_protocol(tmp_path: Path) -> None:
+    """write_checkpoint_now (CheckpointSaverHook's seam) commits like the service, and an
+    older snapshot committed after it does not become the latest."""
+    from asupervisor._checkpoint import Checkpointer, write_checkpoint_now
+
+    state = make_state()
+    ckpt = tf.train.Checkpoint(**state, global_step=tf.Variable(0, dtype=tf.int64))
+    background = Checkpointer(ckpt, tmp_path)
+    background.prepare()
+    ckpt.global_step.assign(3)
+    older = background.snapshot(3)
+    assert older is not None
+    state["w"].assign_add(tf.ones([4, 3]))
+    ckpt.global_step.assign(4)
+    assert write_checkpoint_now(ckpt, tmp_path, "model.ckpt", 4, max_to_keep=5) == str(tmp_path / "model.ckpt-4")
+    background.write(older)
+    recorded = files.read_state(tmp_path)
+    assert recorded is not None
+    assert recorded.latest == "model.ckpt-4" and recorded.paths == ["model.ckpt-3", "model.ckpt-4"]
+    assert plain_restore(tmp_path) == (1.0, 4)
+
+
+def test_large_snapshot_is_written_as_parallel_shards_plain_tf_reads(tmp_path: Path) -> None:
+    """A large state is written as several data shards in one checkpoint that plain TF restores."""
+    from asupervisor._checkpoint import Checkpointer
+
+    big = [tf.Variable(tf.random.uniform([1 << 20], seed=i), name=f"big{i}") for i in range(6)]  # 24 MB
+    ckpt = tf.train.Checkpoint(big=big)
+    checkpointer = Checkpointer(ckpt, tmp_path)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(1)
+    assert snap is not None
+    checkpointer.write(snap)
+    shards = [n for n in listing(tmp_path) if ".data-" in n]
+    assert len(shards) == min(os.cpu_count() or 1, 3) and all(n.startswith("model.ckpt-1.") for n in shards)
+    fresh = [tf.Variable(tf.zeros([1 << 20])) for _ in range(6)]
+    tf.train.Checkpoint(big=fresh).restore(tf.train.latest_checkpoint(str(tmp_path))).assert_existing_objects_matched()
+    assert all((a.numpy() == b.numpy()).all() for a, b in zip(big, fresh))
