@@ -20,6 +20,7 @@ waits are for the step thread and for services, all by awaiting.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from collections.abc import Awaitable, Callable, Iterable
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -193,19 +194,31 @@ class Runtime:
     def save_checkpoint_from_step_thread(self, directory: str | None = None, basename: str | None = None) -> str:
         """On the step thread: checkpoint the state now and make it the latest; its path.
 
-        The seam ``CheckpointSaverHook`` saves through (see ``_checkpoint_seam``).
+        What ``CheckpointSaverHook`` saves through. Into the session's own logdir it goes
+        through the session's checkpointer (same commit protocol and retention, and a step
+        already saved is not written twice); elsewhere, a one-off checkpointer for that
+        directory with the same protocol.
         """
-        from ._checkpoint_seam import write_checkpoint_now
+        from ._checkpoint import write_checkpoint_now
 
         config = self.config
         target = directory if directory is not None else config.logdir
         if target is None:
             raise ValueError("no checkpoint directory: the Supervisor has no logdir")
+        name = basename or config.checkpoint_basename
         self.sync_global_step()
+        own = self.checkpointer
+        if own is not None and Path(target) == own.logdir and name == config.checkpoint_basename:
+            snap = own.snapshot(self.step)
+            if snap is None:  # this step is already saved (or being written)
+                return str(own.logdir / f"{name}-{self.step}")
+            info = own.write(snap)
+            self.last_checkpoint = info
+            return info.path
         return write_checkpoint_now(
             self.checkpoint,
             target,
-            basename or config.checkpoint_basename,
+            name,
             self.step,
             max_to_keep=config.max_to_keep,
             keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
