@@ -174,45 +174,87 @@ def write_snapshot(snapshot: Snapshot, prefix: str) -> None:
         gen_io_ops.merge_v2_checkpoints(parts, prefix, delete_old_dirs=True)
 
 
-def _model_keys(checkpoint: Any) -> dict[str, tuple[Any, Any, str]]:
-    """``{checkpoint key: (shape, dtype, name)}`` of the variables the state holds now."""
-    serialized, _ = _serialized(checkpoint)
-    out: dict[str, tuple[Any, Any, str]] = {}
-    for obj, tensor_dict in serialized.items():
-        if obj is None:
+def _object_graph(reader: Any) -> Any:
+    """The checkpoint's object graph (how its objects connect, and their keys)."""
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    return graph
+
+
+def _children(obj: Any) -> dict[str, Any]:
+    try:
+        return dict(obj._trackable_children(save_type="checkpoint"))
+    except (AttributeError, TypeError):
+        return {}
+
+
+def _matched_keys(checkpoint: Any, graph: Any) -> dict[int, str]:
+    """``{id(live object): checkpoint key of its value}``, matched as TF's restore does.
+
+    The checkpoint's object graph and the live one are walked together from the root,
+    child by child name. Keys are *not* compared as strings: a variable reachable by
+    several paths is keyed by whichever path was shortest when it was saved (a Keras
+    optimizer's variable list, built after start-up, makes the model's kernels' keys
+    ``optimizer/_trainable_variables/N``), so the live graph at start-up would name it
+    differently.
+    """
+    matched: dict[int, str] = {}
+    seen: set[tuple[int, int]] = set()
+    stack = [(0, checkpoint)]
+    while stack:
+        node_id, obj = stack.pop()
+        if (node_id, id(obj)) in seen:
             continue
-        shape = getattr(obj, "shape", None)
-        dtype = getattr(obj, "dtype", None)
-        name = getattr(obj, "name", None) or type(obj).__name__
-        for key in tensor_dict:
-            if key.endswith("/.ATTRIBUTES/VARIABLE_VALUE"):
-                out[key] = (shape, dtype, str(name))
-            else:
-                out[key] = (None, None, str(name))
-    return out
+        seen.add((node_id, id(obj)))
+        node = graph.nodes[node_id]
+        for attr in node.attributes:
+            if attr.name == "VARIABLE_VALUE":
+                matched[id(obj)] = attr.checkpoint_key
+        live = _children(obj)
+        for ref in node.children:
+            child = live.get(ref.local_name)
+            if child is not None:
+                stack.append((ref.node_id, child))
+    return matched
 
 
 def check_matches(checkpoint: Any, path: str, *, allow_missing: tuple[str, ...] = ()) -> None:
     """Raise :class:`CheckpointError` if ``path`` holds another model than ``checkpoint``.
 
-    Compares the index of ``path`` (no data read) with the variables the state holds now:
-    a variable the checkpoint lacks, or has with another shape or dtype, is named.
-    Checkpoint values the state has no object for yet are allowed (objects created later,
-    such as optimizer slots, are restored when they are created).
+    Compares the index and object graph of ``path`` (no data read) with the variables the
+    state holds now: a variable the checkpoint lacks, or has with another shape or dtype,
+    is named. Checkpoint values the state has no object for yet are allowed (objects
+    created later, such as optimizer slots, are restored when they are created).
     """
     reader = tf().train.load_checkpoint(path)
     shapes = reader.get_variable_to_shape_map()
     dtypes = reader.get_variable_to_dtype_map()
+    matched = _matched_keys(checkpoint, _object_graph(reader))
+    serialized, _ = _serialized(checkpoint)
     missing, wrong = [], []
-    for key, (shape, dtype, name) in sorted(_model_keys(checkpoint).items()):
-        if key not in shapes:
-            if key not in _OPTIONAL_KEYS and not any(key.startswith(p) for p in allow_missing):
-                missing.append(f"{key} ({name})")
+    for obj, tensor_dict in serialized.items():
+        if obj is None:
             continue
+        live_keys = [k for k in tensor_dict if k.endswith("/.ATTRIBUTES/VARIABLE_VALUE")]
+        if not live_keys:
+            continue
+        live_key = live_keys[0]
+        name = str(getattr(obj, "name", None) or type(obj).__name__)
+        key = matched.get(id(obj))
+        if key is None or key not in shapes:
+            if live_key not in _OPTIONAL_KEYS and not any(live_key.startswith(p) for p in allow_missing):
+                missing.append(f"{live_key} ({name})")
+            continue
+        shape = getattr(obj, "shape", None)
+        dtype = getattr(obj, "dtype", None)
         if shape is not None and shape.is_fully_defined() and list(shape) != list(shapes[key]):
-            wrong.append(f"{key} ({name}): checkpoint shape {list(shapes[key])}, model shape {list(shape)}")
+            wrong.append(f"{live_key} ({name}): checkpoint shape {list(shapes[key])}, model shape {list(shape)}")
         elif dtype is not None and dtypes[key] != getattr(dtype, "base_dtype", dtype):
-            wrong.append(f"{key} ({name}): checkpoint dtype {dtypes[key].name}, model dtype {dtype.name}")
+            wrong.append(f"{live_key} ({name}): checkpoint dtype {dtypes[key].name}, model dtype {dtype.name}")
+    missing.sort()
+    wrong.sort()
     if missing or wrong:
         parts = []
         if missing:

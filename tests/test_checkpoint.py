@@ -404,3 +404,45 @@ def test_large_snapshot_is_written_as_parallel_shards_plain_tf_reads(tmp_path: P
     fresh = [tf.Variable(tf.zeros([1 << 20])) for _ in range(6)]
     tf.train.Checkpoint(big=fresh).restore(tf.train.latest_checkpoint(str(tmp_path))).assert_existing_objects_matched()
     assert all((a.numpy() == b.numpy()).all() for a, b in zip(big, fresh))
+
+
+def keras_state(width: int) -> tuple[Any, Any, Any]:
+    """A Keras model, its optimizer and a training step (the optimizer builds lazily)."""
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(width), tf.keras.layers.Dense(1)])
+    opt = tf.keras.optimizers.Adam(0.01)
+    x = tf.ones((4, 2))
+
+    @tf.function
+    def step() -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x) ** 2)
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    return model, opt, step
+
+
+@pytest.mark.anyio
+async def test_keras_model_with_lazily_built_optimizer_resumes(tmp_path: Path) -> None:
+    """A trained Keras model restores into a fresh one whose optimizer is not built yet.
+
+    Saved after training, the kernels are keyed under the optimizer's variable list (the
+    shortest path then); the fresh model names them by layer. The match is by object
+    graph, so this is the same model; a different width is still refused by name.
+    """
+    model, opt, step = keras_state(8)
+    sv = supervisor(tmp_path, {"model": model, "optimizer": opt}, save_model_secs=1)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(step, max_steps=3)
+    trained = [v.numpy() for v in model.trainable_variables]
+
+    fresh, fresh_opt, fresh_step = keras_state(8)
+    async with supervisor(tmp_path, {"model": fresh, "optimizer": fresh_opt}, save_model_secs=0).managed_session() as sess:
+        assert sess.global_step == 3
+        assert all((a == b.numpy()).all() for a, b in zip(trained, fresh.trainable_variables))
+        await sess.run(fresh_step)
+    assert int(fresh_opt.iterations.numpy()) == 4  # optimizer state restored once built
+
+    wider, wider_opt, _ = keras_state(16)
+    with pytest.raises(asv.CheckpointError, match=r"kernel.*\[2, 8\].*\[2, 16\]"):
+        async with supervisor(tmp_path, {"model": wider, "optimizer": wider_opt}, save_model_secs=0).managed_session():
+            pass

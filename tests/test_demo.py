@@ -27,3 +27,14 @@ def test_demo_trains_and_reports(tmp_path: Path) -> None:
     assert "progress: step" in out
     last = out.strip().splitlines()[-1]
     assert last.startswith("done: step 300, stop reason max_steps")
+
+
+def test_demo_resumes_where_it_stopped(tmp_path: Path) -> None:
+    """Run again with a higher max_steps, the demo resumes from its checkpoint and finishes."""
+    logdir = tmp_path / "run"
+    run_demo(logdir, 100)
+    out = run_demo(logdir, 160)
+    assert "resumed at step 100" in out
+    assert out.strip().splitlines()[-1].startswith("done: step 160, stop reason max_steps")
+    assert any(p.name.startswith("events.out.tfevents") for p in logdir.iterdir())
+    assert (logdir / "model.ckpt-160.index").exists()
