@@ -19,7 +19,8 @@ them with the values of the runtime's ``scalar_sources``. ``global_step/sec`` is
 when the step-counter service measures it (``Runtime._on_rate``).
 
 Nothing here runs TensorFlow or touches a file on the event loop thread. The writer is
-flushed and closed in the session's ``closers`` phase.
+flushed and closed in the session's ``closers`` phase, after one last summary of the
+steps run since the last tick.
 """
 
 from __future__ import annotations
@@ -133,6 +134,9 @@ class SummaryWriter:
         self._rt = runtime
         self._writer: Any = None
         self._closed = False
+        #: the step of the last periodic summary (the summary service keeps it up to date);
+        #: at close, a final summary is written if steps ran since
+        self.last_step_written: int | None = None
 
     @classmethod
     def open(cls, runtime: Runtime) -> SummaryWriter | None:
@@ -223,6 +227,13 @@ class SummaryWriter:
         """Write what is queued, then flush and close the event file (a session closer)."""
         if self._closed:
             return
+        rt = self._rt
+        if self.last_step_written is not None and rt.step != self.last_step_written:
+            # the steps since the last tick are not lost: one last summary at stop
+            step, scalars = await rt.step_thread.call(_snapshot, rt)
+            waiter = self.write(step, scalars, tuple(rt.scalar_sources))
+            if waiter is not None:
+                await waiter.wait()
         self._closed = True
         await self._thread.call(self._close_job)
         log.debug("summary.closed", logdir=str(self.logdir))
@@ -257,6 +268,7 @@ class SummaryService(Service):
         task_status.started()
         ctx.set_service_state(self.name, "running")
         last_written = -1
+        self.writer.last_step_written = rt.step
         first = ctx.clock.now() + self.interval_secs
         async for _ in interval_ticks(ctx.clock, self.interval_secs, first_at=first):
             step, scalars = await rt.step_thread.submit_at_boundary(_snapshot, rt).wait(
@@ -270,7 +282,7 @@ class SummaryService(Service):
             waiter = self.writer.write(step, scalars, sources)
             if waiter is not None:
                 await waiter.wait(grace_secs=ctx.stop_grace_secs)
-            last_written = step
+            last_written = self.writer.last_step_written = step
 
 
 def summary_computed(rt: Runtime | None, values: Mapping[str, Any], global_step: int | None = None) -> None:

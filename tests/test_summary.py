@@ -179,3 +179,23 @@ async def test_event_file_is_flushed_and_closed_on_stop(tmp_path: Path) -> None:
     assert steps_of(read_events(tmp_path), "x") == list(range(20))
     assert sv._runtime is not None and sv._runtime.summary_writer is not None
     assert sv._runtime.summary_writer.closed
+
+
+async def test_steps_after_the_last_tick_are_summarised_at_stop(tmp_path: Path) -> None:
+    """The last step's scalars are written at stop when steps ran since the last tick."""
+    clock = ManualClock()
+    async with make_sv(tmp_path, clock).managed_session() as sess:
+        await sess.run(lambda: {"loss": tf.constant(3.0)})
+        await tick(clock, 60)
+        await sess.run(lambda: {"loss": tf.constant(2.0)})
+        await sess.run(lambda: {"loss": tf.constant(1.0)})
+    assert read_events(tmp_path)["loss"] == [(1, 3.0), (3, 1.0)]
+
+
+async def test_no_final_summary_when_nothing_ran_since_the_tick(tmp_path: Path) -> None:
+    """A stop right after a tick writes nothing twice."""
+    clock = ManualClock()
+    async with make_sv(tmp_path, clock).managed_session() as sess:
+        await sess.run(lambda: {"loss": tf.constant(3.0)})
+        await tick(clock, 60)
+    assert read_events(tmp_path)["loss"] == [(1, 3.0)]
