@@ -67,10 +67,11 @@ class SupervisorConfig:
                 raise ValueError(f"logdir {str(logdir)!r} exists and is not a directory")
             object.__setattr__(self, "logdir", logdir)
         if self.state is not None and not isinstance(self.state, dict):
-            if not hasattr(self.state, "_track_trackable") and not hasattr(self.state, "save"):
+            if not all(hasattr(self.state, m) for m in ("write", "read", "restore")):
                 raise TypeError(
                     "state must be a tf.train.Checkpoint or a dict of trackables "
-                    f"(models, optimizers, variables), got {type(self.state).__name__}"
+                    f"(models, optimizers, variables), got {type(self.state).__name__}; "
+                    "wrap a single object in a dict, e.g. state={'model': model}"
                 )
         if self.is_chief is not None and not isinstance(self.is_chief, bool):
             raise TypeError(f"is_chief must be True, False or None, got {self.is_chief!r}")

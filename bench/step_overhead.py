@@ -44,6 +44,7 @@ async def supervised_loop(step: Any, state: Any, n: int, logdir: str) -> float:
 
 async def loop_ratio(name: str, make: Any, n: int, reps: int, logdir: str) -> float:
     step, state = make()
+    state = state if isinstance(state, dict) else {"v": state}
     for _ in range(3):  # trace the function, warm up caches
         step()
     bare, ours = [], []

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import tensorflow as tf
 
 import asupervisor as asv
 
@@ -44,6 +45,7 @@ def test_out_of_range_values_name_the_field(field: str, value: object) -> None:
         ("is_chief", "yes"),
         ("hooks", [object()]),
         ("state", 42),
+        ("state", tf.Variable(1.0)),
     ],
 )
 def test_wrong_types_name_the_field(field: str, value: object) -> None:
