@@ -86,8 +86,8 @@ async def main(quick: bool, backend: str) -> None:
     reps = 5 if quick else 11
     with tempfile.TemporaryDirectory() as logdir:
         print(f"[{backend}] (a) run_loop with standard services vs a bare loop (median of {reps})")
-        await loop_ratio("tiny", tiny_step, 2000 if quick else 10000, reps, logdir)
-        await loop_ratio("mlp", mlp_step, 200 if quick else 1000, reps, logdir)
+        await loop_ratio("tiny", tiny_step, 2000 if quick else 10000, reps, f"{logdir}/tiny")
+        await loop_ratio("mlp", mlp_step, 200 if quick else 1000, reps, f"{logdir}/mlp")
     print(f"[{backend}] (b) per-call overhead of await sess.run(step) vs anyio.to_thread.run_sync")
     await call_overheads(500 if quick else 2000, reps)
 
