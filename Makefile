@@ -25,6 +25,11 @@ test: venv
 
 bench: venv
 	$(PY) bench/step_overhead.py
+	$(PY) bench/hooks_overhead.py
+	$(PY) bench/hooks_overhead.py --backend trio
+	$(PY) bench/checkpoint.py
+	$(PY) bench/queue_runner.py
+	$(PY) bench/queue_runner.py --backend trio
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache
