@@ -34,7 +34,7 @@ class LoopHandle:
     Must be created on the event loop thread (inside ``anyio.run``).
     """
 
-    __slots__ = ("backend", "call_soon", "_new_event", "thread_id")
+    __slots__ = ("backend", "call_soon", "_new_event", "_new_future", "thread_id")
 
     def __init__(self) -> None:
         token = anyio.lowlevel.current_token()
@@ -48,11 +48,14 @@ class LoopHandle:
 
             self.call_soon = native.call_soon_threadsafe  # type: ignore[attr-defined]
             self._new_event: Callable[[], Any] = asyncio.Event
+            # A bare future saves the Event's indirection on the hot path of sess.run.
+            self._new_future: Callable[[], Any] | None = native.create_future  # type: ignore[attr-defined]
         elif name == "trio":
             import trio
 
             self.call_soon = native.run_sync_soon  # type: ignore[attr-defined]
             self._new_event = trio.Event
+            self._new_future = None
         else:  # pragma: no cover - a future anyio backend
             backend = token.backend_class
 
@@ -61,6 +64,7 @@ class LoopHandle:
 
             self.call_soon = call_soon
             self._new_event = anyio.Event
+            self._new_future = None
 
     def in_loop_thread(self) -> bool:
         """Whether the caller runs on the event loop's thread."""
@@ -79,13 +83,19 @@ class LoopHandle:
 
 
 class Waiter(Generic[T]):
-    """A result (or exception) produced by some thread and awaited on the event loop."""
+    """A result (or exception) produced by some thread and awaited on the event loop.
 
-    __slots__ = ("_loop", "_event", "_done", "_value", "_error")
+    On asyncio the wait is a bare future, created per wait (a cancelled future cannot be
+    awaited again); elsewhere a native event. Either way the producing thread only sets
+    plain attributes and schedules :meth:`_notify` on the loop.
+    """
+
+    __slots__ = ("_loop", "_event", "_future", "_done", "_value", "_error")
 
     def __init__(self, loop: LoopHandle) -> None:
         self._loop = loop
-        self._event = loop._new_event()
+        self._event = None if loop._new_future is not None else loop._new_event()
+        self._future: Any = None
         self._done = False
         self._value: Any = None
         self._error: BaseException | None = None
@@ -95,17 +105,24 @@ class Waiter(Generic[T]):
         """Whether a result or an error has been set."""
         return self._done
 
+    def _notify(self) -> None:
+        # On the loop thread, after _done was set.
+        if self._event is not None:
+            self._event.set()
+        elif self._future is not None and not self._future.done():
+            self._future.set_result(None)
+
     def set_result(self, value: T) -> None:
         """Fill the slot with a value; callable from any thread, once."""
         self._value = value
         self._done = True
-        self._loop.call_soon(self._event.set)
+        self._loop.call_soon(self._notify)
 
     def set_error(self, error: BaseException) -> None:
         """Fill the slot with an exception; callable from any thread, once."""
         self._error = error
         self._done = True
-        self._loop.call_soon(self._event.set)
+        self._loop.call_soon(self._notify)
 
     def outcome(self) -> T:
         """The value, or raise the error (only once :attr:`done`)."""
@@ -117,9 +134,18 @@ class Waiter(Generic[T]):
                 del error
         return self._value
 
+    async def _wait_once(self) -> None:
+        if self._event is not None:
+            await self._event.wait()
+            return
+        if self._done:  # the notification may still be on its way; the value is here
+            return
+        self._future = self._loop._new_future()  # type: ignore[misc]
+        await self._future
+
     async def wait_cancellable(self) -> T:
         """Wait for the outcome; a cancellation ends the wait at once (the work goes on)."""
-        await self._event.wait()
+        await self._wait_once()
         return self.outcome()
 
     async def wait(
@@ -134,12 +160,12 @@ class Waiter(Generic[T]):
         raises meanwhile must be recorded by the worker itself; it is not re-raised here.
         """
         try:
-            await self._event.wait()
+            await self._wait_once()
         except anyio.get_cancelled_exc_class():
             if on_cancel is not None:
                 on_cancel()
             with anyio.move_on_after(grace_secs, shield=True) as scope:
-                await self._event.wait()
+                await self._wait_once()
             if scope.cancelled_caught:
                 log.error("thread.overrun", waited_secs=grace_secs)
             raise
