@@ -6,7 +6,8 @@ checkpoints and TensorBoard summaries go to ``--logdir``, progress is printed ev
 seconds by a looped service, Ctrl-C stops gracefully (with a final checkpoint), and
 running the command again resumes from the last checkpoint.
 
-    python examples/demo.py --logdir runs/demo --max-steps 3000
+    python examples/demo.py --logdir runs/demo            # 3000 more steps each run
+    python examples/demo.py --logdir runs/demo --max-steps 10000   # up to global step 10000
 """
 
 from __future__ import annotations
@@ -79,15 +80,17 @@ async def main(args: argparse.Namespace) -> None:
     def progress() -> None:  # a sync looped service: runs on its own thread
         status = sv.status()
         rate = f"{status.steps_per_sec:.0f}" if status.steps_per_sec else "-"
-        print(f"progress: step {status.global_step}/{args.max_steps}  steps/sec {rate}", flush=True)
+        print(f"progress: step {status.global_step}/{target}  steps/sec {rate}", flush=True)
 
     sv.loop(args.progress_secs, progress, name="progress")
 
+    target: int | str = "?"
     async with sv.managed_session() as sess:
         start = sess.global_step
         if start:
             print(f"resumed at step {start}", flush=True)
-        await sess.run_loop(train_step, data=data, max_steps=args.max_steps)
+        target = args.max_steps if args.max_steps is not None else start + args.steps
+        await sess.run_loop(train_step, data=data, max_steps=target)
 
     logits = model(x, training=False)
     accuracy = float(np.mean(np.argmax(logits.numpy(), 1) == y))
@@ -101,7 +104,8 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="asupervisor demo training")
     parser.add_argument("--logdir", default="runs/demo")
-    parser.add_argument("--max-steps", type=int, default=3000)
+    parser.add_argument("--max-steps", type=int, default=None, help="stop at this global step")
+    parser.add_argument("--steps", type=int, default=3000, help="without --max-steps: steps to run now")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--save-secs", type=float, default=5.0)
     parser.add_argument("--summary-secs", type=float, default=2.0)

@@ -38,3 +38,31 @@ def test_demo_resumes_where_it_stopped(tmp_path: Path) -> None:
     assert out.strip().splitlines()[-1].startswith("done: step 160, stop reason max_steps")
     assert any(p.name.startswith("events.out.tfevents") for p in logdir.iterdir())
     assert (logdir / "model.ckpt-160.index").exists()
+
+
+def test_ctrl_c_stops_the_demo_gracefully_and_it_resumes(tmp_path: Path) -> None:
+    """SIGINT mid-training: a clean exit with a final checkpoint; the next run resumes there."""
+    import signal
+
+    logdir = tmp_path / "run"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    with subprocess.Popen(
+        [sys.executable, str(DEMO), "--logdir", str(logdir), "--max-steps", "1000000",
+         "--progress-secs", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # wait until it is really training
+            if line.startswith("progress: step ") and not line.startswith("progress: step 0/"):
+                break
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    last = out.strip().splitlines()[-1]
+    assert "stop reason signal:SIGINT" in last
+    stopped_at = int(last.split()[2].rstrip(","))
+    assert stopped_at > 0
+    assert (logdir / f"model.ckpt-{stopped_at}.index").exists()  # the final checkpoint
+    resumed = run_demo(logdir, stopped_at + 50)
+    assert f"resumed at step {stopped_at}" in resumed
+    assert resumed.strip().splitlines()[-1].startswith(f"done: step {stopped_at + 50}, stop reason max_steps")
