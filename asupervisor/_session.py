@@ -98,7 +98,8 @@ class Session:
             Exception: whatever ``fn`` or a hook raised (the session stops too).
         """
         rt = self._rt
-        await self._check_running()
+        if rt.control.stopping or rt.closed:  # inline: this is the per-call hot path
+            await self._check_running()
         waiter = rt.step_thread.submit(rt.run_one_step, fn, args, kwargs)
         try:
             return await waiter.wait(grace_secs=rt.config.stop_grace_secs)
