@@ -141,6 +141,18 @@ class MonitoredTrainingSession:
         self._runtime: Runtime | None = None
 
     async def __aenter__(self) -> Session:
+        config = self.supervisor.config
+        if not config.is_chief and config.logdir is not None:
+            # TF1's worker session creator: a non-chief starts from the chief's first
+            # checkpoint, waiting at most max_wait_secs (DeadlineExceededError after).
+            from ._session_manager import SessionManager
+
+            manager = SessionManager(
+                state=config.state if config.state is not None else {},
+                recovery_wait_secs=config.recovery_wait_secs,
+                clock=config.clock,
+            )
+            await manager.wait_for_session(config.logdir, max_wait_secs=self.max_wait_secs)
         self._runtime = self.supervisor.managed_session()
         return await self._runtime.__aenter__()
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import pytest
 import tensorflow as tf
 from eventfiles import read_events, steps_of
@@ -131,9 +133,34 @@ async def test_seconds_based_hooks_use_the_injected_clock(tmp_path: Path) -> Non
     assert [Path(p).name for p in state.all_model_checkpoint_paths] == ["model.ckpt-0", "model.ckpt-3"]  # steps run at t=0, 6, 12
 
 
-async def test_non_chief_writes_nothing(tmp_path: Path) -> None:
-    """A non-chief session trains but writes no checkpoint and no event file."""
-    async with mts(tmp_path, is_chief=False, hooks=[asv.StopAtStepHook(num_steps=3)]) as sess:
-        await sess.run_loop(lambda: {"loss": 1.0})
-    assert sess.global_step == 3
+async def test_non_chief_starts_from_the_chiefs_checkpoint_and_writes_nothing(tmp_path: Path) -> None:
+    """A non-chief waits for the chief's checkpoint, restores it, trains, writes nothing."""
+    v = tf.Variable(0.0)
+    async with mts(tmp_path, state={"v": v}, hooks=[asv.StopAtStepHook(last_step=4)]) as sess:
+        await sess.run_loop(lambda: v.assign_add(1.0))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    worker_v = tf.Variable(0.0)
+    async with mts(tmp_path, state={"v": worker_v}, is_chief=False, hooks=[asv.StopAtStepHook(num_steps=3)]) as sess:
+        assert sess.global_step == 4 and float(worker_v.numpy()) == 4.0
+        await sess.run_loop(lambda: worker_v.assign_add(1.0))
+    assert sess.global_step == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+async def test_non_chief_without_a_chief_checkpoint_times_out(tmp_path: Path) -> None:
+    """With no checkpoint from the chief, a non-chief gives up after max_wait_secs."""
+    clock = ManualClock()
+    session = mts(tmp_path, is_chief=False, max_wait_secs=90, clock=clock, recovery_wait_secs=30)
+    async def advance() -> None:
+        for _ in range(3):
+            await clock.wait_for_sleepers(1)
+            clock.advance(30)
+            while clock.sleepers:
+                await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(advance)
+        with pytest.raises(asv.DeadlineExceededError, match="90"):
+            async with session:
+                pytest.fail("a non-chief must not start without the chief's checkpoint")
     assert list(tmp_path.iterdir()) == []
