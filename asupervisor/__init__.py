@@ -43,6 +43,8 @@ from ._status import CheckpointInfo as CheckpointInfo
 from ._status import Status as Status
 from ._supervisor import Supervisor as Supervisor
 from ._timer import SecondOrStepTimer as SecondOrStepTimer
+from ._watch import CheckpointWatcher as CheckpointWatcher
+from ._watch import watch_checkpoints as watch_checkpoints
 
 __version__ = "0.1.0"
 
@@ -51,6 +53,7 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointSaverHook",
     "CheckpointSaverListener",
+    "CheckpointWatcher",
     "Clock",
     "ClusterInfo",
     "DeadlineExceededError",
@@ -84,4 +87,5 @@ __all__ = [
     "SupervisorError",
     "cluster_info",
     "configure_logging",
+    "watch_checkpoints",
 ]
