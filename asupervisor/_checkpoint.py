@@ -407,7 +407,10 @@ class Checkpointer:
             raise
         with _commit_lock(self.logdir):
             info, delete = self._commit(name, snapshot, min_keep)
-        self.last_commit_secs = time.perf_counter() - t0
+            # durable and named in the state file: retention's deletions come after
+            self.last_commit_secs = time.perf_counter() - t0
+            for old in delete:
+                files.delete_checkpoint(self.logdir / old)
         with self._lock:
             self.last = info
         log.info(
@@ -421,6 +424,7 @@ class Checkpointer:
         return info
 
     def _commit(self, name: str, snapshot: Snapshot, min_keep: int = 1) -> tuple[CheckpointInfo, list[str]]:
+        """Name ``name`` in the state file; returns it and the checkpoints retention drops."""
         now = self.wall_clock()
         state = files.read_state(self.logdir) or files.CheckpointState(last_preserved=self.started_at)
         if state.last_preserved == 0.0:
@@ -441,8 +445,6 @@ class Checkpointer:
             state, max_to_keep=max(self.max_to_keep, min_keep), keep_every_secs=self.keep_every_secs
         )
         files.write_state(self.logdir, state)  # now it is the latest
-        for old in delete:
-            files.delete_checkpoint(self.logdir / old)
         return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), delete
 
 

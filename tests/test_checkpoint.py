@@ -446,3 +446,33 @@ async def test_keras_model_with_lazily_built_optimizer_resumes(tmp_path: Path) -
     with pytest.raises(asv.CheckpointError, match=r"kernel.*\[2, 8\].*\[2, 16\]"):
         async with supervisor(tmp_path, {"model": wider, "optimizer": wider_opt}, save_model_secs=0).managed_session():
             pass
+
+
+def test_durable_time_excludes_retention_and_old_checkpoints_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retention deletes after the commit: the checkpoint is named first, old files go after."""
+    from asupervisor._checkpoint import Checkpointer
+
+    state = make_state()
+    ckpt = tf.train.Checkpoint(**state)
+    checkpointer = Checkpointer(ckpt, tmp_path, max_to_keep=1)
+    checkpointer.prepare()
+    order: list[str] = []
+    real_write, real_delete = files.write_state, files.delete_checkpoint
+
+    def write_state(logdir: Path, st: files.CheckpointState) -> None:
+        order.append("state")
+        real_write(logdir, st)
+
+    def delete_checkpoint(prefix: Path) -> None:
+        order.append(f"delete {prefix.name}")
+        real_delete(prefix)
+
+    monkeypatch.setattr(files, "write_state", write_state)
+    monkeypatch.setattr(files, "delete_checkpoint", delete_checkpoint)
+    for step in (1, 2):
+        snap = checkpointer.snapshot(step)
+        assert snap is not None
+        checkpointer.write(snap)
+    assert order == ["state", "state", "delete model.ckpt-1"]
+    assert listing(tmp_path) == ["checkpoint", "model.ckpt-2.data-00000-of-00001", "model.ckpt-2.index"]
+    assert checkpointer.last_commit_secs is not None and checkpointer.last_commit_secs > 0
