@@ -117,7 +117,10 @@ def take_snapshot(checkpoint: Any, step: int) -> Snapshot:
     return Snapshot(step, keys, slices, tensors, t1, t1 - t0)
 
 
-_SHARD_BYTES = 8 << 20  # at least this much data per data shard
+# At least this much data per data shard. Below it one SaveV2 (no temporary directory, no
+# MergeV2Checkpoints) is faster: with early writeback the disk, not the checksumming, is
+# what a large save waits for, and a 16 MB state wrote 1.2x faster unsharded.
+_SHARD_BYTES = 32 << 20
 _MAX_SHARDS = 4
 
 

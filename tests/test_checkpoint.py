@@ -388,9 +388,14 @@ def test_synchronous_save_shares_the_commit_protocol(tmp_path: Path) -> None:
     assert plain_restore(tmp_path) == (1.0, 4)
 
 
-def test_large_snapshot_is_written_as_parallel_shards_plain_tf_reads(tmp_path: Path) -> None:
+def test_large_snapshot_is_written_as_parallel_shards_plain_tf_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A large state is written as several data shards in one checkpoint that plain TF restores."""
+    from asupervisor import _checkpoint
     from asupervisor._checkpoint import Checkpointer
+
+    monkeypatch.setattr(_checkpoint, "_SHARD_BYTES", 8 << 20)  # "large" at 24 MB, to stay quick
 
     big = [tf.Variable(tf.random.uniform([1 << 20], seed=i), name=f"big{i}") for i in range(6)]  # 24 MB
     ckpt = tf.train.Checkpoint(big=big)
@@ -446,6 +451,23 @@ async def test_keras_model_with_lazily_built_optimizer_resumes(tmp_path: Path) -
     with pytest.raises(asv.CheckpointError, match=r"kernel.*\[2, 8\].*\[2, 16\]"):
         async with supervisor(tmp_path, {"model": wider, "optimizer": wider_opt}, save_model_secs=0).managed_session():
             pass
+
+
+def test_small_state_is_one_data_file_without_merge(tmp_path: Path) -> None:
+    """Below the shard size one SaveV2 writes the checkpoint (no temporary directory, no merge)."""
+    from asupervisor._checkpoint import Checkpointer
+
+    big = [tf.Variable(tf.random.uniform([1 << 20], seed=i), name=f"big{i}") for i in range(4)]  # 16 MB
+    ckpt = tf.train.Checkpoint(big=big)
+    checkpointer = Checkpointer(ckpt, tmp_path)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(1)
+    assert snap is not None
+    checkpointer.write(snap)
+    assert listing(tmp_path) == ["checkpoint", "model.ckpt-1.data-00000-of-00001", "model.ckpt-1.index"]
+    fresh = [tf.Variable(tf.zeros([1 << 20])) for _ in range(4)]
+    tf.train.Checkpoint(big=fresh).restore(tf.train.latest_checkpoint(str(tmp_path))).assert_existing_objects_matched()
+    assert all((a.numpy() == b.numpy()).all() for a, b in zip(big, fresh))
 
 
 def test_durable_time_excludes_retention_and_old_checkpoints_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
