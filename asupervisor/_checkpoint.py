@@ -403,7 +403,8 @@ class Checkpointer:
         final = self.logdir / name
         tmp = self.logdir / f"{name}{files.TMP_MARKER}{secrets.token_hex(4)}"
         try:
-            write_snapshot(snapshot, str(tmp))
+            with files.early_writeback(tmp):
+                write_snapshot(snapshot, str(tmp))
             files.publish(tmp, final)
         except BaseException:
             files.delete_checkpoint(tmp)
