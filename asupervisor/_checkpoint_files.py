@@ -131,7 +131,8 @@ def _fsync_file(path: Path) -> None:
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
-_WRITEBACK_POLL_SECS = 0.003
+_WRITEBACK_POLL_SECS = 0.001
+_WRITEBACK_MIN_BYTES = 1 << 20  # hand at least this much over per call
 
 
 def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
@@ -150,9 +151,14 @@ _sync_file_range = _load_sync_file_range()
 
 
 def _start_writeback(watch: list[tuple[Path, str]], stop: threading.Event) -> None:
-    """Until ``stop``: ask the kernel to write back the data files appearing in ``watch``."""
+    """Until ``stop``: ask the kernel to write back the data files appearing in ``watch``.
+
+    Each file is handed over in ranges as it grows (from where the last call ended), so
+    no call rescans what is already under writeback.
+    """
     assert _sync_file_range is not None
     fds: dict[str, int] = {}
+    started: dict[int, int] = {}  # fd -> bytes handed to writeback so far
     try:
         while not stop.wait(_WRITEBACK_POLL_SECS):
             for directory, prefix in watch:
@@ -163,11 +169,16 @@ def _start_writeback(watch: list[tuple[Path, str]], stop: threading.Event) -> No
                 for entry in entries:
                     if entry.startswith(prefix) and ".data-" in entry and entry not in fds:
                         try:
-                            fds[entry] = os.open(directory / entry, os.O_RDONLY)
+                            fd = os.open(directory / entry, os.O_RDONLY)
                         except FileNotFoundError:  # renamed meanwhile: found again next poll
                             continue
-            for fd in fds.values():
-                _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
+                        fds[entry] = fd
+                        started[fd] = 0
+            for fd, done in started.items():
+                size = os.fstat(fd).st_size
+                if size - done >= _WRITEBACK_MIN_BYTES:
+                    _sync_file_range(fd, done, size - done, _SYNC_FILE_RANGE_WRITE)
+                    started[fd] = size
     finally:
         for fd in fds.values():
             os.close(fd)
