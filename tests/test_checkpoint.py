@@ -535,3 +535,32 @@ def test_durable_time_excludes_retention_and_old_checkpoints_go(tmp_path: Path, 
     assert order == ["state", "state", "delete model.ckpt-1"]
     assert listing(tmp_path) == ["checkpoint", "model.ckpt-2.data-00000-of-00001", "model.ckpt-2.index"]
     assert checkpointer.last_commit_secs is not None and checkpointer.last_commit_secs > 0
+
+
+def test_writeback_failure_does_not_fail_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Early writeback is only a speed-up: if it fails, the save still commits, fsynced."""
+    from asupervisor._checkpoint import Checkpointer
+
+    if files._sync_file_range is None:
+        pytest.skip("sync_file_range is Linux only")
+
+    calls: list[int] = []
+
+    def failing(fd: int, offset: int, nbytes: int, flags: int) -> int:
+        calls.append(fd)
+        raise OSError(5, "EIO")
+
+    monkeypatch.setattr(files, "_sync_file_range", failing)
+    monkeypatch.setattr(files, "_WRITEBACK_MIN_BYTES", 1)
+    monkeypatch.setattr(files, "_WRITEBACK_POLL_SECS", 0.0002)
+    big = tf.Variable(tf.random.uniform([1 << 22], seed=1), name="big")  # 16 MB
+    ckpt = tf.train.Checkpoint(big=big)
+    checkpointer = Checkpointer(ckpt, tmp_path)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(1)
+    assert snap is not None
+    checkpointer.write(snap)
+    assert len(calls) == 1  # called, failed, and the writeback thread stopped there
+    fresh = tf.Variable(tf.zeros([1 << 22]))
+    tf.train.Checkpoint(big=fresh).restore(tf.train.latest_checkpoint(str(tmp_path))).assert_existing_objects_matched()
+    assert (fresh.numpy() == big.numpy()).all()
