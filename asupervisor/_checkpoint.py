@@ -117,7 +117,10 @@ def take_snapshot(checkpoint: Any, step: int) -> Snapshot:
     return Snapshot(step, keys, slices, tensors, t1, t1 - t0)
 
 
-_SHARD_BYTES = 8 << 20  # at least this much data per data shard
+# At least this much data per data shard. Below it one SaveV2 (no temporary directory, no
+# MergeV2Checkpoints) is faster: with early writeback the disk, not the checksumming, is
+# what a large save waits for, and a 16 MB state wrote 1.2x faster unsharded.
+_SHARD_BYTES = 32 << 20
 _MAX_SHARDS = 4
 
 
@@ -400,14 +403,18 @@ class Checkpointer:
         final = self.logdir / name
         tmp = self.logdir / f"{name}{files.TMP_MARKER}{secrets.token_hex(4)}"
         try:
-            write_snapshot(snapshot, str(tmp))
+            with files.early_writeback(tmp):
+                write_snapshot(snapshot, str(tmp))
             files.publish(tmp, final)
         except BaseException:
             files.delete_checkpoint(tmp)
             raise
         with _commit_lock(self.logdir):
             info, delete = self._commit(name, snapshot, min_keep)
-        self.last_commit_secs = time.perf_counter() - t0
+            # durable and named in the state file: retention's deletions come after
+            self.last_commit_secs = time.perf_counter() - t0
+            for old in delete:
+                files.delete_checkpoint(self.logdir / old)
         with self._lock:
             self.last = info
         log.info(
@@ -421,6 +428,7 @@ class Checkpointer:
         return info
 
     def _commit(self, name: str, snapshot: Snapshot, min_keep: int = 1) -> tuple[CheckpointInfo, list[str]]:
+        """Name ``name`` in the state file; returns it and the checkpoints retention drops."""
         now = self.wall_clock()
         state = files.read_state(self.logdir) or files.CheckpointState(last_preserved=self.started_at)
         if state.last_preserved == 0.0:
@@ -441,8 +449,6 @@ class Checkpointer:
             state, max_to_keep=max(self.max_to_keep, min_keep), keep_every_secs=self.keep_every_secs
         )
         files.write_state(self.logdir, state)  # now it is the latest
-        for old in delete:
-            files.delete_checkpoint(self.logdir / old)
         return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), delete
 
 

@@ -6,7 +6,8 @@ Run from the repository root::
     python bench/checkpoint.py --quick    # 16 and 128 MB, 3 repeats
 
 For each state size (float32 variables of 8 MB, or one variable for small states) it
-prints medians over the repeats (the first save is measured apart from the steady state):
+prints medians over the repeats (the first save is measured apart from the steady state,
+the first raw write is left out likewise):
 
 * ``blocked``: how long the step thread is blocked per save: the snapshot taken at the
   step boundary (asupervisor) against ``tf.train.CheckpointManager.save`` (synchronous).
@@ -14,8 +15,10 @@ prints medians over the repeats (the first save is measured apart from the stead
   copy-on-write, so the first in-place update of a variable whose snapshot is still
   being written copies its buffer. ``blocked+cow`` is what training loses per save.
 * ``durable``: from the snapshot until the checkpoint is committed (files fsynced,
-  renamed, directory fsynced, ``checkpoint`` state file replaced), against writing the
-  same bytes with numpy plus ``fsync``.
+  renamed, directory fsynced, ``checkpoint`` state file replaced; retention's deletions
+  come after), against writing the same bytes with numpy plus ``fsync``. The two
+  alternate, each after an ``os.sync()`` so that neither pays for the writeback of
+  earlier files (TF's unsynced saves above all).
 * ``restore``: asupervisor's restore (state file, model check, restore) against plain
   ``tf.train.Checkpoint.restore`` of the same checkpoint, both with a warm page cache.
 """
@@ -82,11 +85,18 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         manager.save()
         tf_saves.append(time.perf_counter() - t0)
 
-    # raw numpy write + fsync of the same bytes
-    raw = []
+    # raw numpy write + fsync of the same bytes, alternating with asupervisor's save:
+    # snapshot on "the step thread", write + commit on "the writer thread". Each starts
+    # with no dirty page cache (os.sync), so neither pays for writing back the other's
+    # (or TF's unsynced) files.
     arrays = [v.numpy() for v in variables]
-    for i in range(repeats):
+    asv_dir = root / f"asv-{size_mb}"
+    checkpointer = Checkpointer(ckpt, asv_dir, max_to_keep=2)
+    checkpointer.prepare()
+    raw, blocked, cow, durable = [], [], [], []
+    for i in range(repeats + 1):
         path = root / f"raw-{size_mb}-{i}.npy"
+        os.sync()
         t0 = time.perf_counter()
         with open(path, "wb") as f:
             for a in arrays:
@@ -95,16 +105,9 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
             os.fsync(f.fileno())
         raw.append(time.perf_counter() - t0)
         path.unlink()
-    del arrays
-
-    # asupervisor: snapshot on "the step thread", write + commit on "the writer thread"
-    asv_dir = root / f"asv-{size_mb}"
-    checkpointer = Checkpointer(ckpt, asv_dir, max_to_keep=2)
-    checkpointer.prepare()
-    blocked, cow, durable = [], [], []
-    for i in range(repeats + 1):
         train_step(variables)
         ckpt.global_step.assign(i + 1)
+        os.sync()
         t0 = time.perf_counter()
         snap = checkpointer.snapshot(i + 1)
         t1 = time.perf_counter()
@@ -115,6 +118,7 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         assert checkpointer.last_commit_secs is not None
         durable.append(checkpointer.last_commit_secs)  # write, fsync, publish, state file
         del snap
+    del arrays
 
     # restore: plain TF vs asupervisor, alternating, warm cache
     latest = tf.train.latest_checkpoint(str(asv_dir))
@@ -136,7 +140,7 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         "blocked_steady": med(blocked[1:]),
         "cow": med(cow[1:]),
         "durable": med(durable[1:]),
-        "raw": med(raw),
+        "raw": med(raw[1:]),
         "restore_plain": med(plain),
         "restore_asv": med(ours),
     }

@@ -69,7 +69,10 @@ def train(
     def step(batch: Any) -> None:
         train_step(batch)
         if progress is None:
-            print("STEP", sv.global_step + 1, flush=True)
+            # one write: print()'s separate writes of "STEP", " " and n can interleave
+            # with a log line the checkpoint writer thread prints meanwhile
+            sys.stdout.write(f"STEP {sv.global_step + 1}\n")
+            sys.stdout.flush()
         else:
             progress.value = sv.global_step + 1
 

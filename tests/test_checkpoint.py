@@ -388,9 +388,14 @@ def test_synchronous_save_shares_the_commit_protocol(tmp_path: Path) -> None:
     assert plain_restore(tmp_path) == (1.0, 4)
 
 
-def test_large_snapshot_is_written_as_parallel_shards_plain_tf_reads(tmp_path: Path) -> None:
+def test_large_snapshot_is_written_as_parallel_shards_plain_tf_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A large state is written as several data shards in one checkpoint that plain TF restores."""
+    from asupervisor import _checkpoint
     from asupervisor._checkpoint import Checkpointer
+
+    monkeypatch.setattr(_checkpoint, "_SHARD_BYTES", 8 << 20)  # "large" at 24 MB, to stay quick
 
     big = [tf.Variable(tf.random.uniform([1 << 20], seed=i), name=f"big{i}") for i in range(6)]  # 24 MB
     ckpt = tf.train.Checkpoint(big=big)
@@ -446,3 +451,116 @@ async def test_keras_model_with_lazily_built_optimizer_resumes(tmp_path: Path) -
     with pytest.raises(asv.CheckpointError, match=r"kernel.*\[2, 8\].*\[2, 16\]"):
         async with supervisor(tmp_path, {"model": wider, "optimizer": wider_opt}, save_model_secs=0).managed_session():
             pass
+
+
+def test_small_state_is_one_data_file_without_merge(tmp_path: Path) -> None:
+    """Below the shard size one SaveV2 writes the checkpoint (no temporary directory, no merge)."""
+    from asupervisor._checkpoint import Checkpointer
+
+    big = [tf.Variable(tf.random.uniform([1 << 20], seed=i), name=f"big{i}") for i in range(4)]  # 16 MB
+    ckpt = tf.train.Checkpoint(big=big)
+    checkpointer = Checkpointer(ckpt, tmp_path)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(1)
+    assert snap is not None
+    checkpointer.write(snap)
+    assert listing(tmp_path) == ["checkpoint", "model.ckpt-1.data-00000-of-00001", "model.ckpt-1.index"]
+    fresh = [tf.Variable(tf.zeros([1 << 20])) for _ in range(4)]
+    tf.train.Checkpoint(big=fresh).restore(tf.train.latest_checkpoint(str(tmp_path))).assert_existing_objects_matched()
+    assert all((a.numpy() == b.numpy()).all() for a, b in zip(big, fresh))
+
+
+@pytest.mark.parametrize("shard_mb", [8, 32])
+def test_early_writeback_covers_every_data_file_and_stays_restorable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shard_mb: int
+) -> None:
+    """The writeback thread asks the kernel to write each data file (single and sharded)
+    while SaveV2 runs; it ends with the write, and plain TF restores the result."""
+    from asupervisor import _checkpoint
+    from asupervisor._checkpoint import Checkpointer
+
+    real = files._sync_file_range
+    if real is None:
+        pytest.skip("sync_file_range is Linux only")
+    flushed: set[str] = set()
+
+    def recording(fd: int, offset: int, nbytes: int, flags: int) -> int:
+        flushed.add(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        return real(fd, offset, nbytes, flags)
+
+    monkeypatch.setattr(files, "_sync_file_range", recording)
+    monkeypatch.setattr(files, "_WRITEBACK_POLL_SECS", 0.0005)
+    monkeypatch.setattr(_checkpoint, "_SHARD_BYTES", shard_mb << 20)
+    big = [tf.Variable(tf.random.uniform([1 << 21], seed=i), name=f"big{i}") for i in range(6)]  # 48 MB
+    ckpt = tf.train.Checkpoint(big=big)
+    checkpointer = Checkpointer(ckpt, tmp_path)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(1)
+    assert snap is not None
+    checkpointer.write(snap)
+    assert not any(t.name == "asv-checkpoint-writeback" for t in threading.enumerate())
+    shards = [n for n in listing(tmp_path) if ".data-" in n]
+    assert flushed and all(".data-" in n for n in flushed)
+    assert len(shards) == (1 if shard_mb == 32 else min(os.cpu_count() or 1, 4))
+    fresh = [tf.Variable(tf.zeros([1 << 21])) for _ in range(6)]
+    tf.train.Checkpoint(big=fresh).restore(tf.train.latest_checkpoint(str(tmp_path))).assert_existing_objects_matched()
+    assert all((a.numpy() == b.numpy()).all() for a, b in zip(big, fresh))
+
+
+def test_durable_time_excludes_retention_and_old_checkpoints_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retention deletes after the commit: the checkpoint is named first, old files go after."""
+    from asupervisor._checkpoint import Checkpointer
+
+    state = make_state()
+    ckpt = tf.train.Checkpoint(**state)
+    checkpointer = Checkpointer(ckpt, tmp_path, max_to_keep=1)
+    checkpointer.prepare()
+    order: list[str] = []
+    real_write, real_delete = files.write_state, files.delete_checkpoint
+
+    def write_state(logdir: Path, st: files.CheckpointState) -> None:
+        order.append("state")
+        real_write(logdir, st)
+
+    def delete_checkpoint(prefix: Path) -> None:
+        order.append(f"delete {prefix.name}")
+        real_delete(prefix)
+
+    monkeypatch.setattr(files, "write_state", write_state)
+    monkeypatch.setattr(files, "delete_checkpoint", delete_checkpoint)
+    for step in (1, 2):
+        snap = checkpointer.snapshot(step)
+        assert snap is not None
+        checkpointer.write(snap)
+    assert order == ["state", "state", "delete model.ckpt-1"]
+    assert listing(tmp_path) == ["checkpoint", "model.ckpt-2.data-00000-of-00001", "model.ckpt-2.index"]
+    assert checkpointer.last_commit_secs is not None and checkpointer.last_commit_secs > 0
+
+
+def test_writeback_failure_does_not_fail_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Early writeback is only a speed-up: if it fails, the save still commits, fsynced."""
+    from asupervisor._checkpoint import Checkpointer
+
+    if files._sync_file_range is None:
+        pytest.skip("sync_file_range is Linux only")
+
+    calls: list[int] = []
+
+    def failing(fd: int, offset: int, nbytes: int, flags: int) -> int:
+        calls.append(fd)
+        raise OSError(5, "EIO")
+
+    monkeypatch.setattr(files, "_sync_file_range", failing)
+    monkeypatch.setattr(files, "_WRITEBACK_MIN_BYTES", 1)
+    monkeypatch.setattr(files, "_WRITEBACK_POLL_SECS", 0.0002)
+    big = tf.Variable(tf.random.uniform([1 << 22], seed=1), name="big")  # 16 MB
+    ckpt = tf.train.Checkpoint(big=big)
+    checkpointer = Checkpointer(ckpt, tmp_path)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(1)
+    assert snap is not None
+    checkpointer.write(snap)
+    assert len(calls) == 1  # called, failed, and the writeback thread stopped there
+    fresh = tf.Variable(tf.zeros([1 << 22]))
+    tf.train.Checkpoint(big=fresh).restore(tf.train.latest_checkpoint(str(tmp_path))).assert_existing_objects_matched()
+    assert (fresh.numpy() == big.numpy()).all()

@@ -10,6 +10,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -42,8 +43,9 @@ def _run_to_step_then_kill(logdir: Path, steps: int, save_steps: int, kill_at: i
     assert proc.stdout is not None
     seen = 0
     for line in proc.stdout:
-        if line.startswith("STEP "):
-            seen = int(line.split()[1])
+        match = re.fullmatch(r"STEP (\d+)", line.strip())
+        if match:  # other lines are logs
+            seen = int(match.group(1))
             if seen >= kill_at:
                 time.sleep(rng.uniform(0, 0.02))
                 break
