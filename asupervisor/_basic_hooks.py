@@ -249,8 +249,8 @@ class NanTensorHook(SessionRunHook):
     Reading a fresh tensor on the host costs about 6 µs per read on a CPU (and a device
     sync elsewhere), more than all other hook work per step together; a TF op per step
     (``tf.math.is_nan``) costs more still. So by default the losses are kept (references,
-    no read) and checked together every ``check_every_n_steps`` steps, with one
-    ``tf.stack`` and one read. They are also checked before any checkpoint of the state
+    no read) and checked together every ``check_every_n_steps`` steps (about 1 µs a
+    loss, once they are all computed). They are also checked before any checkpoint of the state
     is taken (hook saves, the checkpoint service's snapshots, the final checkpoint) and at
     the end: a NaN is never saved. A NaN is raised at the next of those points, naming
     the first step that produced one. ``immediate=True`` reads every loss right after its
@@ -313,27 +313,20 @@ class NanTensorHook(SessionRunHook):
             self._check_pending(run_context)
 
     def _check_pending(self, run_context: SessionRunContext | None = None) -> None:
-        """Read every unread loss at once; raise (or stop) at the first NaN."""
+        """Read every unread loss (in step order); raise (or stop) at the first NaN.
+
+        One by one: a host read of a scalar that is already computed costs about 1 µs,
+        less than packing the losses into one tensor (``tf.stack``, ~3 µs a loss).
+        """
         pending = self._pending
         if not pending:
             return
         self._pending = []
-        import numpy as np
-
-        from ._tf import tf
-
-        try:
-            values = tf().stack(pending).numpy() if len(pending) > 1 else pending[0].numpy()
-        except Exception:  # losses of different shapes or dtypes: one by one
-            values = np.array([bool(np.isnan(np.asarray(p.numpy(), dtype=np.float64)).any()) for p in pending])
-            if values.any():
-                self._nan(self._first_step + int(np.flatnonzero(values)[0]), run_context)
-            return
-        flat = np.asarray(values).reshape(len(pending), -1)
-        if flat.dtype.kind in "fc":
-            bad = np.isnan(flat).any(axis=1)
-            if bad.any():
-                self._nan(self._first_step + int(np.flatnonzero(bad)[0]), run_context)
+        for i, loss in enumerate(pending):
+            value = loss.numpy()
+            if not (value == value).all():  # a NaN (numpy scalars and arrays alike)
+                self._nan(self._first_step + i, run_context)
+                return
 
     def _check(self, loss: Any, step: int, run_context: SessionRunContext | None) -> None:
         value = loss.numpy() if hasattr(loss, "numpy") else loss

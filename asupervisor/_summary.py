@@ -90,6 +90,32 @@ def scalar_entries(output: Any) -> dict[str, Any]:
 _file_counter = itertools.count()
 
 
+_scalar_metadata: Any = None
+
+
+def _scalar_summary(name: str, value: float) -> Any:
+    """The ``Summary`` TensorBoard's ``scalar_pb(name, value)`` builds, built directly.
+
+    ``scalar_pb`` goes through ``make_tensor_proto`` (~18 µs of Python holding the GIL
+    the step thread needs); this is ~2 µs for the same proto (a float32 scalar tensor
+    with the scalars plugin's metadata; a test compares the two).
+    """
+    global _scalar_metadata
+    from tensorboard.compat.proto import summary_pb2, types_pb2
+
+    if _scalar_metadata is None:
+        from tensorboard.plugins.scalar import metadata
+
+        _scalar_metadata = metadata.create_summary_metadata(display_name=None, description=None)
+    summary = summary_pb2.Summary()
+    entry = summary.value.add(tag=name)
+    entry.metadata.CopyFrom(_scalar_metadata)
+    entry.tensor.dtype = types_pb2.DT_FLOAT
+    entry.tensor.tensor_shape.SetInParent()
+    entry.tensor.float_val.append(value)
+    return summary
+
+
 def _summary_value(name: str, value: Any) -> Any:
     """On the summary thread: one value as a scalar, histogram or text ``Summary``.
 
@@ -104,9 +130,7 @@ def _summary_value(name: str, value: Any) -> Any:
     kind = array.dtype.kind
     if kind in "biuf":
         if array.ndim == 0:
-            from tensorboard.plugins.scalar.summary_v2 import scalar_pb
-
-            return scalar_pb(name, float(array))
+            return _scalar_summary(name, float(array))
         from tensorboard.plugins.histogram.summary_v2 import histogram_pb
 
         return histogram_pb(name, array.astype(np.float64))

@@ -189,6 +189,15 @@ async def test_nan_tensor_hook_checks_unread_losses_before_a_service_checkpoint(
     assert latest is None or latest.endswith("-0")
 
 
+async def test_nan_tensor_hook_checks_every_element_of_a_vector_loss() -> None:
+    """A per-example loss vector with one NaN is caught at the check, naming its step."""
+    losses = iter([[1.0, 2.0], [3.0, math.nan], [5.0, 6.0]])
+    with pytest.raises(asv.NanLossDuringTrainingError, match="step 2"):
+        async with make_sv([asv.NanTensorHook(check_every_n_steps=3)]).managed_session() as sess:
+            await sess.run_loop(lambda: {"loss": tf.constant(next(losses))})
+    assert sess.global_step == 3
+
+
 def test_nan_tensor_hook_checks_its_period() -> None:
     """``check_every_n_steps`` must be a positive int."""
     with pytest.raises(ValueError, match="check_every_n_steps"):

@@ -199,3 +199,14 @@ async def test_no_final_summary_when_nothing_ran_since_the_tick(tmp_path: Path) 
         await sess.run(lambda: {"loss": tf.constant(3.0)})
         await tick(clock, 60)
     assert read_events(tmp_path)["loss"] == [(1, 3.0)]
+
+
+@pytest.mark.parametrize("value", [0.0, 0.1, -3.5, 1e30, 7, float("nan"), float("inf")])
+def test_scalar_summaries_are_the_protos_tensorboard_builds(value: float) -> None:
+    """The scalar ``Summary`` built directly equals TensorBoard's ``scalar_pb`` byte for byte."""
+    from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+
+    from asupervisor._summary import _scalar_summary
+
+    ours = _scalar_summary("loss", float(value)).SerializeToString()
+    assert ours == scalar_pb("loss", float(value)).SerializeToString()
