@@ -91,9 +91,9 @@ def test_stop_at_step_arguments() -> None:
 async def test_nan_tensor_hook_raises_on_nan_loss_without_end(immediate: bool) -> None:
     """A NaN loss raises ``NanLossDuringTrainingError`` naming its step; ``end`` hooks do not run.
 
-    By default the losses are read together every ``check_every_n_steps`` steps, so the
-    error comes at the next check (step 5 here) and names the NaN step;
-    ``immediate=True`` raises right after the NaN step.
+    By default each batch of ``check_every_n_steps`` losses is read on a checker thread
+    and its verdict collected one batch later, so the error comes at step 10 here and
+    names the NaN step; ``immediate=True`` raises right after the NaN step.
     """
     v = tf.Variable(0.0)
     ended = []
@@ -111,7 +111,7 @@ async def test_nan_tensor_hook_raises_on_nan_loss_without_end(immediate: bool) -
     with pytest.raises(asv.NanLossDuringTrainingError, match="step 3"):
         async with sv.managed_session() as sess:
             await sess.run_loop(step)
-    assert sv.global_step == (3 if immediate else 5)
+    assert sv.global_step == (3 if immediate else 10)
     assert ended == []
 
 
@@ -143,7 +143,7 @@ async def test_nan_loss_at_the_last_step_skips_the_final_checkpoint(tmp_path: Pa
 async def test_nan_tensor_hook_can_stop_cleanly_instead(immediate: bool, stopped_at: int) -> None:
     """``fail_on_nan_loss=False`` stops the session cleanly once the NaN is seen."""
     losses = iter([1.0, 2.0, math.nan, 4.0, 5.0])
-    hook = asv.NanTensorHook(loss_key="l", fail_on_nan_loss=False, immediate=immediate, check_every_n_steps=2)
+    hook = asv.NanTensorHook(loss_key="l", fail_on_nan_loss=False, immediate=immediate, check_every_n_steps=1)
     async with make_sv([hook]).managed_session() as sess:
         await sess.run_loop(lambda: {"l": tf.constant(next(losses))})
     assert sess.global_step == stopped_at
@@ -191,11 +191,19 @@ async def test_nan_tensor_hook_checks_unread_losses_before_a_service_checkpoint(
 
 async def test_nan_tensor_hook_checks_every_element_of_a_vector_loss() -> None:
     """A per-example loss vector with one NaN is caught at the check, naming its step."""
-    losses = iter([[1.0, 2.0], [3.0, math.nan], [5.0, 6.0]])
+    losses = iter([[1.0, 2.0], [3.0, math.nan], [5.0, 6.0], [7.0, 8.0], [9.0, 10.0]])
     with pytest.raises(asv.NanLossDuringTrainingError, match="step 2"):
-        async with make_sv([asv.NanTensorHook(check_every_n_steps=3)]).managed_session() as sess:
+        async with make_sv([asv.NanTensorHook(check_every_n_steps=2)]).managed_session() as sess:
             await sess.run_loop(lambda: {"loss": tf.constant(next(losses))})
-    assert sess.global_step == 3
+    assert sess.global_step == 4
+
+
+async def test_nan_tensor_hook_checks_the_last_losses_at_the_end_of_data() -> None:
+    """Losses not checked when the data runs out are checked in ``end``: the NaN is raised."""
+    losses = iter([1.0, math.nan, 3.0])
+    with pytest.raises(asv.NanLossDuringTrainingError, match="step 2"):
+        async with make_sv([asv.NanTensorHook()]).managed_session() as sess:
+            await sess.run_loop(lambda: {"loss": tf.constant(next(losses))})
 
 
 def test_nan_tensor_hook_checks_its_period() -> None:
