@@ -87,7 +87,7 @@ async def main(kind: str, rounds: int, chunk: int) -> None:
             runners["all hooks"] = HookRunner(hooks)
             for name, runner in runners.items():
                 contenders[name] = lambda runner=runner: rt.step_thread.call(_timed_loop, rt, runner, step, chunk)
-            names = list(contenders)
+            names = [n for n in contenders if not ONLY or n in ONLY or n.startswith("loop (no hooks)")]
             times: dict[str, list[float]] = {name: [] for name in names}
             for r in range(rounds):
                 order = names[r % len(names):] + names[: r % len(names)]
@@ -107,6 +107,7 @@ async def main(kind: str, rounds: int, chunk: int) -> None:
 
 
 anyio_backend = "asyncio"
+ONLY: set[str] = set()  # --only: these contenders (and the no-hook baseline)
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -114,6 +115,8 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--chunk", type=int, default=400)
     parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
+    parser.add_argument("--only", action="append", default=[], metavar="NAME", help='e.g. "+ NanTensorHook"')
     args = parser.parse_args()
+    ONLY.update(args.only)
     anyio_backend = args.backend
     anyio.run(main, args.step, args.rounds, args.chunk, backend=args.backend)
