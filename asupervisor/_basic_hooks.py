@@ -166,7 +166,7 @@ class StepCounterHook(SessionRunHook):
                 self.steps_per_sec = rate
                 log.info("step_counter_hook.rate", global_step=step, steps_per_sec=round(rate, 3))
                 if self._writer is not None:
-                    self._writer.write(step, {"global_step/sec": rate})
+                    self._writer.post(step, {"global_step/sec": rate})
 
 
 class LoggingTensorHook(SessionRunHook):
@@ -449,7 +449,7 @@ class SummarySaverHook(SessionRunHook):
             if self._keys is not None:
                 scalars = {k: v for k, v in scalars.items() if k in self._keys}
             if scalars:
-                writer.write(step, scalars)
+                writer.post(step, scalars)
 
 
 class GlobalStepWaiterHook(SessionRunHook):

@@ -202,6 +202,24 @@ class SummaryWriter:
             return None
         return self._thread.submit(self._job, int(step), dict(values), sources)
 
+    def post(self, step: int, values: Mapping[str, Any]) -> None:
+        """Queue ``values`` for ``step`` like :meth:`write`, without a waiter.
+
+        Nothing wakes the event loop when the write is done, so it is the cheap way for
+        the step thread (the stock hooks) to hand over values; a write error still stops
+        the session.
+        """
+        if self._closed:
+            log.debug("summary.dropped", step=step, reason="closed")
+            return
+        self._thread.submit_nowait(self._post_job, int(step), dict(values))
+
+    def _post_job(self, step: int, values: dict[str, Any]) -> None:
+        try:
+            self._job(step, values, ())
+        except Exception:  # reported by _job: logged, and the session stops with it
+            pass
+
     def _job(
         self, step: int, values: dict[str, Any], sources: tuple[Callable[[], Mapping[str, float]], ...]
     ) -> None:

@@ -169,6 +169,19 @@ async def test_write_error_stops_the_session(tmp_path: Path) -> None:
             await sess.run(lambda: None)
 
 
+async def test_post_error_stops_the_session(tmp_path: Path) -> None:
+    """A value posted without a waiter (as the stock hooks do) that cannot be written still stops the session."""
+    clock = ManualClock()
+    sv = make_sv(tmp_path, clock)
+    with pytest.raises(TypeError, match="cannot write summary"):
+        async with sv.managed_session() as sess:
+            assert sv._runtime is not None and sv._runtime.summary_writer is not None
+            sv._runtime.summary_writer.post(1, {"bad": np.array([1j])})
+            while not sess.should_stop():
+                await anyio.lowlevel.checkpoint()
+            await sess.run(lambda: None)
+
+
 async def test_event_file_is_flushed_and_closed_on_stop(tmp_path: Path) -> None:
     """What was queued before the stop is in the event file once the session has exited."""
     clock = ManualClock()
