@@ -6,8 +6,9 @@ with the scalars/histograms/text plugin metadata), built by TensorBoard's own ``
 helpers and framed by ``tf.io.TFRecordWriter``: a write costs tens of microseconds
 instead of the ~0.4 ms of eager ``tf.summary`` ops (which also hold the GIL the step
 thread needs), and no per-thread default writer is involved. Anyone may queue values from any thread with
-:meth:`SummaryWriter.write`: the stock hooks from the step thread, the services and
-``Supervisor.summary_computed`` from the event loop. Values may be eager tensors: they are
+:meth:`SummaryWriter.write`: the services and ``Supervisor.summary_computed`` from the
+event loop; the stock hooks use :meth:`SummaryWriter.post` (no waiter, so no event-loop
+wake-up per write) from the step thread. Values may be eager tensors: they are
 read (``.numpy()``) on the summary thread, so the step thread never waits for a device
 sync to log a value. Variables are never read here: they are read on the step thread
 first.
