@@ -14,6 +14,7 @@ Hooks that need the session get it in ``after_create_session``.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
     from ._session import Session
     from ._summary import SummaryWriter
+    from ._threads import DedicatedThread
 
 __all__ = [
     "CheckpointSaverHook",
@@ -164,7 +166,7 @@ class StepCounterHook(SessionRunHook):
                 self.steps_per_sec = rate
                 log.info("step_counter_hook.rate", global_step=step, steps_per_sec=round(rate, 3))
                 if self._writer is not None:
-                    self._writer.write(step, {"global_step/sec": rate})
+                    self._writer.post(step, {"global_step/sec": rate})
 
 
 class LoggingTensorHook(SessionRunHook):
@@ -246,85 +248,156 @@ class LoggingTensorHook(SessionRunHook):
 class NanTensorHook(SessionRunHook):
     """Checks the step's loss for NaN; raises (or stops) when it is.
 
-    By default each loss is read one step late: after step ``k + 1`` was dispatched,
-    the loss of step ``k`` is computed already, so reading it does not make the step
-    thread wait for the step in flight (reading a fresh output of a ``tf.function`` is a
-    device sync, about 20 µs on a CPU even for a one-op step). A NaN is then raised after
-    the next step, naming the step that produced it. The last loss of a session is checked
-    before the final checkpoint, and a NaN there skips that checkpoint. ``immediate=True``
-    reads every loss right after its step (TF1's timing).
+    A host read of a step's loss costs 3–6 µs on the step thread (on a CPU; a device
+    sync elsewhere), more than all other per-step hook work together, and a TF op per
+    step (``tf.math.is_nan``) costs more still. So by default the losses are kept
+    (references, no read), and every ``check_every_n_steps`` steps the batch is handed
+    to a checker thread (``asv-nan-check``), which reads it while the step thread runs
+    the next steps (TF releases the GIL while a step runs). The step thread collects
+    the verdict one batch later, and at once before any checkpoint of the state (hook
+    saves, the checkpoint service, the final checkpoint: a NaN is never saved) and at
+    the end. A NaN is raised on the step thread, naming the first step that produced
+    one, up to ``2 * check_every_n_steps - 1`` steps after it. ``immediate=True`` reads
+    every loss right after its step on the step thread (TF1's timing).
 
     Args:
         loss_key: the name of the loss in the mapping the step returns.
         fail_on_nan_loss: raise :class:`~asupervisor.NanLossDuringTrainingError` (stopping
             training, without a final checkpoint); else log a warning and stop cleanly.
-        immediate: check each loss right after its step (a device sync per step).
+        immediate: check each loss right after its step.
+        check_every_n_steps: without ``immediate``, steps between hand-offs.
     """
 
-    def __init__(self, loss_key: str = "loss", fail_on_nan_loss: bool = True, *, immediate: bool = False) -> None:
+    def __init__(
+        self,
+        loss_key: str = "loss",
+        fail_on_nan_loss: bool = True,
+        *,
+        immediate: bool = False,
+        check_every_n_steps: int = 100,
+    ) -> None:
         if not isinstance(loss_key, str) or not loss_key:
             raise ValueError(f"loss_key must be a non-empty string, got {loss_key!r}")
+        check_every("check_every_n_steps", check_every_n_steps, kind="steps")
         self._key = loss_key
         self._fail = bool(fail_on_nan_loss)
         self._immediate = bool(immediate)
-        self._pending: Any = None
-        self._pending_step = 0
+        self._every = check_every_n_steps
+        self._pending: list[Any] = []  # losses not handed off yet (tensors), consecutive
+        self._first_step = 0  # the step of _pending[0]
+        self._thread: DedicatedThread | None = None
+        self._inflight: threading.Event | None = None  # set once the handed-off batch is read
+        self._verdict: int | None = None  # the first NaN step of the handed-off batch
+        self._read_error: Exception | None = None  # what reading that batch raised
         self._rt: Runtime | None = None
 
     def begin(self) -> None:
-        """Forget a loss left from an earlier session."""
-        self._pending = None
+        """Forget losses left from an earlier session."""
+        self._pending = []
+        self._inflight = None
+        self._verdict = None
+        self._read_error = None
+        self._thread = None
 
     def after_create_session(self, session: Session) -> None:
-        """Arrange for the last loss to be checked before the final checkpoint."""
+        """Start the checker thread; check the unread losses before any checkpoint."""
         self._rt = rt = _runtime(session)
         if not self._immediate:
+            self._thread = rt.new_thread("asv-nan-check")
+            rt.before_snapshot.append(self._check_all)
             rt.final_save.insert(0, self._final_check)
 
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
-        """Check the previous step's loss (or this one's, with ``immediate``)."""
+        """Keep the loss; hand a full batch to the checker (or check now: ``immediate``)."""
         results = run_values.results
         try:
             loss = results[self._key]
         except (KeyError, TypeError, IndexError):
             loss = _lookup(results, self._key, "NanTensorHook")
-        if self._immediate or not hasattr(loss, "numpy"):
+        if self._immediate or self._thread is None or not hasattr(loss, "numpy"):
+            self._check_all(run_context)  # keep the order of steps
             self._check(loss, run_values.global_step, run_context)
             return
         pending = self._pending
-        if pending is not None:
-            self._check(pending, self._pending_step, run_context)
-        self._pending = loss
-        self._pending_step = run_values.global_step
+        if not pending:
+            self._first_step = run_values.global_step
+        pending.append(loss)
+        if len(pending) >= self._every:
+            self._collect(run_context)  # the previous batch's verdict (read long ago)
+            self._pending = []
+            done = self._inflight = threading.Event()
+            self._thread.submit(self._read_batch, self._first_step, pending, done)
+
+    def _read_batch(self, first_step: int, losses: list[Any], done: threading.Event) -> None:
+        """On the checker thread: the first NaN step of ``losses``, in ``_verdict``."""
+        try:
+            self._verdict = _first_nan(first_step, losses)
+        except Exception as exc:  # raised on the step thread by _collect
+            self._read_error = exc
+        finally:
+            done.set()
+
+    def _collect(self, run_context: SessionRunContext | None) -> None:
+        """On the step thread: wait for the handed-off batch; raise (or stop) on a NaN."""
+        done = self._inflight
+        if done is None:
+            return
+        done.wait()
+        self._inflight = None
+        error, self._read_error = self._read_error, None
+        if error is not None:
+            raise error
+        step, self._verdict = self._verdict, None
+        if step is not None:
+            self._nan(step, run_context)
+
+    def _check_all(self, run_context: SessionRunContext | None = None) -> None:
+        """On the step thread: every loss not checked yet, in step order."""
+        self._collect(run_context)
+        pending = self._pending
+        if pending:
+            self._pending = []
+            step = _first_nan(self._first_step, pending)
+            if step is not None:
+                self._nan(step, run_context)
 
     def _check(self, loss: Any, step: int, run_context: SessionRunContext | None) -> None:
         value = loss.numpy() if hasattr(loss, "numpy") else loss
         if value == value:  # not NaN (also for a NaN inside a numpy scalar)
             return
-        self._pending = None
+        self._nan(step, run_context)
+
+    def _nan(self, step: int, run_context: SessionRunContext | None) -> None:
+        self._pending = []
         message = f"NaN loss during training (step {step}, key {self._key!r})."
         if self._fail:
             log.error("nan_loss.detected", global_step=step, action="raise")
             if self._rt is not None:
-                self._rt.control.state_suspect = True  # no final checkpoint of NaN weights
+                self._rt.control.state_suspect = True  # no checkpoint of NaN weights
             raise NanLossDuringTrainingError(message)
         log.warning("nan_loss.detected", global_step=step, action="stop")
         if run_context is not None:
             run_context.request_stop()
-
-    def _check_pending(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            self._check(pending, self._pending_step, None)
+        elif self._rt is not None:
+            self._rt.control.request_stop(reason="hook")
 
     async def _final_check(self) -> None:
-        """In the stop's final-checkpoint phase: check the last loss on the step thread."""
-        if self._rt is not None and self._pending is not None:
-            await self._rt.step_thread.call(self._check_pending)
+        """In the stop's final-checkpoint phase: check the last losses on the step thread."""
+        if self._rt is not None and (self._pending or self._inflight is not None):
+            await self._rt.step_thread.call(self._check_all)
 
     def end(self, session: Session) -> None:
-        """Check a last loss not checked yet."""
-        self._check_pending()
+        """Check the losses not checked yet."""
+        self._check_all()
+
+
+def _first_nan(first_step: int, losses: list[Any]) -> int | None:
+    """The step of the first loss with a NaN (``losses`` are of consecutive steps)."""
+    for i, loss in enumerate(losses):
+        value = loss.numpy()
+        if not (value == value).all():  # a NaN (numpy scalars and arrays alike)
+            return first_step + i
+    return None
 
 
 class SummarySaverHook(SessionRunHook):
@@ -376,7 +449,7 @@ class SummarySaverHook(SessionRunHook):
             if self._keys is not None:
                 scalars = {k: v for k, v in scalars.items() if k in self._keys}
             if scalars:
-                writer.write(step, scalars)
+                writer.post(step, scalars)
 
 
 class GlobalStepWaiterHook(SessionRunHook):

@@ -97,6 +97,14 @@ class CheckpointSaver:
                 "checkpoint.skipped", reason=reason, step=rt.step, why="busy: the previous save is still being written"
             )
             return None
+        try:
+            for check in rt.before_snapshot:
+                check()
+        except Exception as exc:  # e.g. a NaN loss not read yet: the state is not saved
+            rt.control.state_suspect = True
+            rt.control.request_stop(exc)
+            log.error("checkpoint.skipped", reason=reason, step=rt.step, why=repr(exc))
+            return None
         rt.sync_global_step()
         snap = self.checkpointer.snapshot(rt.step)
         if snap is None:

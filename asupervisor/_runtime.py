@@ -85,6 +85,10 @@ class Runtime:
         self.next_trigger_step: float = math.inf  # the step loop calls saver.on_step() here
         self.recovering = False  # a step raised AbortedError/UnavailableError; see _recovery
         self._recovery = _recovery.RecoveryState(_recovery.RecoveryPolicy.from_recovery_wait(config.recovery_wait_secs))
+        #: step-thread callables run before any checkpoint of the state is taken (hook
+        #: saves, the checkpoint service's snapshots); one that raises stops that save
+        #: (NanTensorHook checks the losses it has not read yet here)
+        self.before_snapshot: list[Callable[[], None]] = []
         #: async callables run, in order, in the "final_checkpoint" phase of a stop
         self.final_save: list[Callable[[], Awaitable[None]]] = []
         #: async callables run, in order, in the "closers" phase (summaries flushed, ...)
@@ -206,6 +210,8 @@ class Runtime:
         if target is None:
             raise ValueError("no checkpoint directory: the Supervisor has no logdir")
         name = basename or config.checkpoint_basename
+        for check in self.before_snapshot:
+            check()
         self.sync_global_step()
         own = self.checkpointer
         if own is not None and Path(target) == own.logdir and name == config.checkpoint_basename:

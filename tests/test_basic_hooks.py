@@ -91,8 +91,9 @@ def test_stop_at_step_arguments() -> None:
 async def test_nan_tensor_hook_raises_on_nan_loss_without_end(immediate: bool) -> None:
     """A NaN loss raises ``NanLossDuringTrainingError`` naming its step; ``end`` hooks do not run.
 
-    By default the loss is read one step late (no wait for the step in flight), so the
-    error comes after the next step; ``immediate=True`` raises right after the NaN step.
+    By default each batch of ``check_every_n_steps`` losses is read on a checker thread
+    and its verdict collected one batch later, so the error comes at step 10 here and
+    names the NaN step; ``immediate=True`` raises right after the NaN step.
     """
     v = tf.Variable(0.0)
     ended = []
@@ -106,11 +107,11 @@ async def test_nan_tensor_hook_raises_on_nan_loss_without_end(immediate: bool) -
         value = v.assign_add(1.0)
         return {"loss": tf.where(tf.equal(value, 3.0), tf.constant(math.nan), value)}
 
-    sv = make_sv([asv.NanTensorHook(immediate=immediate), End()], state={"v": v})
+    sv = make_sv([asv.NanTensorHook(immediate=immediate, check_every_n_steps=5), End()], state={"v": v})
     with pytest.raises(asv.NanLossDuringTrainingError, match="step 3"):
         async with sv.managed_session() as sess:
             await sess.run_loop(step)
-    assert sv.global_step == (3 if immediate else 4)
+    assert sv.global_step == (3 if immediate else 10)
     assert ended == []
 
 
@@ -142,11 +143,73 @@ async def test_nan_loss_at_the_last_step_skips_the_final_checkpoint(tmp_path: Pa
 async def test_nan_tensor_hook_can_stop_cleanly_instead(immediate: bool, stopped_at: int) -> None:
     """``fail_on_nan_loss=False`` stops the session cleanly once the NaN is seen."""
     losses = iter([1.0, 2.0, math.nan, 4.0, 5.0])
-    hook = asv.NanTensorHook(loss_key="l", fail_on_nan_loss=False, immediate=immediate)
+    hook = asv.NanTensorHook(loss_key="l", fail_on_nan_loss=False, immediate=immediate, check_every_n_steps=1)
     async with make_sv([hook]).managed_session() as sess:
         await sess.run_loop(lambda: {"l": tf.constant(next(losses))})
     assert sess.global_step == stopped_at
     assert sess.stop_reason == "hook"
+
+
+async def test_nan_tensor_hook_checks_unread_losses_before_a_hook_checkpoint(tmp_path: Path) -> None:
+    """A NaN not read yet is caught before ``CheckpointSaverHook`` saves: no NaN checkpoint.
+
+    The hook saving comes first in the list, so only the pre-save check can catch it.
+    """
+    v = tf.Variable(0.0)
+
+    @tf.function
+    def step() -> dict[str, tf.Tensor]:
+        value = v.assign_add(1.0)
+        return {"loss": tf.where(tf.equal(value, 3.0), tf.constant(math.nan), value)}
+
+    hooks = [asv.CheckpointSaverHook(tmp_path, save_steps=2), asv.NanTensorHook(check_every_n_steps=100)]
+    with pytest.raises(asv.NanLossDuringTrainingError, match="step 3"):
+        async with make_sv(hooks, state={"v": v}).managed_session() as sess:
+            await sess.run_loop(step)
+    assert sess.global_step == 4
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-2")
+
+
+async def test_nan_tensor_hook_checks_unread_losses_before_a_service_checkpoint(tmp_path: Path) -> None:
+    """A NaN not read yet stops ``save_now()``'s snapshot: the error comes out, no NaN checkpoint."""
+    v = tf.Variable(0.0)
+
+    @tf.function
+    def step() -> dict[str, tf.Tensor]:
+        value = v.assign_add(1.0)
+        return {"loss": tf.where(tf.equal(value, 2.0), tf.constant(math.nan), value)}
+
+    sv = make_sv([asv.NanTensorHook()], tmp_path, state={"v": v})
+    with pytest.raises(asv.NanLossDuringTrainingError, match="step 2"):
+        async with sv.managed_session() as sess:
+            for _ in range(3):
+                await sess.run(step)
+            await sv.save_now()
+    latest = tf.train.latest_checkpoint(str(tmp_path))
+    assert latest is None or latest.endswith("-0")
+
+
+async def test_nan_tensor_hook_checks_every_element_of_a_vector_loss() -> None:
+    """A per-example loss vector with one NaN is caught at the check, naming its step."""
+    losses = iter([[1.0, 2.0], [3.0, math.nan], [5.0, 6.0], [7.0, 8.0], [9.0, 10.0]])
+    with pytest.raises(asv.NanLossDuringTrainingError, match="step 2"):
+        async with make_sv([asv.NanTensorHook(check_every_n_steps=2)]).managed_session() as sess:
+            await sess.run_loop(lambda: {"loss": tf.constant(next(losses))})
+    assert sess.global_step == 4
+
+
+async def test_nan_tensor_hook_checks_the_last_losses_at_the_end_of_data() -> None:
+    """Losses not checked when the data runs out are checked in ``end``: the NaN is raised."""
+    losses = iter([1.0, math.nan, 3.0])
+    with pytest.raises(asv.NanLossDuringTrainingError, match="step 2"):
+        async with make_sv([asv.NanTensorHook()]).managed_session() as sess:
+            await sess.run_loop(lambda: {"loss": tf.constant(next(losses))})
+
+
+def test_nan_tensor_hook_checks_its_period() -> None:
+    """``check_every_n_steps`` must be a positive int."""
+    with pytest.raises(ValueError, match="check_every_n_steps"):
+        asv.NanTensorHook(check_every_n_steps=0)
 
 
 async def test_nan_tensor_hook_checks_python_floats_at_once() -> None:

@@ -169,6 +169,19 @@ async def test_write_error_stops_the_session(tmp_path: Path) -> None:
             await sess.run(lambda: None)
 
 
+async def test_post_error_stops_the_session(tmp_path: Path) -> None:
+    """A value posted without a waiter (as the stock hooks do) that cannot be written still stops the session."""
+    clock = ManualClock()
+    sv = make_sv(tmp_path, clock)
+    with pytest.raises(TypeError, match="cannot write summary"):
+        async with sv.managed_session() as sess:
+            assert sv._runtime is not None and sv._runtime.summary_writer is not None
+            sv._runtime.summary_writer.post(1, {"bad": np.array([1j])})
+            while not sess.should_stop():
+                await anyio.lowlevel.checkpoint()
+            await sess.run(lambda: None)
+
+
 async def test_event_file_is_flushed_and_closed_on_stop(tmp_path: Path) -> None:
     """What was queued before the stop is in the event file once the session has exited."""
     clock = ManualClock()
@@ -199,3 +212,14 @@ async def test_no_final_summary_when_nothing_ran_since_the_tick(tmp_path: Path) 
         await sess.run(lambda: {"loss": tf.constant(3.0)})
         await tick(clock, 60)
     assert read_events(tmp_path)["loss"] == [(1, 3.0)]
+
+
+@pytest.mark.parametrize("value", [0.0, 0.1, -3.5, 1e30, 7, float("nan"), float("inf")])
+def test_scalar_summaries_are_the_protos_tensorboard_builds(value: float) -> None:
+    """The scalar ``Summary`` built directly equals TensorBoard's ``scalar_pb`` byte for byte."""
+    from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+
+    from asupervisor._summary import _scalar_summary
+
+    ours = _scalar_summary("loss", float(value)).SerializeToString()
+    assert ours == scalar_pb("loss", float(value)).SerializeToString()

@@ -34,6 +34,20 @@ async def test_jobs_run_in_order_on_one_thread(no_new_threads: None) -> None:
     assert not thread.is_alive()
 
 
+async def test_nowait_jobs_run_in_order_with_the_others(no_new_threads: None) -> None:
+    """``submit_nowait`` jobs take their turn in the FIFO; nothing is handed back for them."""
+    thread = DedicatedThread("asv-test", LoopHandle())
+    thread.start()
+    order: list[int] = []
+    for i in range(5):
+        thread.submit_nowait(order.append, i)
+    await thread.call(order.append, 5)
+    await thread.aclose()
+    assert order == list(range(6))
+    with pytest.raises(ThreadClosedError):
+        thread.submit_nowait(order.append, 6)
+
+
 async def test_errors_cross_the_hand_off_as_themselves() -> None:
     """An exception in a job is raised to the awaiting task unchanged."""
     thread = DedicatedThread("asv-test", LoopHandle())
