@@ -346,6 +346,9 @@ class _QueueRunnerService(Service):
             "queue_runner.producer_failed", service=self.name, queue=self.qr.name, error=repr(exc)
         )
         ctx.control.request_stop(exc, reason=f"service:{self.name}")
+        # The stop may cancel this service before the error reaches supervise(): record
+        # the state here, or status() would say "stopped" for a failed runner.
+        ctx.loop.call_from_any_thread(lambda: ctx.set_service_state(self.name, "failed"))
         q.close()
 
     # -- async sources: producer tasks -------------------------------------------------
