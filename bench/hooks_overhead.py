@@ -36,7 +36,9 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _common  # noqa: E402
 import anyio  # noqa: E402
 import structlog  # noqa: E402
 
@@ -57,32 +59,9 @@ def tiny_step() -> tuple[Callable[[], Any], Any, Any]:
 
 
 def mlp_step(batch: int = 64) -> tuple[Callable[[], Any], Any, Any]:
-    """A 784-256-256-10 MLP trained on one fixed batch; returns ``{"loss": loss}``."""
-    import tensorflow as tf
-
-    tf.random.set_seed(0)
-    model = tf.keras.Sequential(
-        [
-            tf.keras.Input((784,)),
-            tf.keras.layers.Dense(256, activation="relu"),
-            tf.keras.layers.Dense(256, activation="relu"),
-            tf.keras.layers.Dense(10),
-        ]
-    )
-    opt = tf.keras.optimizers.SGD(0.01)
-    x = tf.random.normal((batch, 784))
-    y = tf.random.uniform((batch,), maxval=10, dtype=tf.int32)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step() -> Any:
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return {"loss": loss}
-
-    return step, {"model": model, "optimizer": opt}, model.trainable_variables[0]
+    """The shared MLP step (``bench/_common.py``), its state and a probe variable."""
+    step, state = _common.mlp_step(batch)
+    return step, state, state["model"].trainable_variables[0]
 
 
 def stock_hooks(logdir: str, probe: Any) -> list[asv.SessionRunHook]:
