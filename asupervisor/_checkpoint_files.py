@@ -39,7 +39,7 @@ __all__ = [
     "clean_leftovers",
     "delete_checkpoint",
     "early_writeback",
-    "fsync_dir",
+    "fsync_path",
     "missing_files",
     "publish",
     "read_state",
@@ -113,16 +113,8 @@ def read_state(logdir: Path) -> CheckpointState | None:
     return CheckpointState(latest, paths, stamps, float(proto.last_preserved_timestamp))
 
 
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so that renames in it are durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a directory so that renames in it are durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -227,7 +219,7 @@ def write_state(logdir: Path, state: CheckpointState) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, logdir / STATE_FILE)
-    fsync_dir(logdir)
+    fsync_path(logdir)
 
 
 def checkpoint_files(prefix: Path) -> list[Path]:
@@ -267,12 +259,12 @@ def publish(tmp_prefix: Path, final_prefix: Path) -> None:
     if not files:
         raise FileNotFoundError(f"no checkpoint files were written under {tmp_prefix}")
     for f in files:
-        _fsync_file(f)
+        fsync_path(f)
     # Data first, index last: an index under the final name implies complete data.
     for f in sorted(files, key=lambda p: p.name.endswith(".index")):
         suffix = f.name[len(tmp_prefix.name) :]
         os.replace(f, final_prefix.parent / (final_prefix.name + suffix))
-    fsync_dir(final_prefix.parent)
+    fsync_path(final_prefix.parent)
 
 
 def delete_checkpoint(prefix: Path) -> None:

@@ -96,12 +96,7 @@ class BoundedQueue:
                     self._space_wanted -= 1
             if self.closed:
                 return False
-            items.append(item)
-            self.produced += 1
-            if len(items) > self.max_size:
-                self.max_size = len(items)
-            if self._consumer_waiting:
-                self._not_empty.notify()
+            self._append_locked(item)
         return True
 
     def try_put(self, item: Any) -> int:
@@ -116,13 +111,18 @@ class BoundedQueue:
                 return PutResult.CLOSED
             if len(items) >= self.capacity:
                 return PutResult.FULL
-            items.append(item)
-            self.produced += 1
-            if len(items) > self.max_size:
-                self.max_size = len(items)
-            if self._consumer_waiting:
-                self._not_empty.notify()
+            self._append_locked(item)
         return PutResult.PUT
+
+    def _append_locked(self, item: Any) -> None:
+        # Under the lock: add, count, and wake a consumer waiting on an empty queue.
+        items = self._items
+        items.append(item)
+        self.produced += 1
+        if len(items) > self.max_size:
+            self.max_size = len(items)
+        if self._consumer_waiting:
+            self._not_empty.notify()
 
     async def wait_space(self) -> None:
         """On the event loop: return once the queue has room again or is closed."""

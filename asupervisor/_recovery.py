@@ -14,58 +14,33 @@ The backoff starts at ``min(1, recovery_wait_secs)`` seconds and doubles up to
 
 from __future__ import annotations
 
-import collections
-import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
 import structlog
 
+from ._services import FailureWindow, RestartPolicy
+
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ["RecoveryPolicy", "recover"]
+__all__ = ["recover", "recovery_policy"]
 
 log = structlog.get_logger(__name__)
 
 
-@dataclass(frozen=True, kw_only=True)
-class RecoveryPolicy:
+def recovery_policy(recovery_wait_secs: float) -> RestartPolicy:
     """How often a session may recover from aborted/unavailable steps.
 
-    Attributes:
-        max_retries: recoveries allowed within ``window_secs``; one more failure propagates.
-        window_secs: the sliding window recoveries are counted in.
-        backoff_secs: wait before the first retry; doubles per further failure in the window.
-        max_backoff_secs: the longest wait.
+    Three recoveries within ten minutes (TF1 retried forever; we do not), the first after
+    ``min(1 s, recovery_wait_secs)``, doubling up to ``recovery_wait_secs``.
     """
-
-    max_retries: int = 3
-    window_secs: float = 600.0
-    backoff_secs: float = 1.0
-    max_backoff_secs: float = 30.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
-            raise ValueError(f"max_retries must be an int >= 0, got {self.max_retries!r}")
-        for name in ("window_secs", "backoff_secs", "max_backoff_secs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-
-    @classmethod
-    def from_recovery_wait(cls, recovery_wait_secs: float) -> RecoveryPolicy:
-        """The default policy for a supervisor's ``recovery_wait_secs``."""
-        return cls(backoff_secs=min(1.0, recovery_wait_secs), max_backoff_secs=recovery_wait_secs)
-
-
-class RecoveryState:
-    """The recoveries of one session."""
-
-    def __init__(self, policy: RecoveryPolicy) -> None:
-        self.policy = policy
-        self.failures: collections.deque[float] = collections.deque()
+    return RestartPolicy(
+        max_restarts=3,
+        window_secs=600.0,
+        backoff_secs=min(1.0, recovery_wait_secs),
+        max_backoff_secs=recovery_wait_secs,
+    )
 
 
 def _restore_for_recovery(rt: Runtime) -> str | None:
@@ -80,25 +55,21 @@ def _restore_for_recovery(rt: Runtime) -> str | None:
     return path
 
 
-async def recover(rt: Runtime, state: RecoveryState, exc: BaseException) -> bool:
+async def recover(rt: Runtime, failures: FailureWindow, exc: BaseException) -> bool:
     """On the event loop: restore and return ``True`` to retry, or ``False`` to propagate."""
-    policy = state.policy
     clock = rt.clock
     now = clock.now()
-    failures = state.failures
-    while failures and failures[0] < now - policy.window_secs:
-        failures.popleft()
-    if rt.checkpointer is None or len(failures) >= policy.max_retries:
+    attempt = failures.record(now)
+    if rt.checkpointer is None or attempt > failures.policy.max_restarts:
         log.error(
             "session.recovery_gave_up",
             error=repr(exc),
-            retries=len(failures),
+            retries=attempt - 1,
             why="no checkpoint directory" if rt.checkpointer is None else "retry limit reached",
         )
         return False
-    failures.append(now)
-    backoff = min(policy.max_backoff_secs, policy.backoff_secs * 2 ** (len(failures) - 1))
-    log.warning("session.recovering", error=repr(exc), attempt=len(failures), backoff_secs=backoff)
+    backoff = failures.policy.backoff_for(attempt)
+    log.warning("session.recovering", error=repr(exc), attempt=attempt, backoff_secs=backoff)
     try:
         if backoff > 0:
             await clock.sleep_until(now + backoff)

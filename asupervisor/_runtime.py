@@ -31,7 +31,7 @@ import structlog
 from . import _checkpoint_service, _recovery
 from ._handoff import LoopHandle
 from ._hooks import HookRunner
-from ._services import Service, supervise
+from ._services import FailureWindow, Service, supervise
 from ._session import Session
 from ._signals import SignalService
 from ._status import CheckpointInfo, Status
@@ -84,7 +84,7 @@ class Runtime:
         self.saver: _checkpoint_service.CheckpointSaver | None = None
         self.next_trigger_step: float = math.inf  # the step loop calls saver.on_step() here
         self.recovering = False  # a step raised AbortedError/UnavailableError; see _recovery
-        self._recovery = _recovery.RecoveryState(_recovery.RecoveryPolicy.from_recovery_wait(config.recovery_wait_secs))
+        self._recovery = FailureWindow(_recovery.recovery_policy(config.recovery_wait_secs))
         #: step-thread callables run before any checkpoint of the state is taken (hook
         #: saves, the checkpoint service's snapshots); one that raises stops that save
         #: (NanTensorHook checks the losses it has not read yet here)

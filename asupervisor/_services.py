@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ._stop import StopControl
     from ._threads import DedicatedThread
 
-__all__ = ["LoopedService", "RestartPolicy", "Service", "ServiceContext"]
+__all__ = ["FailureWindow", "LoopedService", "RestartPolicy", "Service", "ServiceContext"]
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +67,26 @@ class RestartPolicy:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value >= 0 and not math.isnan(value)):
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+
+    def backoff_for(self, failures: int) -> float:
+        """The wait before retrying after the ``failures``-th failure in the window."""
+        return float(min(self.max_backoff_secs, self.backoff_secs * 2 ** (failures - 1)))
+
+
+class FailureWindow:
+    """The failures of one thing within a :class:`RestartPolicy`'s sliding window."""
+
+    def __init__(self, policy: RestartPolicy) -> None:
+        self.policy = policy
+        self._times: collections.deque[float] = collections.deque()
+
+    def record(self, now: float) -> int:
+        """Count a failure at ``now``; returns the failures within the window, it included."""
+        times = self._times
+        times.append(now)
+        while times and times[0] < now - self.policy.window_secs:
+            times.popleft()
+        return len(times)
 
 
 class ServiceContext(Protocol):
@@ -126,7 +146,7 @@ async def supervise(
 ) -> None:
     """Run ``service`` under its failure policy (the task the supervisor starts for it)."""
     started = _StartedFlag(task_status)
-    failures: collections.deque[float] = collections.deque()
+    window = FailureWindow(service.restart) if service.restart is not None else None
     name = service.name
     with structlog.contextvars.bound_contextvars(service=name):
         while True:
@@ -135,18 +155,14 @@ async def supervise(
                 await service.run(ctx, task_status=started)
             except Exception as exc:
                 policy = service.restart
-                now = ctx.clock.now()
-                failures.append(now)
-                if policy is not None:
-                    while failures and failures[0] < now - policy.window_secs:
-                        failures.popleft()
-                if policy is None or len(failures) > policy.max_restarts:
+                failed = window.record(ctx.clock.now()) if window is not None else 1
+                if policy is None or failed > policy.max_restarts:
                     ctx.set_service_state(name, "failed")
                     log.error("service.failed", service=name, error=repr(exc), action="stop")
                     cause: BaseException = exc
                     if policy is not None:
                         cause = ServiceError(
-                            f"service {name!r} failed {len(failures)} times within "
+                            f"service {name!r} failed {failed} times within "
                             f"{policy.window_secs} s (max_restarts={policy.max_restarts}); "
                             f"last error: {exc!r}"
                         )
@@ -154,7 +170,7 @@ async def supervise(
                     ctx.control.request_stop(cause, reason=f"service:{name}")
                     started.started()  # let a start-up that waits on us go on to stop
                     return
-                backoff = min(policy.max_backoff_secs, policy.backoff_secs * 2 ** (len(failures) - 1))
+                backoff = policy.backoff_for(failed)
                 log.warning(
                     "service.failed", service=name, error=repr(exc), action="restart", backoff_secs=backoff
                 )

@@ -7,6 +7,7 @@ that takes a clock) so that "every 600 s" runs the moment the test calls ``advan
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 
 __all__ = ["ManualClock"]
 
@@ -56,3 +57,17 @@ class ManualClock:
         self._now += secs
         event, self._changed = self._changed, anyio.Event()
         event.set()
+
+    async def advance_on_sleep(self, secs: float, *, times: int | None = None) -> None:
+        """Each time a task sleeps on this clock, move time ``secs`` on (``times`` times,
+        or until cancelled): run it in a task beside code that waits on timers.
+
+        After each move it lets the woken sleepers run before it waits again.
+        """
+        done = 0
+        while times is None or done < times:
+            await self.wait_for_sleepers(1)
+            self.advance(secs)
+            while self._sleepers:
+                await anyio.lowlevel.checkpoint()
+            done += 1

@@ -41,6 +41,27 @@ class CountingTensor:
         return self.value
 
 
+def ending_hook(ended: list[int]) -> type[asv.SessionRunHook]:
+    """A hook class whose ``end`` records the global step into ``ended``."""
+
+    class End(asv.SessionRunHook):
+        def end(self, session: asv.Session) -> None:
+            ended.append(session.global_step)
+
+    return End
+
+
+def nan_at_step_3(v: Any) -> Any:
+    """A step adding 1 to ``v`` whose loss is ``v``, except NaN at step 3."""
+
+    @tf.function
+    def step() -> dict[str, tf.Tensor]:
+        value = v.assign_add(1.0)
+        return {"loss": tf.where(tf.equal(value, 3.0), tf.constant(math.nan), value)}
+
+    return step
+
+
 # -- StopAtStepHook ---------------------------------------------------------------------
 
 
@@ -98,14 +119,8 @@ async def test_nan_tensor_hook_raises_on_nan_loss_without_end(immediate: bool) -
     v = tf.Variable(0.0)
     ended = []
 
-    class End(asv.SessionRunHook):
-        def end(self, session: asv.Session) -> None:
-            ended.append(session.global_step)
-
-    @tf.function
-    def step() -> dict[str, tf.Tensor]:
-        value = v.assign_add(1.0)
-        return {"loss": tf.where(tf.equal(value, 3.0), tf.constant(math.nan), value)}
+    End = ending_hook(ended)
+    step = nan_at_step_3(v)
 
     sv = make_sv([asv.NanTensorHook(immediate=immediate, check_every_n_steps=5), End()], state={"v": v})
     with pytest.raises(asv.NanLossDuringTrainingError, match="step 3"):
@@ -121,14 +136,8 @@ async def test_nan_loss_at_the_last_step_skips_the_final_checkpoint(tmp_path: Pa
     listener = Listener()
     ended = []
 
-    class End(asv.SessionRunHook):
-        def end(self, session: asv.Session) -> None:
-            ended.append(session.global_step)
-
-    @tf.function
-    def step() -> dict[str, tf.Tensor]:
-        value = v.assign_add(1.0)
-        return {"loss": tf.where(tf.equal(value, 3.0), tf.constant(math.nan), value)}
+    End = ending_hook(ended)
+    step = nan_at_step_3(v)
 
     hooks = [asv.CheckpointSaverHook(tmp_path, save_steps=100, listeners=[listener]), asv.NanTensorHook(), End()]
     with pytest.raises(asv.NanLossDuringTrainingError, match="step 3"):

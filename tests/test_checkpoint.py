@@ -52,6 +52,27 @@ def listing(logdir: Path) -> list[str]:
     return sorted(os.listdir(logdir))
 
 
+def write_big_state(logdir: Path, count: int, floats: int) -> list[Any]:
+    """``count`` random float32 variables of ``floats`` each, saved as step 1 directly
+    through a Checkpointer (snapshot, write, commit); returns the variables."""
+    from asupervisor._checkpoint import Checkpointer
+
+    big = [tf.Variable(tf.random.uniform([floats], seed=i), name=f"big{i}") for i in range(count)]
+    checkpointer = Checkpointer(tf.train.Checkpoint(big=big), logdir)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(1)
+    assert snap is not None
+    checkpointer.write(snap)
+    return big
+
+
+def assert_plain_tf_restores(logdir: Path, big: list[Any]) -> None:
+    """Plain TensorFlow restores ``tf.train.latest_checkpoint(logdir)`` to exactly ``big``."""
+    fresh = [tf.Variable(tf.zeros(v.shape)) for v in big]
+    tf.train.Checkpoint(big=fresh).restore(tf.train.latest_checkpoint(str(logdir))).assert_existing_objects_matched()
+    assert all((a.numpy() == b.numpy()).all() for a, b in zip(big, fresh))
+
+
 @pytest.mark.anyio
 async def test_final_checkpoint_is_plain_tf_with_relative_state_file(tmp_path: Path) -> None:
     """A clean stop saves a final checkpoint that plain TF restores; the state file is relative."""
@@ -396,22 +417,13 @@ def test_large_snapshot_is_written_as_parallel_shards_plain_tf_reads(
 ) -> None:
     """A large state is written as several data shards in one checkpoint that plain TF restores."""
     from asupervisor import _checkpoint
-    from asupervisor._checkpoint import Checkpointer
 
     monkeypatch.setattr(_checkpoint, "_SHARD_BYTES", 8 << 20)  # "large" at 24 MB, to stay quick
 
-    big = [tf.Variable(tf.random.uniform([1 << 20], seed=i), name=f"big{i}") for i in range(6)]  # 24 MB
-    ckpt = tf.train.Checkpoint(big=big)
-    checkpointer = Checkpointer(ckpt, tmp_path)
-    checkpointer.prepare()
-    snap = checkpointer.snapshot(1)
-    assert snap is not None
-    checkpointer.write(snap)
+    big = write_big_state(tmp_path, 6, 1 << 20)  # 24 MB
     shards = [n for n in listing(tmp_path) if ".data-" in n]
     assert len(shards) == min(os.cpu_count() or 1, 3) and all(n.startswith("model.ckpt-1.") for n in shards)
-    fresh = [tf.Variable(tf.zeros([1 << 20])) for _ in range(6)]
-    tf.train.Checkpoint(big=fresh).restore(tf.train.latest_checkpoint(str(tmp_path))).assert_existing_objects_matched()
-    assert all((a.numpy() == b.numpy()).all() for a, b in zip(big, fresh))
+    assert_plain_tf_restores(tmp_path, big)
 
 
 def keras_state(width: int) -> tuple[Any, Any, Any]:
@@ -458,19 +470,10 @@ async def test_keras_model_with_lazily_built_optimizer_resumes(tmp_path: Path) -
 
 def test_small_state_is_one_data_file_without_merge(tmp_path: Path) -> None:
     """Below the shard size one SaveV2 writes the checkpoint (no temporary directory, no merge)."""
-    from asupervisor._checkpoint import Checkpointer
 
-    big = [tf.Variable(tf.random.uniform([1 << 20], seed=i), name=f"big{i}") for i in range(4)]  # 16 MB
-    ckpt = tf.train.Checkpoint(big=big)
-    checkpointer = Checkpointer(ckpt, tmp_path)
-    checkpointer.prepare()
-    snap = checkpointer.snapshot(1)
-    assert snap is not None
-    checkpointer.write(snap)
+    big = write_big_state(tmp_path, 4, 1 << 20)  # 16 MB
     assert listing(tmp_path) == ["checkpoint", "model.ckpt-1.data-00000-of-00001", "model.ckpt-1.index"]
-    fresh = [tf.Variable(tf.zeros([1 << 20])) for _ in range(4)]
-    tf.train.Checkpoint(big=fresh).restore(tf.train.latest_checkpoint(str(tmp_path))).assert_existing_objects_matched()
-    assert all((a.numpy() == b.numpy()).all() for a, b in zip(big, fresh))
+    assert_plain_tf_restores(tmp_path, big)
 
 
 @pytest.mark.parametrize("shard_mb", [8, 32])
@@ -481,7 +484,6 @@ def test_early_writeback_covers_every_data_file_and_stays_restorable(
     """The writeback thread asks the kernel to write each data file (single and sharded)
     while SaveV2 runs; it ends with the write, and plain TF restores the result."""
     from asupervisor import _checkpoint
-    from asupervisor._checkpoint import Checkpointer
 
     real = files._sync_file_range
     assert real is not None
@@ -494,20 +496,12 @@ def test_early_writeback_covers_every_data_file_and_stays_restorable(
     monkeypatch.setattr(files, "_sync_file_range", recording)
     monkeypatch.setattr(files, "_WRITEBACK_POLL_SECS", 0.0005)
     monkeypatch.setattr(_checkpoint, "_SHARD_BYTES", shard_mb << 20)
-    big = [tf.Variable(tf.random.uniform([1 << 21], seed=i), name=f"big{i}") for i in range(6)]  # 48 MB
-    ckpt = tf.train.Checkpoint(big=big)
-    checkpointer = Checkpointer(ckpt, tmp_path)
-    checkpointer.prepare()
-    snap = checkpointer.snapshot(1)
-    assert snap is not None
-    checkpointer.write(snap)
+    big = write_big_state(tmp_path, 6, 1 << 21)  # 48 MB
     assert not any(t.name == "asv-checkpoint-writeback" for t in threading.enumerate())
     shards = [n for n in listing(tmp_path) if ".data-" in n]
     assert flushed and all(".data-" in n for n in flushed)
     assert len(shards) == (1 if shard_mb == 32 else min(os.cpu_count() or 1, 4))
-    fresh = [tf.Variable(tf.zeros([1 << 21])) for _ in range(6)]
-    tf.train.Checkpoint(big=fresh).restore(tf.train.latest_checkpoint(str(tmp_path))).assert_existing_objects_matched()
-    assert all((a.numpy() == b.numpy()).all() for a, b in zip(big, fresh))
+    assert_plain_tf_restores(tmp_path, big)
 
 
 def test_durable_time_excludes_retention_and_old_checkpoints_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import pytest
 import tensorflow as tf
 from eventfiles import read_events, steps_of
@@ -151,15 +151,8 @@ async def test_non_chief_without_a_chief_checkpoint_times_out(tmp_path: Path) ->
     """With no checkpoint from the chief, a non-chief gives up after max_wait_secs."""
     clock = ManualClock()
     session = mts(tmp_path, is_chief=False, max_wait_secs=90, clock=clock, recovery_wait_secs=30)
-    async def advance() -> None:
-        for _ in range(3):
-            await clock.wait_for_sleepers(1)
-            clock.advance(30)
-            while clock.sleepers:
-                await anyio.lowlevel.checkpoint()
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(advance)
+        tg.start_soon(functools.partial(clock.advance_on_sleep, 30, times=3))
         with pytest.raises(asv.DeadlineExceededError, match="90"):
             async with session:
                 pytest.fail("a non-chief must not start without the chief's checkpoint")

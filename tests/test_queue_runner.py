@@ -327,8 +327,10 @@ async def test_async_producer_error_propagates(no_new_threads: None) -> None:
 
 
 @pytest.mark.anyio
-async def test_consumer_waiting_on_empty_queue_is_released_on_stop(no_new_threads: None) -> None:
-    """A step loop waiting for input that never comes ends when a stop is requested."""
+@pytest.mark.parametrize("consumer", ["run_loop", "get"])
+async def test_consumer_waiting_on_empty_queue_is_released_on_stop(consumer: str, no_new_threads: None) -> None:
+    """A step waiting for input that never comes (in run_loop's iterator, or in
+    ``qr.get()`` inside a step) ends when a stop is requested."""
     async def one_then_nothing() -> AsyncIterator[int]:
         yield 0
         await anyio.Event().wait()  # never set: cancelled at session end
@@ -341,12 +343,21 @@ async def test_consumer_waiting_on_empty_queue_is_released_on_stop(no_new_thread
         await wait_until(lambda: qr._queue is not None and qr._queue._consumer_waiting)
         sv.request_stop()
 
+    def get_twice() -> None:
+        qr.get()
+        qr.get()
+
     with anyio.fail_after(20):
         async with sv.managed_session() as sess:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(stop_when_waiting)
-                await sess.run_loop(lambda item: None, data=qr)
-    assert sess.stop_reason == "requested" and sv.global_step == 1
+                if consumer == "run_loop":
+                    await sess.run_loop(lambda item: None, data=qr)
+                else:
+                    await sess.run(get_twice)
+    assert sess.stop_reason == "requested"
+    # run_loop counted the step that consumed item 0; the get() step never finished
+    assert sv.global_step == (1 if consumer == "run_loop" else 0)
 
 
 @pytest.mark.anyio
@@ -523,25 +534,3 @@ async def test_factory_returning_an_async_iterable_is_a_clear_error(no_new_threa
             await sess.run_loop(lambda item: None, data=qr)
     for gen in made:
         await gen.aclose()
-
-
-@pytest.mark.anyio
-async def test_get_inside_a_step_is_released_on_stop(no_new_threads: None) -> None:
-    """A step waiting in ``qr.get()`` for input that never comes ends when a stop is requested."""
-    async def nothing() -> AsyncIterator[int]:
-        await anyio.Event().wait()  # never set: cancelled at session end
-        yield 0  # pragma: no cover
-
-    qr = asv.QueueRunner(nothing, capacity=2)
-    sv = make_sv(qr)
-
-    async def stop_when_waiting() -> None:
-        await wait_until(lambda: qr._queue is not None and qr._queue._consumer_waiting)
-        sv.request_stop()
-
-    with anyio.fail_after(20):
-        async with sv.managed_session() as sess:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(stop_when_waiting)
-                await sess.run(qr.get)
-    assert sess.stop_reason == "requested" and sv.global_step == 0

@@ -31,15 +31,8 @@ async def test_each_committed_checkpoint_once_then_timeout(tmp_path: Path) -> No
         got.append(await watcher.__anext__())
         got.append(await watcher.__anext__())
 
-    async def quiet_spell() -> None:
-        while True:
-            await clock.wait_for_sleepers(1)
-            clock.advance(5)
-            while clock.sleepers:
-                await anyio.lowlevel.checkpoint()
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(quiet_spell)
+        tg.start_soon(clock.advance_on_sleep, 5)
         with pytest.raises(StopAsyncIteration):
             await watcher.__anext__()
         tg.cancel_scope.cancel()
