@@ -26,6 +26,7 @@ steps run since the last tick.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 import numbers
@@ -89,6 +90,11 @@ def scalar_entries(output: Any) -> dict[str, Any]:
 
 
 _file_counter = itertools.count()
+
+#: :meth:`SummaryWriter.post` wakes the summary thread at most this often (seconds) ...
+POST_BATCH_SECS = 1.0
+#: ... unless this many posts are waiting
+POST_BATCH_SIZE = 1000
 
 
 _scalar_metadata: Any = None
@@ -159,6 +165,9 @@ class SummaryWriter:
         self._rt = runtime
         self._writer: Any = None
         self._closed = False
+        # post(): values queued without waking the summary thread; handed over in batches
+        self._posted: collections.deque[tuple[int, dict[str, Any]]] = collections.deque()
+        self._handed_at = -math.inf  # time.monotonic() of the last hand-off
         #: the step of the last periodic summary (the summary service keeps it up to date);
         #: at close, a final summary is written if steps ran since
         self.last_step_written: int | None = None
@@ -201,25 +210,44 @@ class SummaryWriter:
         if self._closed:
             log.debug("summary.dropped", step=step, reason="closed")
             return None
-        return self._thread.submit(self._job, int(step), dict(values), sources)
+        return self._thread.submit(self._write_job, int(step), dict(values), sources)
 
     def post(self, step: int, values: Mapping[str, Any]) -> None:
-        """Queue ``values`` for ``step`` like :meth:`write`, without a waiter.
+        """Queue ``values`` for ``step`` like :meth:`write`, without a waiter, in batches.
 
-        Nothing wakes the event loop when the write is done, so it is the cheap way for
-        the step thread (the stock hooks) to hand over values; a write error still stops
-        the session.
+        The cheap way for the step thread (the stock hooks) to hand over values: nothing
+        wakes the event loop, and the summary thread is woken once per
+        :data:`POST_BATCH_SECS` (or :data:`POST_BATCH_SIZE` values), not per call —
+        waking another Python thread costs the step thread more than the write itself.
+        What is queued is written at the latest by the next :meth:`write`, flush or
+        close (TF1's ``FileWriter`` flushed every 120 s). A write error still stops the
+        session.
         """
         if self._closed:
             log.debug("summary.dropped", step=step, reason="closed")
             return
-        self._thread.submit_nowait(self._post_job, int(step), dict(values))
+        posted = self._posted
+        posted.append((int(step), dict(values)))
+        now = time.monotonic()
+        if len(posted) >= POST_BATCH_SIZE or now - self._handed_at >= POST_BATCH_SECS:
+            self._handed_at = now
+            self._thread.submit_nowait(self._write_posted)
 
-    def _post_job(self, step: int, values: dict[str, Any]) -> None:
-        try:
-            self._job(step, values, ())
-        except Exception:  # reported by _job: logged, and the session stops with it
-            pass
+    def _write_posted(self) -> None:
+        """On the summary thread: write what :meth:`post` queued, in order."""
+        posted = self._posted
+        while posted:
+            step, values = posted.popleft()
+            try:
+                self._job(step, values, ())
+            except Exception:  # reported by _job: logged, and the session stops with it
+                return
+
+    def _write_job(
+        self, step: int, values: dict[str, Any], sources: tuple[Callable[[], Mapping[str, float]], ...]
+    ) -> None:
+        self._write_posted()  # keep the order of the writes
+        self._job(step, values, sources)
 
     def _job(
         self, step: int, values: dict[str, Any], sources: tuple[Callable[[], Mapping[str, float]], ...]
@@ -256,13 +284,15 @@ class SummaryWriter:
         self._writer.write(event.SerializeToString())
 
     def _close_job(self) -> None:
+        self._write_posted()
         if self._writer is not None:
             self._writer.flush()
             self._writer.close()
             self._writer = None
 
     def flush_job(self) -> None:
-        """On the summary thread: flush what was written so far."""
+        """On the summary thread: write what is queued and flush."""
+        self._write_posted()
         if self._writer is not None:
             self._writer.flush()
 

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import structlog
 import tensorflow as tf
@@ -213,6 +214,23 @@ async def test_nan_tensor_hook_checks_the_last_losses_at_the_end_of_data() -> No
     with pytest.raises(asv.NanLossDuringTrainingError, match="step 2"):
         async with make_sv([asv.NanTensorHook()]).managed_session() as sess:
             await sess.run_loop(lambda: {"loss": tf.constant(next(losses))})
+
+
+@pytest.mark.parametrize("mixed_dtypes", [False, True])
+@pytest.mark.parametrize("nan_at", [1, 5, 6])
+async def test_nan_tensor_hook_names_the_first_nan_step_of_a_batch(nan_at: int, mixed_dtypes: bool) -> None:
+    """The checker names the NaN's own step, whether a batch is stacked (one dtype) or read one by one."""
+
+    def loss(step: int) -> Any:
+        value = math.nan if step == nan_at else float(step)
+        dtype = tf.float64 if mixed_dtypes and step % 2 else tf.float32
+        return tf.constant(value, dtype=dtype)
+
+    counter = iter(range(1, 100))
+    with pytest.raises(asv.NanLossDuringTrainingError, match=f"step {nan_at}, "):
+        async with make_sv([asv.NanTensorHook(check_every_n_steps=3)]).managed_session() as sess:
+            await sess.run_loop(lambda: {"loss": loss(next(counter))})
+    assert sess.global_step == 3 * math.ceil(nan_at / 3) + 3  # its batch's verdict, one batch later
 
 
 def test_nan_tensor_hook_checks_its_period() -> None:

@@ -182,6 +182,41 @@ async def test_post_error_stops_the_session(tmp_path: Path) -> None:
             await sess.run(lambda: None)
 
 
+async def test_posts_reach_the_summary_thread_in_batches_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``post`` wakes the summary thread once per batch, not per call; order is kept; close writes the rest."""
+    from asupervisor import _summary
+
+    monkeypatch.setattr(_summary, "POST_BATCH_SECS", float("inf"))
+    monkeypatch.setattr(_summary, "POST_BATCH_SIZE", 4)
+    clock = ManualClock()
+    sv = make_sv(tmp_path, clock)
+    reads: list[str] = []
+    fourth_read = threading.Event()
+
+    class Fourth(ThreadRecordingTensor):
+        def numpy(self) -> float:
+            value = super().numpy()
+            fourth_read.set()
+            return value
+
+    async with sv.managed_session():
+        assert sv._runtime is not None and sv._runtime.summary_writer is not None
+        writer = sv._runtime.summary_writer
+        writer._handed_at = 0.0  # as if just handed over: with no time limit, only size counts
+        for step in range(1, 4):
+            writer.post(step, {"x": ThreadRecordingTensor(float(step), reads)})
+        assert reads == [] and len(writer._posted) == 3  # nothing handed over: nothing can read them
+        writer.post(4, {"x": Fourth(4.0, reads)})  # the fourth: a batch
+        assert await anyio.to_thread.run_sync(fourth_read.wait, 10.0)
+        assert reads == ["asv-summary"] * 4
+        writer.post(5, {"x": ThreadRecordingTensor(5.0, reads)})  # waits; written at close
+        sv.summary_computed({"y": 1.0}, global_step=6)
+    assert steps_of(read_events(tmp_path), "x") == [1, 2, 3, 4, 5]
+    assert steps_of(read_events(tmp_path), "y") == [6]
+
+
 async def test_event_file_is_flushed_and_closed_on_stop(tmp_path: Path) -> None:
     """What was queued before the stop is in the event file once the session has exited."""
     clock = ManualClock()
