@@ -229,7 +229,8 @@ def test_two_workers_save_together_only_the_chief_writes_and_both_resume(tmp_pat
     assert sorted(a.files) == sorted(b.files) and all(a[k].tobytes() == b[k].tobytes() for k in a.files)
     assert float(a["counter"]) == 14.0  # 7 steps on each of 2 workers, summed on read
 
-    cluster = asv.cluster_info({"TF_CONFIG": json.dumps({"cluster": {"chief": ["a"], "worker": ["b"]}, "task": {"type": "worker", "index": 0}})})
+    worker_config = {"cluster": {"chief": ["a"], "worker": ["b"]}, "task": {"type": "worker", "index": 0}}
+    cluster = asv.cluster_info({"TF_CONFIG": json.dumps(worker_config)})
     (worker_tmp / f"{temp_prefix(logdir, cluster)}left-by-a-crash").mkdir()
     (worker_tmp / "someone-elses").mkdir()
     chief, worker = _run_cluster(tmp_path, logdir, 12, 3, "trio")
