@@ -93,6 +93,8 @@ def take_snapshot(checkpoint: Any, step: int) -> Snapshot:
     """On the step thread: read every value to save (copy-on-write, no data copy)."""
     from tensorflow.python.training.saving import saveable_object
 
+    tf_ = tf()
+    tensor_type = tf_.Tensor
     t0 = time.perf_counter()
     counter = getattr(checkpoint, "_maybe_create_save_counter", None)
     if counter is not None:  # as tf.train.Checkpoint.save() does: plain TF restores match
@@ -110,6 +112,11 @@ def take_snapshot(checkpoint: Any, step: int) -> Snapshot:
                     tensor = tensor.tensor  # reads the variable now
                 if tensor is None:  # an uninitialised variable: TF skips it too
                     continue
+                if not isinstance(tensor, tensor_type):
+                    # Keras 3 hands over a distributed variable itself: read it here, at
+                    # the boundary, or SaveV2 would read it on the writer thread later
+                    # (a SyncOnRead variable's read is a collective all-reduce)
+                    tensor = tf_.convert_to_tensor(tensor)
                 keys.append(key)
                 slices.append(slice_spec)
                 tensors.append(tensor)
@@ -231,6 +238,8 @@ def check_matches(checkpoint: Any, path: str, *, allow_missing: tuple[str, ...] 
     is named. Checkpoint values the state has no object for yet are allowed (objects
     created later, such as optimizer slots, are restored when they are created).
     """
+    from tensorflow.python.training.saving.saveable_object_util import SaveableCompatibilityConverter as converter
+
     reader = tf().train.load_checkpoint(path)
     shapes = reader.get_variable_to_shape_map()
     dtypes = reader.get_variable_to_dtype_map()
@@ -240,6 +249,7 @@ def check_matches(checkpoint: Any, path: str, *, allow_missing: tuple[str, ...] 
     for obj, tensor_dict in serialized.items():
         if obj is None:
             continue
+        obj = getattr(obj, "obj", obj) if isinstance(obj, converter) else obj  # a tf.distribute variable
         live_keys = [k for k in tensor_dict if k.endswith("/.ATTRIBUTES/VARIABLE_VALUE")]
         if not live_keys:
             continue

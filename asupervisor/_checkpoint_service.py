@@ -10,6 +10,9 @@
 * once at start-up when the state was initialised rather than restored;
 * ``Supervisor.save_now()`` and the final save on stop, which wait for the commit.
 
+In multi-worker training every worker has a saver and snapshots at the same steps; a
+non-chief writes to a temporary directory (:mod:`._multi_worker` states the rule).
+
 Snapshots are taken on the step thread (see :mod:`._checkpoint`); writes run in order on
 one dedicated writer thread, never on the event loop nor on the step thread. A periodic
 save that comes while the previous write is still in flight is skipped and logged
@@ -23,12 +26,14 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from ._checkpoint import Checkpointer, Snapshot
 from ._clock import interval_ticks
+from ._multi_worker import AGREED_STOP_REASONS, WorkerTempWriter
 from ._services import Service
 from ._threads import ThreadClosedError
 
@@ -51,12 +56,32 @@ def _noop() -> None:
 
 
 class CheckpointSaver:
-    """Coordinates the saves of one session (see the module docstring)."""
+    """Coordinates the saves of one session (see the module docstring).
 
-    def __init__(self, rt: Runtime, checkpointer: Checkpointer, *, save_steps: int | None) -> None:
+    Args:
+        rt: the session.
+        checkpointer: snapshots, restores and (by default) writes to ``logdir``.
+        save_steps: ``save_model_steps``.
+        write: writes a snapshot on the writer thread (a non-chief's temporary save);
+            ``checkpointer.write`` by default.
+        multi_worker: every worker saves at the same steps: step saves queue instead of
+            being skipped while a write is in flight, final saves follow the agreed rule.
+    """
+
+    def __init__(
+        self,
+        rt: Runtime,
+        checkpointer: Checkpointer,
+        *,
+        save_steps: int | None,
+        write: Callable[..., CheckpointInfo | None] | None = None,
+        multi_worker: bool = False,
+    ) -> None:
         self.rt = rt
         self.checkpointer = checkpointer
         self.save_steps = save_steps
+        self._write_fn = checkpointer.write if write is None else write
+        self.multi_worker = multi_worker
         self._writer: DedicatedThread | None = None
         self._in_flight = 0
         self._error: BaseException | None = None
@@ -77,7 +102,7 @@ class CheckpointSaver:
         if error is not None:
             self.rt.control.request_stop(error, reason="service:checkpoint")
             return
-        self._snapshot("steps", force=False, keep=False)
+        self._snapshot("steps", force=self.multi_worker, keep=False)
 
     def _snapshot(self, reason: str, *, force: bool, keep: bool) -> int | None:
         """Snapshot now and hand it to the writer; returns the step, ``None`` if skipped.
@@ -121,7 +146,7 @@ class CheckpointSaver:
             others = self._in_flight - 1  # snapshots queued behind this one
         try:
             # never fewer than 2 checkpoints while another save is in flight
-            info = self.checkpointer.write(snap, min_keep=2 if others > 0 else 1)
+            info = self._write_fn(snap, min_keep=2 if others > 0 else 1)
         except Exception as exc:
             log.error("checkpoint.failed", step=snap.step, error=repr(exc))
             with self._lock:
@@ -131,7 +156,8 @@ class CheckpointSaver:
         finally:
             with self._lock:
                 self._in_flight -= 1
-        self.rt.last_checkpoint = info
+        if info is not None:  # None: a non-chief's temporary save
+            self.rt.last_checkpoint = info
         return info
 
     # -- event loop ------------------------------------------------------------------
@@ -196,7 +222,19 @@ class CheckpointSaver:
         return info
 
     async def final_save(self) -> None:
-        """The stop's final checkpoint (the runtime skips it when state is suspect)."""
+        """The stop's final checkpoint (the runtime skips it when state is suspect).
+
+        In multi-worker training only for a stop every worker reaches at the same step.
+        """
+        reason = self.rt.control.reason
+        if self.multi_worker and reason not in AGREED_STOP_REASONS:
+            log.warning(
+                "checkpoint.skipped",
+                reason="final",
+                step=self.rt.step,
+                why=f"multi-worker: the other workers may not stop at this step (stop reason {reason})",
+            )
+            return
         await self.save("final", force=True, wait=True)
 
     async def aclose(self) -> None:
@@ -250,8 +288,13 @@ def restore_on_startup(rt: Runtime) -> bool:
         max_to_keep=config.max_to_keep,
         keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
     )
+    worker_writer = None
     if config.is_chief:
         checkpointer.prepare()
+    elif config.multi_worker:
+        assert config.cluster is not None
+        worker_writer = WorkerTempWriter(config.logdir, config.cluster, basename=config.checkpoint_basename)
+        worker_writer.clean_leftovers()
     rt.checkpointer = checkpointer
     path = checkpointer.restore()
     if path is not None:
@@ -259,14 +302,21 @@ def restore_on_startup(rt: Runtime) -> bool:
         rt.last_checkpoint = checkpointer.last
         rt.step = int(rt.global_step_var.numpy())
         log.info("session.restored", step=rt.step, path=path)
-    if config.is_chief:
-        rt.saver = CheckpointSaver(rt, checkpointer, save_steps=config.save_model_steps)
+    if config.is_chief or worker_writer is not None:
+        rt.saver = CheckpointSaver(
+            rt,
+            checkpointer,
+            save_steps=config.save_model_steps,
+            write=None if worker_writer is None else worker_writer.write,
+            multi_worker=config.multi_worker,
+        )
         rt.saver.arm()
     return path is not None
 
 
 def services_for(rt: Runtime) -> list[Service]:
-    """The checkpoint service of ``rt`` (chief with a logdir and saving enabled)."""
+    """The checkpoint service of ``rt`` (chief, or any worker of a multi-worker
+    training, with a logdir and saving enabled)."""
     saver = rt.saver
     config = rt.config
     if saver is None:
@@ -275,4 +325,6 @@ def services_for(rt: Runtime) -> list[Service]:
         return []  # saving disabled: no start-up, timed or final checkpoint
     rt.final_save.append(saver.final_save)
     rt.closers.append(saver.aclose)
+    if config.multi_worker:  # steps only, the same on every worker (see _multi_worker)
+        return [CheckpointService(saver, 0, save_at_start=False)]
     return [CheckpointService(saver, config.save_model_secs, save_at_start=rt.restored_from is None)]

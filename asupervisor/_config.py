@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ._clock import Clock, MonotonicClock
+from ._cluster import ClusterInfo
 from ._hooks import SessionRunHook
 
 __all__ = ["SupervisorConfig"]
@@ -57,6 +58,18 @@ class SupervisorConfig:
     handle_signals: bool = True
     queue_runners: Sequence[Any] = ()
     clock: Clock = field(default_factory=MonotonicClock)
+    #: the cluster from ``TF_CONFIG`` (``None``: a single worker); see :attr:`multi_worker`
+    cluster: ClusterInfo | None = None
+
+    @property
+    def multi_worker(self) -> bool:
+        """Whether this process is one of several training workers (chief included).
+
+        Then every worker takes part in every save at the same steps (see
+        ``docs/checkpoints.md``, "Multi-worker training").
+        """
+        cluster = self.cluster
+        return cluster is not None and cluster.num_workers > 1 and cluster.task_type in ("chief", "master", "worker")
 
     def __post_init__(self) -> None:
         if self.logdir is not None:
@@ -106,3 +119,13 @@ class SupervisorConfig:
         object.__setattr__(self, "queue_runners", tuple(self.queue_runners))
         if not isinstance(self.clock, Clock):
             raise TypeError(f"clock must have now() and sleep_until(), got {self.clock!r}")
+        if self.cluster is not None and not isinstance(self.cluster, ClusterInfo):
+            raise TypeError(f"cluster must be a ClusterInfo or None, got {self.cluster!r}")
+        if self.multi_worker and self.logdir is not None and self.save_model_secs > 0 and self.save_model_steps is None:
+            assert self.cluster is not None
+            raise ValueError(
+                f"save_model_secs={self.save_model_secs!r} without save_model_steps: in multi-worker "
+                f"training (TF_CONFIG names {self.cluster.num_workers} workers) every worker must "
+                "snapshot at the same steps, which a timer cannot promise; set save_model_steps "
+                "(the timer is then not used) or save_model_secs=0 to disable saving"
+            )

@@ -34,13 +34,16 @@ class Supervisor:
         global_step: a scalar integer ``tf.Variable``; created when not given. The
             supervisor counts steps in Python and assigns the count to this variable at
             step boundaries where state is read (checkpoints, end of ``run_loop``, stop).
-        is_chief: ``None`` derives it from ``TF_CONFIG``.
+        is_chief: ``None`` derives it from ``TF_CONFIG``. When ``TF_CONFIG`` names several
+            workers, every worker takes part in every save at the same steps and only
+            the chief writes ``logdir`` (see ``docs/checkpoints.md``).
         init_fn: called (no arguments, on the step thread) when nothing was restored.
         local_init_fn: called after restore or init, always.
         ready_fn: returns the names of what is not ready; a non-empty answer fails
             start-up with ``RuntimeError``.
         checkpoint_basename: checkpoint files are ``<logdir>/<basename>-<step>.*``.
-        save_model_secs: seconds between checkpoints; 0 disables timed checkpoints.
+        save_model_secs: seconds between checkpoints; 0 disables timed checkpoints. Not
+            used in multi-worker training, which needs ``save_model_steps``.
         save_model_steps: steps between checkpoints, or ``None``.
         max_to_keep: checkpoints kept.
         keep_checkpoint_every_n_hours: also keep one checkpoint per this many hours.
@@ -54,8 +57,9 @@ class Supervisor:
         clock: the time source of timers and services (tests pass a manual clock).
 
     Raises:
-        ValueError: a setting is out of range (the message names it), or ``logdir``
-            exists and is not a directory.
+        ValueError: a setting is out of range (the message names it), ``logdir`` exists
+            and is not a directory, ``TF_CONFIG`` is malformed, or ``TF_CONFIG`` names
+            several workers and saving is enabled by ``save_model_secs`` alone.
         TypeError: a setting has the wrong type.
     """
 
@@ -82,11 +86,12 @@ class Supervisor:
         queue_runners: Sequence[QueueRunner] = (),
         clock: Clock | None = None,
     ) -> None:
+        cluster = cluster_info()
         self.config = SupervisorConfig(
             logdir=logdir,  # type: ignore[arg-type]  # normalised to a Path
             state=state,
             global_step=global_step,
-            is_chief=cluster_info().is_chief if is_chief is None else is_chief,
+            is_chief=cluster.is_chief if is_chief is None else is_chief,
             init_fn=init_fn,
             local_init_fn=local_init_fn,
             ready_fn=ready_fn,
@@ -102,6 +107,7 @@ class Supervisor:
             handle_signals=handle_signals,
             queue_runners=queue_runners,
             clock=clock or MonotonicClock(),
+            cluster=cluster,
         )
         self._services: list[Service] = []
         self._runtime: Runtime | None = None
@@ -234,13 +240,18 @@ class Supervisor:
         saved, that checkpoint is returned.
 
         Raises:
-            RuntimeError: no session is running, or this process does not write checkpoints
-                (no ``logdir``, or not the chief).
+            RuntimeError: no session is running, this process does not write checkpoints
+                (no ``logdir``, or not the chief), or the training is multi-worker.
             Exception: the error of a failed background write, or of this write.
         """
         rt = self._runtime
         if rt is None or not rt._entered or rt.closed:
             raise RuntimeError("save_now() needs a running managed_session()")
+        if rt.config.multi_worker:
+            raise RuntimeError(
+                "save_now() is not available in multi-worker training: every worker must "
+                "snapshot at the same step; use save_model_steps"
+            )
         if rt.saver is None:
             raise RuntimeError("save_now() needs a logdir and a chief supervisor (is_chief=True)")
         info = await rt.saver.save("save_now", force=True, wait=True)

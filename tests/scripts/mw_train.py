@@ -1,0 +1,84 @@
+"""One worker of a two-worker ``MultiWorkerMirroredStrategy`` training, for test_multi_worker.py.
+
+Usage: ``python mw_train.py LOGDIR MAX_STEPS SAVE_STEPS BACKEND OUT.npz`` with ``TF_CONFIG``
+set by the parent. The state holds a Keras model and optimizer, a Keras ``Mean`` metric and
+an ``ON_READ``/``SUM`` counter (both SyncOnRead: reading them is a collective all-reduce).
+Each worker trains on its own data; gradients are all-reduced.
+
+Prints, one line each: ``RESTORED <step> <path>``, then for every save this process took
+part in ``SAVED <step>`` (the chief's commit) or ``WORKER_SAVED <step> <tmp dir>`` (a
+non-chief's temporary save), then ``DONE <global step> <stop reason>``. The final
+weights, metric and counter go to OUT.npz.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+import anyio
+import numpy as np
+import tensorflow as tf
+from structlog.testing import capture_logs
+
+import asupervisor as asv
+
+
+async def main(logdir: str, max_steps: int, save_steps: int, out: str) -> None:
+    info = asv.cluster_info()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+        opt = tf.keras.optimizers.SGD(0.05)
+        mean = tf.keras.metrics.Mean()
+        counter = tf.Variable(
+            0.0, synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM
+        )
+    worker = 0 if info.is_chief else 1 + info.task_index
+
+    @tf.function
+    def train_step() -> None:
+        def replica_fn() -> None:
+            seed = tf.stack([tf.cast(opt.iterations, tf.int32), worker])
+            x = tf.random.stateless_normal([8, 4], seed=seed)
+            y = tf.reduce_sum(x, axis=1, keepdims=True) * tf.constant([[1.0, -1.0]])
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x) - y))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            mean.update_state(loss)
+            counter.assign_add(1.0)
+
+        strategy.run(replica_fn)
+
+    sv = asv.Supervisor(
+        logdir,
+        state={"model": model, "opt": opt, "metric": list(mean.variables), "counter": counter},
+        save_model_steps=save_steps,  # save_model_secs keeps its default: not used here
+        handle_signals=False,
+    )
+    with capture_logs() as events:
+        async with sv.managed_session() as sess:
+            print(f"RESTORED {sv.global_step} {sv.status().last_checkpoint}", flush=True)
+            await sess.run_loop(train_step, max_steps=max_steps)
+    for event in events:
+        if event["event"] == "checkpoint.saved":
+            print(f"SAVED {event['step']}", flush=True)
+        elif event["event"] == "checkpoint.worker_saved":
+            print(f"WORKER_SAVED {event['step']} {event['tmp']}", flush=True)
+        elif event.get("log_level") in ("error", "critical"):
+            print(f"ERROR {event}", flush=True)
+    # reading SyncOnRead variables is a collective: every worker does it, in this order
+    arrays = {f"w{i}": v.numpy() for i, v in enumerate(model.weights)}
+    arrays["mean"] = np.array(mean.result().numpy())
+    arrays["counter"] = np.array(counter.read_value().numpy())
+    np.savez(out, **arrays)
+    print(f"DONE {sv.global_step} {sv.status().stop_reason}", flush=True)
+
+
+if __name__ == "__main__":
+    logdir, max_steps, save_steps, backend, out = sys.argv[1:6]
+    anyio.run(main, logdir, int(max_steps), int(save_steps), out, backend=backend)
