@@ -33,6 +33,7 @@ from typing import Any
 
 import structlog
 
+from . import _bundle
 from . import _checkpoint_files as files
 from ._exceptions import CheckpointError
 from ._status import CheckpointInfo
@@ -131,9 +132,9 @@ def _nbytes(tensor: Any) -> int:
         return 0
 
 
-def _shards(snapshot: Snapshot) -> list[list[int]]:
-    """Tensor indices per data shard: balanced by bytes, as many shards as cores help."""
-    sizes = [_nbytes(t) for t in snapshot.tensors]
+def _shards(tensors: list[Any]) -> list[list[int]]:
+    """Indices into ``tensors`` per data shard: balanced by bytes, as many shards as cores help."""
+    sizes = [_nbytes(t) for t in tensors]
     big = sum(1 for n in sizes if n >= _SHARD_BYTES // 4)
     count = max(1, min(_MAX_SHARDS, os.cpu_count() or 1, sum(sizes) // _SHARD_BYTES, big))
     groups: list[list[int]] = [[] for _ in range(count)]
@@ -145,17 +146,65 @@ def _shards(snapshot: Snapshot) -> list[list[int]]:
     return [g for g in groups if g]
 
 
-def write_snapshot(snapshot: Snapshot, prefix: str) -> None:
-    """Write ``snapshot`` as a TF2 object checkpoint at ``prefix`` (``SaveV2``).
+# Write plain tensors with our own bundle writer (see _bundle) instead of SaveV2; a
+# switch for A/B benchmarks and tests.
+_NATIVE_WRITER = True
 
-    A large snapshot is written as several data shards in parallel (one ``SaveV2`` per
-    shard on short-lived threads joined here), then merged into one index with
-    ``MergeV2Checkpoints``, as TF's own multi-device saver does.
+
+def write_snapshot(snapshot: Snapshot, prefix: str) -> None:
+    """Write ``snapshot`` as a TF2 object checkpoint at ``prefix``.
+
+    Plain numeric, bool and string tensors are written by :mod:`._bundle` straight from
+    the snapshot's buffers (when google-crc32c is there); TF's ``SaveV2`` writes the rest
+    (variant tensors such as a ``tf.data`` iterator's state, slices). A checkpoint with
+    both is written as two bundles merged into one index with ``MergeV2Checkpoints``, as
+    TF's own multi-device saver does. A large snapshot is written as several data shards
+    in parallel (short-lived threads joined here).
     """
+    if not (_NATIVE_WRITER and _bundle.available()):
+        _save_v2(snapshot, prefix, _shards(snapshot.tensors))
+        return
+    native = [i for i, (t, s) in enumerate(zip(snapshot.tensors, snapshot.slices)) if _bundle.encodable(t, s)]
+    if len(native) == len(snapshot.tensors):
+        _write_native(snapshot, prefix)
+        return
+    if not native:
+        _save_v2(snapshot, prefix, _shards(snapshot.tensors))
+        return
+    rest = sorted(set(range(len(snapshot.tensors))) - set(native))
+    parts = [f"{prefix}_temp/part-{j:05d}-of-00002" for j in range(2)]
+    os.makedirs(f"{prefix}_temp", exist_ok=True)
+    _write_native(_subset(snapshot, native), parts[0])
+    sub = _subset(snapshot, rest)
+    _save_v2(sub, parts[1], [list(range(len(rest)))])
+    with tf().device("/cpu:0"):
+        from tensorflow.python.ops import gen_io_ops
+
+        gen_io_ops.merge_v2_checkpoints(parts, prefix, delete_old_dirs=True)
+
+
+def _subset(snapshot: Snapshot, indices: list[int]) -> Snapshot:
+    def pick(values: list[Any]) -> list[Any]:
+        return [values[i] for i in indices]
+
+    return Snapshot(snapshot.step, pick(snapshot.keys), pick(snapshot.slices), pick(snapshot.tensors), snapshot.taken_at, 0.0)
+
+
+def _write_native(snapshot: Snapshot, prefix: str) -> None:
+    groups = _shards(snapshot.tensors)
+    if len(groups) == 1:
+        _bundle.write_bundle(prefix, snapshot.keys, snapshot.tensors, groups)
+        return
+    with ThreadPoolExecutor(len(groups), thread_name_prefix="asv-checkpoint-shard") as pool:
+        _bundle.write_bundle(
+            prefix, snapshot.keys, snapshot.tensors, groups, lambda fn, n: list(pool.map(fn, range(n)))
+        )
+
+
+def _save_v2(snapshot: Snapshot, prefix: str, groups: list[list[int]]) -> None:
     tf_ = tf()
     from tensorflow.python.ops import gen_io_ops
 
-    groups = _shards(snapshot)
     with tf_.device("/cpu:0"):
         if len(groups) == 1:
             gen_io_ops.save_v2(prefix, snapshot.keys, snapshot.slices, snapshot.tensors)
