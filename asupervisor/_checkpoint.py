@@ -454,16 +454,16 @@ class Checkpointer:
         try:
             with files.early_writeback(tmp):
                 write_snapshot(snapshot, str(tmp))
-            files.publish(tmp, final)
+            with _commit_lock(self.logdir):
+                info, state, delete = self._plan(name, snapshot, min_keep)
+                files.commit(tmp, final, state)  # now it is the latest
+                # durable and named in the state file: retention's deletions come after
+                self.last_commit_secs = time.perf_counter() - t0
+                for old in delete:
+                    files.delete_checkpoint(self.logdir / old)
         except BaseException:
             files.delete_checkpoint(tmp)
             raise
-        with _commit_lock(self.logdir):
-            info, delete = self._commit(name, snapshot, min_keep)
-            # durable and named in the state file: retention's deletions come after
-            self.last_commit_secs = time.perf_counter() - t0
-            for old in delete:
-                files.delete_checkpoint(self.logdir / old)
         with self._lock:
             self.last = info
         log.info(
@@ -476,10 +476,12 @@ class Checkpointer:
         )
         return info
 
-    def _commit(self, name: str, snapshot: Snapshot, min_keep: int = 1) -> tuple[CheckpointInfo, list[str]]:
-        """Name ``name`` in the state file; returns it and the checkpoints retention drops."""
+    def _plan(
+        self, name: str, snapshot: Snapshot, min_keep: int = 1
+    ) -> tuple[CheckpointInfo, files.CheckpointState, list[str]]:
+        """The state file naming ``name``, its checkpoint, and the checkpoints retention drops."""
         now = self.wall_clock()
-        state = files.read_state(self.logdir) or files.CheckpointState(last_preserved=self.started_at)
+        state = files.read_own_state(self.logdir) or files.CheckpointState(last_preserved=self.started_at)
         if state.last_preserved == 0.0:
             state.last_preserved = self.started_at
         keep = [(p, t) for p, t in zip(state.paths, state.timestamps) if p != name]
@@ -497,8 +499,7 @@ class Checkpointer:
         state, delete = files.select_retention(
             state, max_to_keep=max(self.max_to_keep, min_keep), keep_every_secs=self.keep_every_secs
         )
-        files.write_state(self.logdir, state)  # now it is the latest
-        return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), delete
+        return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), state, delete
 
 
 def write_checkpoint_now(

@@ -513,17 +513,17 @@ def test_durable_time_excludes_retention_and_old_checkpoints_go(tmp_path: Path, 
     checkpointer = Checkpointer(ckpt, tmp_path, max_to_keep=1)
     checkpointer.prepare()
     order: list[str] = []
-    real_write, real_delete = files.write_state, files.delete_checkpoint
+    real_commit, real_delete = files.commit, files.delete_checkpoint
 
-    def write_state(logdir: Path, st: files.CheckpointState) -> None:
+    def commit(tmp: Path, final: Path, st: files.CheckpointState) -> None:
         order.append("state")
-        real_write(logdir, st)
+        real_commit(tmp, final, st)
 
     def delete_checkpoint(prefix: Path) -> None:
         order.append(f"delete {prefix.name}")
         real_delete(prefix)
 
-    monkeypatch.setattr(files, "write_state", write_state)
+    monkeypatch.setattr(files, "commit", commit)
     monkeypatch.setattr(files, "delete_checkpoint", delete_checkpoint)
     for step in (1, 2):
         snap = checkpointer.snapshot(step)
@@ -559,3 +559,66 @@ def test_writeback_failure_does_not_fail_the_save(tmp_path: Path, monkeypatch: p
     fresh = tf.Variable(tf.zeros([1 << 22]))
     tf.train.Checkpoint(big=fresh).restore(tf.train.latest_checkpoint(str(tmp_path))).assert_existing_objects_matched()
     assert (fresh.numpy() == big.numpy()).all()
+
+
+def test_commit_makes_files_and_renames_durable_before_naming(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit protocol's order, recorded on the real calls: every checkpoint file is
+    fsynced, renamed, and the directory fsynced before the state file is replaced."""
+    from asupervisor._checkpoint import Checkpointer
+
+    events: list[str] = []
+    lock = threading.Lock()
+    real_fsync, real_replace = files.fsync_path, os.replace
+
+    def fsync_path(path: Path) -> None:
+        real_fsync(path)
+        with lock:
+            events.append(f"fsync {'dir' if Path(path).is_dir() else Path(path).name}")
+
+    def replace(src: Any, dst: Any) -> None:
+        real_replace(src, dst)
+        with lock:
+            events.append(f"rename {Path(dst).name}")
+
+    monkeypatch.setattr(files, "fsync_path", fsync_path)
+    monkeypatch.setattr(files.os, "replace", replace)
+    checkpointer = Checkpointer(tf.train.Checkpoint(**make_state()), tmp_path)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(7)
+    assert snap is not None
+    checkpointer.write(snap)
+    named = events.index("rename checkpoint")
+    before = events[:named]
+    for name in ("model.ckpt-7.index", "model.ckpt-7.data-00000-of-00001"):
+        renamed = before.index(f"rename {name}")
+        assert any(e.startswith("fsync model.ckpt-7.asv-tmp-") and e.endswith(name[len("model.ckpt-7") :]) for e in before[:renamed])
+        assert "fsync dir" in before[renamed:]
+    assert events[named + 1 :] == ["fsync dir"]
+    assert plain_restore(tmp_path)[0] == 0.0
+
+
+def test_commit_rereads_a_state_file_replaced_by_someone_else(tmp_path: Path) -> None:
+    """The state file is not re-parsed when it is still this process's own write, but a
+    replaced one (another tool's) is read again: its entries are kept."""
+    from asupervisor._checkpoint import Checkpointer
+
+    checkpointer = Checkpointer(tf.train.Checkpoint(**make_state()), tmp_path, max_to_keep=5)
+    checkpointer.prepare()
+    for step in (1, 2):
+        snap = checkpointer.snapshot(step)
+        assert snap is not None
+        checkpointer.write(snap)
+    own = files.read_own_state(tmp_path)
+    assert own == files.read_state(tmp_path) and own is not None and own.paths == ["model.ckpt-1", "model.ckpt-2"]
+    from tensorflow.python.checkpoint import checkpoint_management
+
+    checkpoint_management.update_checkpoint_state_internal(
+        str(tmp_path), "model.ckpt-2", ["model.ckpt-1", "model.ckpt-2"], all_model_checkpoint_timestamps=[5.0, 6.0]
+    )
+    assert files.read_own_state(tmp_path).timestamps == [5.0, 6.0]  # type: ignore[union-attr]
+    snap = checkpointer.snapshot(3)
+    assert snap is not None
+    checkpointer.write(snap)
+    recorded = files.read_state(tmp_path)
+    assert recorded is not None and recorded.paths == ["model.ckpt-1", "model.ckpt-2", "model.ckpt-3"]
+    assert recorded.timestamps[:2] == [5.0, 6.0]
