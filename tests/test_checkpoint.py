@@ -622,3 +622,32 @@ def test_commit_rereads_a_state_file_replaced_by_someone_else(tmp_path: Path) ->
     recorded = files.read_state(tmp_path)
     assert recorded is not None and recorded.paths == ["model.ckpt-1", "model.ckpt-2", "model.ckpt-3"]
     assert recorded.timestamps[:2] == [5.0, 6.0]
+
+
+def test_model_check_reads_no_variable_unless_in_doubt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Restoring the same model's checkpoint checks it by object graph alone (TF's full
+    serialising walk, which reads every variable, is not run); a nested variable the
+    checkpoint lacks is still refused by name before anything is restored."""
+    from asupervisor import _checkpoint
+
+    state = {"layers": [make_state(), make_state()]}
+    bump(state["layers"][1])()
+    checkpointer = _checkpoint.Checkpointer(tf.train.Checkpoint(**state), tmp_path)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(1)
+    assert snap is not None
+    checkpointer.write(snap)
+    walks: list[int] = []
+    real = _checkpoint._serialized
+
+    def counting(checkpoint: Any) -> Any:
+        walks.append(1)
+        return real(checkpoint)
+
+    monkeypatch.setattr(_checkpoint, "_serialized", counting)
+    assert _checkpoint.restore_latest(tf.train.Checkpoint(layers=[make_state(), make_state()]), tmp_path)
+    assert walks == []
+    grown = [make_state(), {**make_state(), "new": tf.Variable(tf.ones([2]), name="new")}]
+    with pytest.raises(asv.CheckpointError, match=r"layers/1/new/\.ATTRIBUTES/VARIABLE_VALUE"):
+        _checkpoint.restore_latest(tf.train.Checkpoint(layers=grown), tmp_path)
+    assert walks == [1] and float(grown[1]["w"][0, 0]) == 0.0
