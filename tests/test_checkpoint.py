@@ -315,26 +315,30 @@ async def test_dataset_iterator_and_generator_resume_exactly(tmp_path: Path) -> 
 
 @pytest.mark.anyio
 async def test_aborted_step_recovers_from_latest_checkpoint(tmp_path: Path) -> None:
-    """AbortedError restores the latest checkpoint and training goes on from there."""
+    """AbortedError restores the latest checkpoint and training goes on from there; run_loop
+    returns every step it ran, over all its legs (redone steps count again)."""
     state = make_state()
-    failures = [5]
+    failures = [7, 5]
+    completed: list[int] = []
 
     def step() -> None:
         bump(state)()
-        if failures and int(state["b"][0]) == failures[0]:
+        if failures and int(state["b"][0]) == failures[-1]:
             failures.pop()
             raise tf.errors.AbortedError(None, None, "worker restarted")
+        completed.append(int(state["b"][0]))
 
     sv = supervisor(tmp_path, state, save_model_steps=2, recovery_wait_secs=0)
     with capture_logs() as logs:
         async with sv.managed_session() as sess:
-            await sess.run_loop(step, max_steps=8)
-    # restored step 4 (b=4) after the failure at b=5, then 4 more steps
+            ran = await sess.run_loop(step, max_steps=8)
+    # failed at b=5 (restored step 4), then at b=7 (restored the newest checkpoint), on to 8
     assert sess.global_step == 8 and float(state["b"][0]) == 8.0
+    assert ran == len(completed) and completed[:4] == [1, 2, 3, 4] and completed[-1] == 8 and ran >= 8
     assert [e["event"] for e in logs if e["event"].startswith("session.recover")] == [
         "session.recovering",
         "session.recovered",
-    ]
+    ] * 2
 
 
 @pytest.mark.anyio
