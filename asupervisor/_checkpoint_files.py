@@ -90,6 +90,41 @@ def _relative(logdir: Path, path: str) -> str:
     return path
 
 
+_STATE_FIELDS = {
+    "model_checkpoint_path": str,
+    "all_model_checkpoint_paths": str,
+    "all_model_checkpoint_timestamps": float,
+    "last_preserved_timestamp": float,
+}
+_STATE_LINE = re.compile(r'(\w+): (?:"((?:[^"\\]|\\.)*)"|([-+.\w]+))')
+
+
+def _parse_state(text: str) -> dict[str, list[object]] | None:
+    """The fields of a state file as TF and this module write it (one ``name: value`` a
+    line); ``None`` for anything else, which :func:`read_state` leaves to protobuf."""
+    from google.protobuf import text_encoding
+
+    fields: dict[str, list[object]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = _STATE_LINE.fullmatch(line.strip())
+        if m is None or m.group(1) not in _STATE_FIELDS:
+            return None
+        kind = _STATE_FIELDS[m.group(1)]
+        try:
+            if kind is str:
+                if m.group(2) is None:
+                    return None
+                value: object = text_encoding.CUnescape(m.group(2)).decode()
+            else:
+                value = float(m.group(3))
+        except (TypeError, ValueError, UnicodeDecodeError):
+            return None
+        fields.setdefault(m.group(1), []).append(value)
+    return fields
+
+
 def read_state(logdir: Path) -> CheckpointState | None:
     """Parse ``<logdir>/checkpoint``; ``None`` if there is none or it is unreadable."""
     path = logdir / STATE_FILE
@@ -97,22 +132,32 @@ def read_state(logdir: Path) -> CheckpointState | None:
         text = path.read_text()
     except FileNotFoundError:
         return None
-    from google.protobuf import text_format
+    fields = _parse_state(text)  # the usual file, without protobuf's (slower) text parser
+    if fields is None or any(len(fields.get(k, ())) > 1 for k in ("model_checkpoint_path", "last_preserved_timestamp")):
+        from google.protobuf import text_format
 
-    proto = _state_proto()()
-    try:
-        text_format.Merge(text, proto)
-    except text_format.ParseError as exc:
-        log.error("checkpoint.state_corrupt", path=str(path), reason=str(exc))
-        return None
-    paths = [_relative(logdir, p) for p in proto.all_model_checkpoint_paths]
-    latest = _relative(logdir, proto.model_checkpoint_path) if proto.model_checkpoint_path else None
+        proto = _state_proto()()
+        try:
+            text_format.Merge(text, proto)
+        except text_format.ParseError as exc:
+            log.error("checkpoint.state_corrupt", path=str(path), reason=str(exc))
+            return None
+        fields = {
+            "model_checkpoint_path": [proto.model_checkpoint_path],
+            "all_model_checkpoint_paths": list(proto.all_model_checkpoint_paths),
+            "all_model_checkpoint_timestamps": list(proto.all_model_checkpoint_timestamps),
+            "last_preserved_timestamp": [proto.last_preserved_timestamp],
+        }
+    named = str((fields.get("model_checkpoint_path") or [""])[0])
+    paths = [_relative(logdir, str(p)) for p in fields.get("all_model_checkpoint_paths", [])]
+    latest = _relative(logdir, named) if named else None
     if latest is not None and latest not in paths:
         paths.append(latest)
-    stamps = list(proto.all_model_checkpoint_timestamps)
+    stamps = [float(t) for t in fields.get("all_model_checkpoint_timestamps", [])]  # type: ignore[arg-type]
     if len(stamps) != len(paths):
         stamps = [0.0] * len(paths)
-    return CheckpointState(latest, paths, stamps, float(proto.last_preserved_timestamp))
+    preserved = float((fields.get("last_preserved_timestamp") or [0.0])[0])  # type: ignore[arg-type]
+    return CheckpointState(latest, paths, stamps, preserved)
 
 
 def fsync_path(path: Path) -> None:

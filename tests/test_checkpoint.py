@@ -655,3 +655,40 @@ def test_model_check_reads_no_variable_unless_in_doubt(tmp_path: Path, monkeypat
     with pytest.raises(asv.CheckpointError, match=r"layers/1/new/\.ATTRIBUTES/VARIABLE_VALUE"):
         _checkpoint.restore_latest(tf.train.Checkpoint(layers=grown), tmp_path)
     assert walks == [1] and float(grown[1]["w"][0, 0]) == 0.0
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["model.ckpt-1", "model.ckpt-2"],
+        ['we"ird\\name-3', "ünïcode ckpt-4", "/abs/elsewhere/model.ckpt-5"],
+        [],
+    ],
+)
+def test_state_file_reads_as_protobuf_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: list[str]) -> None:
+    """The state file parser gives what protobuf's text parser gives, for files written by
+    this module and by TensorFlow, odd characters included; anything unusual goes to protobuf."""
+    from tensorflow.python.checkpoint import checkpoint_management
+
+    fast = files._parse_state
+
+    def via_protobuf() -> files.CheckpointState:
+        with monkeypatch.context() as m:
+            m.setattr(files, "_parse_state", lambda text: None)
+            state = files.read_state(tmp_path)
+        assert state is not None and files._parse_state is fast
+        return state
+
+    stamps = [1_763_000_000.123456 + i for i in range(len(names))]
+    files.write_state(tmp_path, files.CheckpointState(names[-1] if names else None, names, stamps, 1234.5))
+    assert files.read_state(tmp_path) == via_protobuf()
+    if names:
+        checkpoint_management.update_checkpoint_state_internal(
+            str(tmp_path), names[-1], names, all_model_checkpoint_timestamps=stamps, last_preserved_timestamp=7.0
+        )
+        assert files.read_state(tmp_path) == via_protobuf()
+    # a field this parser does not know: protobuf decides (here: a parse error, no state)
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "a"\nbogus_field: 1\n')
+    with capture_logs() as logs:
+        assert files.read_state(tmp_path) is None
+    assert [e["event"] for e in logs] == ["checkpoint.state_corrupt"]
