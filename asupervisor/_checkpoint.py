@@ -33,6 +33,7 @@ from typing import Any
 
 import structlog
 
+from . import _bundle
 from . import _checkpoint_files as files
 from ._exceptions import CheckpointError
 from ._status import CheckpointInfo
@@ -138,9 +139,9 @@ def _nbytes(tensor: Any) -> int:
         return 0
 
 
-def _shards(snapshot: Snapshot) -> list[list[int]]:
-    """Tensor indices per data shard: balanced by bytes, as many shards as cores help."""
-    sizes = [_nbytes(t) for t in snapshot.tensors]
+def _shards(tensors: list[Any]) -> list[list[int]]:
+    """Indices into ``tensors`` per data shard: balanced by bytes, as many shards as cores help."""
+    sizes = [_nbytes(t) for t in tensors]
     big = sum(1 for n in sizes if n >= _SHARD_BYTES // 4)
     count = max(1, min(_MAX_SHARDS, os.cpu_count() or 1, sum(sizes) // _SHARD_BYTES, big))
     groups: list[list[int]] = [[] for _ in range(count)]
@@ -152,17 +153,65 @@ def _shards(snapshot: Snapshot) -> list[list[int]]:
     return [g for g in groups if g]
 
 
-def write_snapshot(snapshot: Snapshot, prefix: str) -> None:
-    """Write ``snapshot`` as a TF2 object checkpoint at ``prefix`` (``SaveV2``).
+# Write plain tensors with our own bundle writer (see _bundle) instead of SaveV2; a
+# switch for A/B benchmarks and tests.
+_NATIVE_WRITER = True
 
-    A large snapshot is written as several data shards in parallel (one ``SaveV2`` per
-    shard on short-lived threads joined here), then merged into one index with
-    ``MergeV2Checkpoints``, as TF's own multi-device saver does.
+
+def write_snapshot(snapshot: Snapshot, prefix: str) -> None:
+    """Write ``snapshot`` as a TF2 object checkpoint at ``prefix``.
+
+    Plain numeric, bool and string tensors are written by :mod:`._bundle` straight from
+    the snapshot's buffers (when google-crc32c is there); TF's ``SaveV2`` writes the rest
+    (variant tensors such as a ``tf.data`` iterator's state, slices). A checkpoint with
+    both is written as two bundles merged into one index with ``MergeV2Checkpoints``, as
+    TF's own multi-device saver does. A large snapshot is written as several data shards
+    in parallel (short-lived threads joined here).
     """
+    if not (_NATIVE_WRITER and _bundle.available()):
+        _save_v2(snapshot, prefix, _shards(snapshot.tensors))
+        return
+    native = [i for i, (t, s) in enumerate(zip(snapshot.tensors, snapshot.slices)) if _bundle.encodable(t, s)]
+    if len(native) == len(snapshot.tensors):
+        _write_native(snapshot, prefix)
+        return
+    if not native:
+        _save_v2(snapshot, prefix, _shards(snapshot.tensors))
+        return
+    rest = sorted(set(range(len(snapshot.tensors))) - set(native))
+    parts = [f"{prefix}_temp/part-{j:05d}-of-00002" for j in range(2)]
+    os.makedirs(f"{prefix}_temp", exist_ok=True)
+    _write_native(_subset(snapshot, native), parts[0])
+    sub = _subset(snapshot, rest)
+    _save_v2(sub, parts[1], [list(range(len(rest)))])
+    with tf().device("/cpu:0"):
+        from tensorflow.python.ops import gen_io_ops
+
+        gen_io_ops.merge_v2_checkpoints(parts, prefix, delete_old_dirs=True)
+
+
+def _subset(snapshot: Snapshot, indices: list[int]) -> Snapshot:
+    def pick(values: list[Any]) -> list[Any]:
+        return [values[i] for i in indices]
+
+    return Snapshot(snapshot.step, pick(snapshot.keys), pick(snapshot.slices), pick(snapshot.tensors), snapshot.taken_at, 0.0)
+
+
+def _write_native(snapshot: Snapshot, prefix: str) -> None:
+    groups = _shards(snapshot.tensors)
+    if len(groups) == 1:
+        _bundle.write_bundle(prefix, snapshot.keys, snapshot.tensors, groups)
+        return
+    with ThreadPoolExecutor(len(groups), thread_name_prefix="asv-checkpoint-shard") as pool:
+        _bundle.write_bundle(
+            prefix, snapshot.keys, snapshot.tensors, groups, lambda fn, n: list(pool.map(fn, range(n)))
+        )
+
+
+def _save_v2(snapshot: Snapshot, prefix: str, groups: list[list[int]]) -> None:
     tf_ = tf()
     from tensorflow.python.ops import gen_io_ops
 
-    groups = _shards(snapshot)
     with tf_.device("/cpu:0"):
         if len(groups) == 1:
             gen_io_ops.save_v2(prefix, snapshot.keys, snapshot.slices, snapshot.tensors)
@@ -200,8 +249,9 @@ def _children(obj: Any) -> dict[str, Any]:
         return {}
 
 
-def _matched_keys(checkpoint: Any, graph: Any) -> dict[int, str]:
-    """``{id(live object): checkpoint key of its value}``, matched as TF's restore does.
+def _matched_keys(checkpoint: Any, graph: Any) -> tuple[dict[int, str], set[int]]:
+    """``{id(live object): checkpoint key of its value}``, matched as TF's restore does,
+    and the ids of the live objects matched to a checkpoint object holding any value.
 
     The checkpoint's object graph and the live one are walked together from the root,
     child by child name. Keys are *not* compared as strings: a variable reachable by
@@ -211,6 +261,7 @@ def _matched_keys(checkpoint: Any, graph: Any) -> dict[int, str]:
     differently.
     """
     matched: dict[int, str] = {}
+    with_values: set[int] = set()
     seen: set[tuple[int, int]] = set()
     stack = [(0, checkpoint)]
     while stack:
@@ -219,6 +270,8 @@ def _matched_keys(checkpoint: Any, graph: Any) -> dict[int, str]:
             continue
         seen.add((node_id, id(obj)))
         node = graph.nodes[node_id]
+        if node.attributes:
+            with_values.add(id(obj))
         for attr in node.attributes:
             if attr.name == "VARIABLE_VALUE":
                 matched[id(obj)] = attr.checkpoint_key
@@ -227,7 +280,39 @@ def _matched_keys(checkpoint: Any, graph: Any) -> dict[int, str]:
             child = live.get(ref.local_name)
             if child is not None:
                 stack.append((ref.node_id, child))
-    return matched
+    return matched, with_values
+
+
+def _surely_matches(checkpoint: Any, matched: dict[int, str], with_values: set[int], shapes: Any, dtypes: Any) -> bool:
+    """True if every object of the state with values has them in the checkpoint, each
+    variable with its shape and dtype. Cheap: TF's walk of the object graph, no value read.
+
+    ``False`` only means "not sure": :func:`check_matches` then compares key by key, as
+    TF's own save would name them (a walk that reads every variable, ~10x the cost).
+    """
+    from tensorflow.python.training.saving import saveable_object_util
+
+    variable = tf().Variable
+    objects, _ = checkpoint._saver._graph_view._breadth_first_traversal()
+    for obj in objects:
+        if id(obj) not in with_values:
+            if saveable_object_util.trackable_has_serialize_to_tensor(obj) or obj._gather_saveables_for_checkpoint():
+                return False  # values of its own that the checkpoint lacks (or keeps elsewhere)
+            continue  # holds no value of its own (a container, a model, ...)
+        key = matched.get(id(obj))
+        if key is None:
+            if isinstance(obj, variable):
+                return False
+            continue  # another kind of saveable (an iterator, ...) that the checkpoint has
+        if key not in shapes:
+            return False
+        shape = getattr(obj, "shape", None)
+        dtype = getattr(obj, "dtype", None)
+        if shape is None or dtype is None or not shape.is_fully_defined() or list(shape) != list(shapes[key]):
+            return False
+        if dtypes[key] != getattr(dtype, "base_dtype", dtype):
+            return False
+    return True
 
 
 def check_matches(checkpoint: Any, path: str, *, allow_missing: tuple[str, ...] = ()) -> None:
@@ -243,7 +328,9 @@ def check_matches(checkpoint: Any, path: str, *, allow_missing: tuple[str, ...] 
     reader = tf().train.load_checkpoint(path)
     shapes = reader.get_variable_to_shape_map()
     dtypes = reader.get_variable_to_dtype_map()
-    matched = _matched_keys(checkpoint, _object_graph(reader))
+    matched, with_values = _matched_keys(checkpoint, _object_graph(reader))
+    if _surely_matches(checkpoint, matched, with_values, shapes, dtypes):
+        return
     serialized, _ = _serialized(checkpoint)
     missing, wrong = [], []
     for obj, tensor_dict in serialized.items():
@@ -415,16 +502,16 @@ class Checkpointer:
         try:
             with files.early_writeback(tmp):
                 write_snapshot(snapshot, str(tmp))
-            files.publish(tmp, final)
+            with _commit_lock(self.logdir):
+                info, state, delete = self._plan(name, snapshot, min_keep)
+                files.commit(tmp, final, state)  # now it is the latest
+                # durable and named in the state file: retention's deletions come after
+                self.last_commit_secs = time.perf_counter() - t0
+                for old in delete:
+                    files.delete_checkpoint(self.logdir / old)
         except BaseException:
             files.delete_checkpoint(tmp)
             raise
-        with _commit_lock(self.logdir):
-            info, delete = self._commit(name, snapshot, min_keep)
-            # durable and named in the state file: retention's deletions come after
-            self.last_commit_secs = time.perf_counter() - t0
-            for old in delete:
-                files.delete_checkpoint(self.logdir / old)
         with self._lock:
             self.last = info
         log.info(
@@ -437,10 +524,12 @@ class Checkpointer:
         )
         return info
 
-    def _commit(self, name: str, snapshot: Snapshot, min_keep: int = 1) -> tuple[CheckpointInfo, list[str]]:
-        """Name ``name`` in the state file; returns it and the checkpoints retention drops."""
+    def _plan(
+        self, name: str, snapshot: Snapshot, min_keep: int = 1
+    ) -> tuple[CheckpointInfo, files.CheckpointState, list[str]]:
+        """The state file naming ``name``, its checkpoint, and the checkpoints retention drops."""
         now = self.wall_clock()
-        state = files.read_state(self.logdir) or files.CheckpointState(last_preserved=self.started_at)
+        state = files.read_own_state(self.logdir) or files.CheckpointState(last_preserved=self.started_at)
         if state.last_preserved == 0.0:
             state.last_preserved = self.started_at
         keep = [(p, t) for p, t in zip(state.paths, state.timestamps) if p != name]
@@ -458,8 +547,7 @@ class Checkpointer:
         state, delete = files.select_retention(
             state, max_to_keep=max(self.max_to_keep, min_keep), keep_every_secs=self.keep_every_secs
         )
-        files.write_state(self.logdir, state)  # now it is the latest
-        return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), delete
+        return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), state, delete
 
 
 def write_checkpoint_now(

@@ -37,11 +37,13 @@ __all__ = [
     "CheckpointState",
     "TMP_MARKER",
     "clean_leftovers",
+    "commit",
     "delete_checkpoint",
     "early_writeback",
     "fsync_path",
     "missing_files",
     "publish",
+    "read_own_state",
     "read_state",
     "select_retention",
     "step_of",
@@ -88,6 +90,41 @@ def _relative(logdir: Path, path: str) -> str:
     return path
 
 
+_STATE_FIELDS = {
+    "model_checkpoint_path": str,
+    "all_model_checkpoint_paths": str,
+    "all_model_checkpoint_timestamps": float,
+    "last_preserved_timestamp": float,
+}
+_STATE_LINE = re.compile(r'(\w+): (?:"((?:[^"\\]|\\.)*)"|([-+.\w]+))')
+
+
+def _parse_state(text: str) -> dict[str, list[object]] | None:
+    """The fields of a state file as TF and this module write it (one ``name: value`` a
+    line); ``None`` for anything else, which :func:`read_state` leaves to protobuf."""
+    from google.protobuf import text_encoding
+
+    fields: dict[str, list[object]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = _STATE_LINE.fullmatch(line.strip())
+        if m is None or m.group(1) not in _STATE_FIELDS:
+            return None
+        kind = _STATE_FIELDS[m.group(1)]
+        try:
+            if kind is str:
+                if m.group(2) is None:
+                    return None
+                value: object = text_encoding.CUnescape(m.group(2)).decode()
+            else:
+                value = float(m.group(3))
+        except (TypeError, ValueError, UnicodeDecodeError):
+            return None
+        fields.setdefault(m.group(1), []).append(value)
+    return fields
+
+
 def read_state(logdir: Path) -> CheckpointState | None:
     """Parse ``<logdir>/checkpoint``; ``None`` if there is none or it is unreadable."""
     path = logdir / STATE_FILE
@@ -95,22 +132,32 @@ def read_state(logdir: Path) -> CheckpointState | None:
         text = path.read_text()
     except FileNotFoundError:
         return None
-    from google.protobuf import text_format
+    fields = _parse_state(text)  # the usual file, without protobuf's (slower) text parser
+    if fields is None or any(len(fields.get(k, ())) > 1 for k in ("model_checkpoint_path", "last_preserved_timestamp")):
+        from google.protobuf import text_format
 
-    proto = _state_proto()()
-    try:
-        text_format.Merge(text, proto)
-    except text_format.ParseError as exc:
-        log.error("checkpoint.state_corrupt", path=str(path), reason=str(exc))
-        return None
-    paths = [_relative(logdir, p) for p in proto.all_model_checkpoint_paths]
-    latest = _relative(logdir, proto.model_checkpoint_path) if proto.model_checkpoint_path else None
+        proto = _state_proto()()
+        try:
+            text_format.Merge(text, proto)
+        except text_format.ParseError as exc:
+            log.error("checkpoint.state_corrupt", path=str(path), reason=str(exc))
+            return None
+        fields = {
+            "model_checkpoint_path": [proto.model_checkpoint_path],
+            "all_model_checkpoint_paths": list(proto.all_model_checkpoint_paths),
+            "all_model_checkpoint_timestamps": list(proto.all_model_checkpoint_timestamps),
+            "last_preserved_timestamp": [proto.last_preserved_timestamp],
+        }
+    named = str((fields.get("model_checkpoint_path") or [""])[0])
+    paths = [_relative(logdir, str(p)) for p in fields.get("all_model_checkpoint_paths", [])]
+    latest = _relative(logdir, named) if named else None
     if latest is not None and latest not in paths:
         paths.append(latest)
-    stamps = list(proto.all_model_checkpoint_timestamps)
+    stamps = [float(t) for t in fields.get("all_model_checkpoint_timestamps", [])]  # type: ignore[arg-type]
     if len(stamps) != len(paths):
         stamps = [0.0] * len(paths)
-    return CheckpointState(latest, paths, stamps, float(proto.last_preserved_timestamp))
+    preserved = float((fields.get("last_preserved_timestamp") or [0.0])[0])  # type: ignore[arg-type]
+    return CheckpointState(latest, paths, stamps, preserved)
 
 
 def fsync_path(path: Path) -> None:
@@ -203,8 +250,7 @@ def early_writeback(prefix: Path) -> Iterator[None]:
         thread.join()
 
 
-def write_state(logdir: Path, state: CheckpointState) -> None:
-    """Atomically replace ``<logdir>/checkpoint`` (temp file, fsync, rename, dir fsync)."""
+def _proto_text(state: CheckpointState) -> str:
     from google.protobuf import text_format
 
     proto = _state_proto()(
@@ -213,13 +259,59 @@ def write_state(logdir: Path, state: CheckpointState) -> None:
         all_model_checkpoint_timestamps=state.timestamps,
         last_preserved_timestamp=state.last_preserved,
     )
+    return str(text_format.MessageToString(proto))
+
+
+# What this process last wrote to each state file, with the file's identity then
+# (inode, size, mtime, ctime): a commit reads its own previous write back from here
+# instead of parsing the file again, as long as nobody replaced it since.
+_written: dict[str, tuple[tuple[int, int, int, int], CheckpointState]] = {}
+_written_lock = threading.Lock()
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _copy(state: CheckpointState) -> CheckpointState:
+    return CheckpointState(state.latest, list(state.paths), list(state.timestamps), state.last_preserved)
+
+
+def read_own_state(logdir: Path) -> CheckpointState | None:
+    """:func:`read_state`, without parsing the file again if it is still what this process wrote."""
+    try:
+        st = os.stat(logdir / STATE_FILE)
+    except FileNotFoundError:
+        return None
+    with _written_lock:
+        known = _written.get(os.path.realpath(logdir))
+    if known is not None and known[0] == _identity(st):
+        return _copy(known[1])
+    return read_state(logdir)
+
+
+def _stage_state(logdir: Path, state: CheckpointState) -> Path:
+    """Write and fsync the state file's temporary copy; returns its path."""
     tmp = logdir / f"{STATE_FILE}{TMP_MARKER}{os.getpid()}"
     with open(tmp, "w") as f:
-        f.write(text_format.MessageToString(proto))
+        f.write(_proto_text(state))
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, logdir / STATE_FILE)
+    return tmp
+
+
+def _install_state(logdir: Path, staged: Path, state: CheckpointState) -> None:
+    """Rename the staged copy over the state file and fsync the directory."""
+    target = logdir / STATE_FILE
+    os.replace(staged, target)
     fsync_path(logdir)
+    with _written_lock:
+        _written[os.path.realpath(logdir)] = (_identity(os.stat(target)), _copy(state))
+
+
+def write_state(logdir: Path, state: CheckpointState) -> None:
+    """Atomically replace ``<logdir>/checkpoint`` (temp file, fsync, rename, dir fsync)."""
+    _install_state(logdir, _stage_state(logdir, state), state)
 
 
 def checkpoint_files(prefix: Path) -> list[Path]:
@@ -265,6 +357,53 @@ def publish(tmp_prefix: Path, final_prefix: Path) -> None:
         suffix = f.name[len(tmp_prefix.name) :]
         os.replace(f, final_prefix.parent / (final_prefix.name + suffix))
     fsync_path(final_prefix.parent)
+
+
+def commit(tmp_prefix: Path, final_prefix: Path, state: CheckpointState) -> None:
+    """:func:`publish` the checkpoint ``tmp_prefix`` as ``final_prefix``, then name it in
+    the state file (``state``, which must name it) as :func:`write_state` does.
+
+    The same steps in the same order, except that the state file's temporary copy is
+    written and fsynced while a thread (``asv-checkpoint-fsync``, joined here) fsyncs the
+    data files, instead of after them. Every file and the renames are durable before the
+    state file is replaced.
+    """
+    logdir = final_prefix.parent
+    paths = checkpoint_files(tmp_prefix)
+    if not paths:
+        raise FileNotFoundError(f"no checkpoint files were written under {tmp_prefix}")
+    data = [p for p in paths if not p.name.endswith(".index")]
+    errors: list[Exception] = []
+
+    def sync_data() -> None:
+        try:
+            for p in data:
+                fsync_path(p)
+        except Exception as exc:  # raised below, on the committing thread
+            errors.append(exc)
+
+    syncer = threading.Thread(target=sync_data, name="asv-checkpoint-fsync", daemon=True)
+    syncer.start()
+    staged: Path | None = None
+    try:
+        for p in paths:
+            if p.name.endswith(".index"):
+                fsync_path(p)
+        staged = _stage_state(logdir, state)
+    finally:
+        syncer.join()
+    assert staged is not None
+    try:
+        if errors:
+            raise errors[0]
+        # Data first, index last: an index under the final name implies complete data.
+        for f in data + [p for p in paths if p.name.endswith(".index")]:
+            os.replace(f, logdir / (final_prefix.name + f.name[len(tmp_prefix.name) :]))
+        fsync_path(logdir)
+        _install_state(logdir, staged, state)  # now it is the latest
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
 
 
 def delete_checkpoint(prefix: Path) -> None:

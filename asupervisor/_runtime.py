@@ -305,6 +305,7 @@ class Runtime:
                 raise
             reason = "end_of_data"
         finally:
+            halt.steps_run = n  # read by run_loop when this leg fails and is recovered
             self.sync_global_step()
             if iterator is not None:
                 self._spent_iterators.append(iterator)

@@ -98,17 +98,18 @@ class Session:
             Exception: whatever ``fn`` or a hook raised (the session stops too).
         """
         rt = self._rt
-        if rt.control.stopping or rt.closed:  # inline: this is the per-call hot path
-            await self._check_running()
-        waiter = rt.step_thread.submit(rt.run_one_step, fn, args, kwargs)
-        try:
-            return await waiter.wait(grace_secs=rt.config.stop_grace_secs)
-        except Exception as exc:
-            if await rt.recover(exc):  # restored the latest checkpoint: run the step again
-                return await self.run(fn, *args, **kwargs)
-            if rt.step_failed(exc):
-                await self._check_running()  # end of data: the session stops right here
-            raise
+        while True:  # once more after each successful recovery
+            if rt.control.stopping or rt.closed:  # inline: this is the per-call hot path
+                await self._check_running()
+            waiter = rt.step_thread.submit(rt.run_one_step, fn, args, kwargs)
+            try:
+                return await waiter.wait(grace_secs=rt.config.stop_grace_secs)
+            except Exception as exc:
+                if await rt.recover(exc):  # restored the latest checkpoint: run the step again
+                    continue
+                if rt.step_failed(exc):
+                    await self._check_running()  # end of data: the session stops right here
+                raise
 
     async def run_loop(
         self,
@@ -127,7 +128,8 @@ class Session:
                 run stops at the same step); reaching it is a clean stop.
 
         Returns:
-            The number of steps this call ran.
+            The number of steps this call ran, over all its legs when aborted steps
+            were recovered (steps redone after a restore count again).
         """
         if max_steps is not None and (
             isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0
@@ -136,24 +138,28 @@ class Session:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         rt = self._rt
-        await self._check_running()
-        halt = _Halt(rt.wake_step_thread)
-        waiter = rt.step_thread.submit(rt.loop_job, fn, data, max_steps, halt)
-        try:
-            steps, reason = await waiter.wait(halt.set, grace_secs=rt.config.stop_grace_secs)
-        except Exception as exc:
-            if await rt.recover(exc):  # restored the latest checkpoint: go on from there
-                return await self.run_loop(fn, data, max_steps=max_steps)
-            if rt.step_failed(exc):
-                await self._check_running()
-            raise
+        total = 0  # steps run by the legs before recoveries
+        while True:  # a new leg after each successful recovery, from the restored step
+            await self._check_running()
+            halt = _Halt(rt.wake_step_thread)
+            waiter = rt.step_thread.submit(rt.loop_job, fn, data, max_steps, halt)
+            try:
+                steps, reason = await waiter.wait(halt.set, grace_secs=rt.config.stop_grace_secs)
+            except Exception as exc:
+                if await rt.recover(exc):  # restored the latest checkpoint: go on from there
+                    total += halt.steps_run
+                    continue
+                if rt.step_failed(exc):
+                    await self._check_running()
+                raise
+            break
         if reason is not None:
             rt.control.request_stop(reason=reason)
         elif rt.control.stopping:
             # Ended by a stop whose cancellation may still be on its way from another
             # thread: end the body here, as if it had arrived first.
             await self._check_running()
-        return steps
+        return total + steps
 
     async def run_step_fn(self, step_fn: Callable[[StepContext], Any]) -> Any:
         """Call ``step_fn(step_context)`` on the step thread (MonitoredSession parity).
@@ -165,17 +171,19 @@ class Session:
             What ``step_fn`` returned.
         """
         rt = self._rt
-        await self._check_running()
-        ctx = StepContext(rt)
-        waiter = rt.step_thread.submit(step_fn, ctx)
-        try:
-            result = await waiter.wait(grace_secs=rt.config.stop_grace_secs)
-        except Exception as exc:
-            if await rt.recover(exc):  # restored the latest checkpoint: call step_fn again
-                return await self.run_step_fn(step_fn)
-            if rt.step_failed(exc):
-                await self._check_running()
-            raise
+        while True:  # once more after each successful recovery
+            await self._check_running()
+            ctx = StepContext(rt)
+            waiter = rt.step_thread.submit(step_fn, ctx)
+            try:
+                result = await waiter.wait(grace_secs=rt.config.stop_grace_secs)
+            except Exception as exc:
+                if await rt.recover(exc):  # restored the latest checkpoint: call step_fn again
+                    continue
+                if rt.step_failed(exc):
+                    await self._check_running()
+                raise
+            break
         if ctx._stop:
             rt.control.request_stop(reason="requested")
         return result
@@ -195,12 +203,14 @@ class Session:
 
 
 class _Halt:
-    """Tells one running ``run_loop`` to end at the next step boundary."""
+    """Tells one running ``run_loop`` to end at the next step boundary; the loop leaves
+    the number of steps it ran in ``steps_run``."""
 
-    __slots__ = ("halted", "_wake")
+    __slots__ = ("halted", "steps_run", "_wake")
 
     def __init__(self, wake: Callable[[], None] | None = None) -> None:
         self.halted = False
+        self.steps_run = 0
         self._wake = wake
 
     def set(self) -> None:

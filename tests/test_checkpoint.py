@@ -315,26 +315,30 @@ async def test_dataset_iterator_and_generator_resume_exactly(tmp_path: Path) -> 
 
 @pytest.mark.anyio
 async def test_aborted_step_recovers_from_latest_checkpoint(tmp_path: Path) -> None:
-    """AbortedError restores the latest checkpoint and training goes on from there."""
+    """AbortedError restores the latest checkpoint and training goes on from there; run_loop
+    returns every step it ran, over all its legs (redone steps count again)."""
     state = make_state()
-    failures = [5]
+    failures = [7, 5]
+    completed: list[int] = []
 
     def step() -> None:
         bump(state)()
-        if failures and int(state["b"][0]) == failures[0]:
+        if failures and int(state["b"][0]) == failures[-1]:
             failures.pop()
             raise tf.errors.AbortedError(None, None, "worker restarted")
+        completed.append(int(state["b"][0]))
 
     sv = supervisor(tmp_path, state, save_model_steps=2, recovery_wait_secs=0)
     with capture_logs() as logs:
         async with sv.managed_session() as sess:
-            await sess.run_loop(step, max_steps=8)
-    # restored step 4 (b=4) after the failure at b=5, then 4 more steps
+            ran = await sess.run_loop(step, max_steps=8)
+    # failed at b=5 (restored step 4), then at b=7 (restored the newest checkpoint), on to 8
     assert sess.global_step == 8 and float(state["b"][0]) == 8.0
+    assert ran == len(completed) and completed[:4] == [1, 2, 3, 4] and completed[-1] == 8 and ran >= 8
     assert [e["event"] for e in logs if e["event"].startswith("session.recover")] == [
         "session.recovering",
         "session.recovered",
-    ]
+    ] * 2
 
 
 @pytest.mark.anyio
@@ -513,17 +517,17 @@ def test_durable_time_excludes_retention_and_old_checkpoints_go(tmp_path: Path, 
     checkpointer = Checkpointer(ckpt, tmp_path, max_to_keep=1)
     checkpointer.prepare()
     order: list[str] = []
-    real_write, real_delete = files.write_state, files.delete_checkpoint
+    real_commit, real_delete = files.commit, files.delete_checkpoint
 
-    def write_state(logdir: Path, st: files.CheckpointState) -> None:
+    def commit(tmp: Path, final: Path, st: files.CheckpointState) -> None:
         order.append("state")
-        real_write(logdir, st)
+        real_commit(tmp, final, st)
 
     def delete_checkpoint(prefix: Path) -> None:
         order.append(f"delete {prefix.name}")
         real_delete(prefix)
 
-    monkeypatch.setattr(files, "write_state", write_state)
+    monkeypatch.setattr(files, "commit", commit)
     monkeypatch.setattr(files, "delete_checkpoint", delete_checkpoint)
     for step in (1, 2):
         snap = checkpointer.snapshot(step)
@@ -559,3 +563,132 @@ def test_writeback_failure_does_not_fail_the_save(tmp_path: Path, monkeypatch: p
     fresh = tf.Variable(tf.zeros([1 << 22]))
     tf.train.Checkpoint(big=fresh).restore(tf.train.latest_checkpoint(str(tmp_path))).assert_existing_objects_matched()
     assert (fresh.numpy() == big.numpy()).all()
+
+
+def test_commit_makes_files_and_renames_durable_before_naming(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit protocol's order, recorded on the real calls: every checkpoint file is
+    fsynced, renamed, and the directory fsynced before the state file is replaced."""
+    from asupervisor._checkpoint import Checkpointer
+
+    events: list[str] = []
+    lock = threading.Lock()
+    real_fsync, real_replace = files.fsync_path, os.replace
+
+    def fsync_path(path: Path) -> None:
+        real_fsync(path)
+        with lock:
+            events.append(f"fsync {'dir' if Path(path).is_dir() else Path(path).name}")
+
+    def replace(src: Any, dst: Any) -> None:
+        real_replace(src, dst)
+        with lock:
+            events.append(f"rename {Path(dst).name}")
+
+    monkeypatch.setattr(files, "fsync_path", fsync_path)
+    monkeypatch.setattr(files.os, "replace", replace)
+    checkpointer = Checkpointer(tf.train.Checkpoint(**make_state()), tmp_path)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(7)
+    assert snap is not None
+    checkpointer.write(snap)
+    named = events.index("rename checkpoint")
+    before = events[:named]
+    for name in ("model.ckpt-7.index", "model.ckpt-7.data-00000-of-00001"):
+        renamed = before.index(f"rename {name}")
+        assert any(e.startswith("fsync model.ckpt-7.asv-tmp-") and e.endswith(name[len("model.ckpt-7") :]) for e in before[:renamed])
+        assert "fsync dir" in before[renamed:]
+    assert events[named + 1 :] == ["fsync dir"]
+    assert plain_restore(tmp_path)[0] == 0.0
+
+
+def test_commit_rereads_a_state_file_replaced_by_someone_else(tmp_path: Path) -> None:
+    """The state file is not re-parsed when it is still this process's own write, but a
+    replaced one (another tool's) is read again: its entries are kept."""
+    from asupervisor._checkpoint import Checkpointer
+
+    checkpointer = Checkpointer(tf.train.Checkpoint(**make_state()), tmp_path, max_to_keep=5)
+    checkpointer.prepare()
+    for step in (1, 2):
+        snap = checkpointer.snapshot(step)
+        assert snap is not None
+        checkpointer.write(snap)
+    own = files.read_own_state(tmp_path)
+    assert own == files.read_state(tmp_path) and own is not None and own.paths == ["model.ckpt-1", "model.ckpt-2"]
+    from tensorflow.python.checkpoint import checkpoint_management
+
+    checkpoint_management.update_checkpoint_state_internal(
+        str(tmp_path), "model.ckpt-2", ["model.ckpt-1", "model.ckpt-2"], all_model_checkpoint_timestamps=[5.0, 6.0]
+    )
+    assert files.read_own_state(tmp_path).timestamps == [5.0, 6.0]  # type: ignore[union-attr]
+    snap = checkpointer.snapshot(3)
+    assert snap is not None
+    checkpointer.write(snap)
+    recorded = files.read_state(tmp_path)
+    assert recorded is not None and recorded.paths == ["model.ckpt-1", "model.ckpt-2", "model.ckpt-3"]
+    assert recorded.timestamps[:2] == [5.0, 6.0]
+
+
+def test_model_check_reads_no_variable_unless_in_doubt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Restoring the same model's checkpoint checks it by object graph alone (TF's full
+    serialising walk, which reads every variable, is not run); a nested variable the
+    checkpoint lacks is still refused by name before anything is restored."""
+    from asupervisor import _checkpoint
+
+    state = {"layers": [make_state(), make_state()]}
+    bump(state["layers"][1])()
+    checkpointer = _checkpoint.Checkpointer(tf.train.Checkpoint(**state), tmp_path)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(1)
+    assert snap is not None
+    checkpointer.write(snap)
+    walks: list[int] = []
+    real = _checkpoint._serialized
+
+    def counting(checkpoint: Any) -> Any:
+        walks.append(1)
+        return real(checkpoint)
+
+    monkeypatch.setattr(_checkpoint, "_serialized", counting)
+    assert _checkpoint.restore_latest(tf.train.Checkpoint(layers=[make_state(), make_state()]), tmp_path)
+    assert walks == []
+    grown = [make_state(), {**make_state(), "new": tf.Variable(tf.ones([2]), name="new")}]
+    with pytest.raises(asv.CheckpointError, match=r"layers/1/new/\.ATTRIBUTES/VARIABLE_VALUE"):
+        _checkpoint.restore_latest(tf.train.Checkpoint(layers=grown), tmp_path)
+    assert walks == [1] and float(grown[1]["w"][0, 0]) == 0.0
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["model.ckpt-1", "model.ckpt-2"],
+        ['we"ird\\name-3', "ünïcode ckpt-4", "/abs/elsewhere/model.ckpt-5"],
+        [],
+    ],
+)
+def test_state_file_reads_as_protobuf_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: list[str]) -> None:
+    """The state file parser gives what protobuf's text parser gives, for files written by
+    this module and by TensorFlow, odd characters included; anything unusual goes to protobuf."""
+    from tensorflow.python.checkpoint import checkpoint_management
+
+    fast = files._parse_state
+
+    def via_protobuf() -> files.CheckpointState:
+        with monkeypatch.context() as m:
+            m.setattr(files, "_parse_state", lambda text: None)
+            state = files.read_state(tmp_path)
+        assert state is not None and files._parse_state is fast
+        return state
+
+    stamps = [1_763_000_000.123456 + i for i in range(len(names))]
+    files.write_state(tmp_path, files.CheckpointState(names[-1] if names else None, names, stamps, 1234.5))
+    assert files.read_state(tmp_path) == via_protobuf()
+    if names:
+        checkpoint_management.update_checkpoint_state_internal(
+            str(tmp_path), names[-1], names, all_model_checkpoint_timestamps=stamps, last_preserved_timestamp=7.0
+        )
+        assert files.read_state(tmp_path) == via_protobuf()
+    # a field this parser does not know: protobuf decides (here: a parse error, no state)
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "a"\nbogus_field: 1\n')
+    with capture_logs() as logs:
+        assert files.read_state(tmp_path) is None
+    assert [e["event"] for e in logs] == ["checkpoint.state_corrupt"]

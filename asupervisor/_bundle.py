@@ -1,0 +1,308 @@
+"""Writing TensorFlow tensor bundles (the files of a TF2 checkpoint) without ``SaveV2``.
+
+A checkpoint ``<prefix>`` is one or more data files ``<prefix>.data-0000j-of-0000N``
+holding the tensors' bytes back to back, and an index ``<prefix>.index``: a LevelDB-format
+table (TensorFlow's ``tensorflow/core/lib/io/table_builder``) mapping the key ``""`` to a
+``BundleHeaderProto`` and each tensor key to a ``BundleEntryProto`` (dtype, shape, data
+file, offset, size and the masked CRC32C of the bytes). TensorFlow's reader checks every
+index block's checksum and each tensor's; this module writes both, so plain
+``tf.train.Checkpoint.restore`` and ``tf.train.load_checkpoint`` read its files.
+
+For plain numeric and bool tensors the data file is the tensors' memory as it is, so a
+write is one ``write(2)`` per tensor straight from the snapshot's buffers (no copy, no
+8 MB staging buffer) and one CRC32C pass (``google-crc32c``, hardware accelerated, run
+with the GIL released). String tensors (the object graph) use TF's string encoding.
+Anything else (variant tensors such as a ``tf.data`` iterator's state, resources,
+quantized types, slices of partitioned variables) is not handled here:
+:func:`encodable` says no and the caller uses ``SaveV2``.
+
+Plain file work on the caller's thread (the checkpoint writer thread); never the event
+loop. TensorFlow is imported only for the index protos.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["available", "encodable", "write_bundle"]
+
+_MASK_DELTA = 0xA282EAD8
+_TABLE_MAGIC = 0xDB4775248B80FB57
+_BLOCK_SIZE = 256 << 10  # TF's table::Options default
+_RESTART_INTERVAL = 16
+_NO_COMPRESSION = b"\x00"
+_FOOTER_HANDLES = 40  # two BlockHandles, padded to their maximal encoded length
+
+# TF DataType enums whose on-disk bytes are the tensor's memory (DataTypeCanUseMemcpy):
+# float, double, int32, uint8, int16, int8, complex64, int64, bool, bfloat16, uint16,
+# complex128, half, uint32, uint64. Not: string (7, encoded below), quantized types,
+# resource (20), variant (21), float8 and 4-bit types.
+_PLAIN_DTYPES = frozenset({1, 2, 3, 4, 5, 6, 8, 9, 10, 14, 17, 18, 19, 22, 23})
+_STRING = 7
+
+
+def _load_crc32c() -> tuple[Callable[[int, Any], int], Callable[[int, int, int], int] | None] | None:
+    """``(extend_bytes, extend_address)`` from google-crc32c, or ``None`` without it.
+
+    ``extend_address(crc, address, nbytes)`` calls the library's C function through ctypes
+    (which releases the GIL) on memory that is not a ``bytes`` object, such as a
+    tensor's buffer; the Python binding would need a copy into ``bytes`` first.
+    """
+    try:
+        import google_crc32c
+        from google_crc32c import _crc32c
+    except ImportError:
+        return None
+    if google_crc32c.implementation != "c":
+        return None  # the pure-Python fallback is far too slow for tensor data
+    by_address: Callable[[int, int, int], int] | None
+    try:
+        fn = ctypes.CDLL(_crc32c.__file__).crc32c_extend  # found in the module's libcrc32c
+        fn.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+        fn.restype = ctypes.c_uint32
+        by_address = fn
+    except (OSError, AttributeError):
+        by_address = None
+    return _crc32c.extend, by_address
+
+
+_crc = _load_crc32c()
+
+
+def available() -> bool:
+    """Whether this module can write bundles here (google-crc32c's C library, little endian)."""
+    return _crc is not None and sys.byteorder == "little"
+
+
+def _mask(crc: int) -> int:
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def _crc_bytes(data: bytes, crc: int = 0) -> int:
+    assert _crc is not None
+    return int(_crc[0](crc, data))
+
+
+def _crc_array(array: np.ndarray) -> int:
+    assert _crc is not None
+    by_address = _crc[1]
+    if by_address is None:
+        return _crc_bytes(array.tobytes())
+    return int(by_address(0, array.ctypes.data, array.nbytes))
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encodable(tensor: Any, slice_spec: str) -> bool:
+    """Whether :func:`write_bundle` writes ``tensor`` (else ``SaveV2`` must)."""
+    if slice_spec:
+        return False
+    try:
+        enum = int(tensor.dtype.as_datatype_enum)
+    except (AttributeError, TypeError):
+        return False
+    return enum in _PLAIN_DTYPES or enum == _STRING
+
+
+def _plain_array(tensor: Any) -> np.ndarray:
+    """The tensor's bytes as a C-contiguous array; the tensor's own buffer when possible."""
+    if tensor.shape.rank:
+        array = np.asarray(tensor)  # shares the tensor's (copy-on-write) buffer
+    else:
+        array = np.asarray(tensor.numpy())  # a scalar: nothing worth sharing
+    array = np.ascontiguousarray(array).reshape(-1).view(np.uint8)  # bfloat16 has no buffer format
+    expected = int(tensor.shape.num_elements()) * int(tensor.dtype.size)
+    if array.nbytes != expected:
+        raise ValueError(f"{tensor.dtype.name} tensor of {expected} bytes reads as {array.nbytes}")
+    return array
+
+
+def _string_bytes(tensor: Any) -> tuple[list[bytes], int]:
+    """TF's on-disk string tensor: varint lengths, masked CRC of the lengths, the bytes."""
+    values = np.asarray(tensor.numpy(), dtype=object).reshape(-1)
+    elems = [bytes(v) for v in values]
+    crc = 0
+    lengths = bytearray()
+    for elem in elems:
+        lengths += _varint(len(elem))
+        crc = _crc_bytes(struct.pack("<I" if len(elem) <= 0xFFFFFFFF else "<Q", len(elem)), crc)
+    length_crc = struct.pack("<I", _mask(crc))
+    crc = _crc_bytes(length_crc, crc)
+    for elem in elems:
+        crc = _crc_bytes(elem, crc)
+    return [bytes(lengths), length_crc, *elems], crc
+
+
+def _write_all(fd: int, data: Any) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def write_data_file(path: str, tensors: Sequence[Any]) -> list[tuple[int, int, int]]:
+    """Write ``tensors`` back to back into a new file ``path``; ``(offset, size, crc)`` of each.
+
+    The file is left unsynced (the commit fsyncs it).
+    """
+    placed: list[tuple[int, int, int]] = []
+    offset = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        for tensor in tensors:
+            if int(tensor.dtype.as_datatype_enum) == _STRING:
+                parts, crc = _string_bytes(tensor)
+                size = 0
+                for part in parts:
+                    _write_all(fd, part)
+                    size += len(part)
+            else:
+                array = _plain_array(tensor)
+                size = array.nbytes
+                if size:
+                    _write_all(fd, array)
+                crc = _crc_array(array) if size else 0
+            placed.append((offset, size, crc))
+            offset += size
+    finally:
+        os.close(fd)
+    return placed
+
+
+def _block(entries: list[tuple[bytes, bytes]], restart_interval: int) -> bytes:
+    """A table block: prefix-compressed entries, then the restart offsets and their count."""
+    out = bytearray()
+    restarts: list[int] = []
+    last = b""
+    for i, (key, value) in enumerate(entries):
+        if i % restart_interval == 0:
+            restarts.append(len(out))
+            shared = 0
+        else:
+            shared = 0
+            limit = min(len(last), len(key))
+            while shared < limit and last[shared] == key[shared]:
+                shared += 1
+        out += _varint(shared) + _varint(len(key) - shared) + _varint(len(value))
+        out += key[shared:]
+        out += value
+        last = key
+    if not restarts:
+        restarts.append(0)
+    out += struct.pack(f"<{len(restarts)}I", *restarts)
+    out += struct.pack("<I", len(restarts))
+    return bytes(out)
+
+
+def _table(entries: list[tuple[bytes, bytes]]) -> bytes:
+    """A LevelDB-format table (no compression) of ``entries``, sorted by key."""
+    out = bytearray()
+
+    def raw_block(contents: bytes) -> bytes:
+        handle = _varint(len(out)) + _varint(len(contents))
+        crc = _crc_bytes(_NO_COMPRESSION, _crc_bytes(contents))
+        out.extend(contents)
+        out.extend(_NO_COMPRESSION)
+        out.extend(struct.pack("<I", _mask(crc)))
+        return handle
+
+    index: list[tuple[bytes, bytes]] = []
+    pending: list[tuple[bytes, bytes]] = []
+    pending_size = 0
+    for key, value in entries:
+        pending.append((key, value))
+        pending_size += len(key) + len(value) + 8
+        if pending_size >= _BLOCK_SIZE:
+            index.append((key, raw_block(_block(pending, _RESTART_INTERVAL))))
+            pending, pending_size = [], 0
+    if pending:
+        index.append((pending[-1][0], raw_block(_block(pending, _RESTART_INTERVAL))))
+    metaindex = raw_block(_block([], _RESTART_INTERVAL))
+    index_handle = raw_block(_block(index, 1))
+    handles = metaindex + index_handle
+    out += handles + b"\x00" * (_FOOTER_HANDLES - len(handles))
+    out += struct.pack("<Q", _TABLE_MAGIC)
+    return bytes(out)
+
+
+def index_bytes(entries: dict[str, Any], num_shards: int) -> bytes:
+    """The ``.index`` file: the header under ``""``, then ``entries`` (key → BundleEntryProto)."""
+    from tensorflow.core.framework import versions_pb2
+    from tensorflow.core.protobuf import tensor_bundle_pb2
+
+    header = tensor_bundle_pb2.BundleHeaderProto(
+        num_shards=num_shards,
+        endianness=tensor_bundle_pb2.BundleHeaderProto.LITTLE,
+        version=versions_pb2.VersionDef(producer=1),  # kTensorBundleVersion
+    )
+    rows = [(b"", header.SerializeToString())]
+    rows += sorted((key.encode(), entry.SerializeToString()) for key, entry in entries.items())
+    return _table(rows)
+
+
+def entry_proto(tensor: Any, shard: int, offset: int, size: int, crc: int) -> Any:
+    """The ``BundleEntryProto`` of one tensor written at ``offset`` of data file ``shard``."""
+    from tensorflow.core.protobuf import tensor_bundle_pb2
+
+    entry = tensor_bundle_pb2.BundleEntryProto(
+        dtype=int(tensor.dtype.as_datatype_enum), shard_id=shard, offset=offset, size=size, crc32c=_mask(crc)
+    )
+    for dim in tensor.shape.as_list():
+        entry.shape.dim.add(size=dim)
+    return entry
+
+
+def data_path(prefix: str, shard: int, num_shards: int) -> str:
+    """TF's name of data file ``shard`` of ``num_shards``."""
+    return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
+
+
+def write_bundle(
+    prefix: str,
+    keys: Sequence[str],
+    tensors: Sequence[Any],
+    groups: Sequence[Sequence[int]],
+    run_parallel: Callable[[Callable[[int], list[tuple[int, int, int]]], int], list[list[tuple[int, int, int]]]]
+    | None = None,
+) -> None:
+    """Write a bundle at ``prefix``: data file ``j`` holds the tensors ``groups[j]``.
+
+    Every tensor must be :func:`encodable`. ``run_parallel(fn, n)`` (optional) returns
+    ``[fn(0), ..., fn(n - 1)]``, computed in parallel; the data files are then written
+    at the same time. The index is written last. Files are not synced.
+    """
+    count = len(groups)
+
+    def write_group(j: int) -> list[tuple[int, int, int]]:
+        return write_data_file(data_path(prefix, j, count), [tensors[i] for i in groups[j]])
+
+    if run_parallel is not None and count > 1:
+        placed = run_parallel(write_group, count)
+    else:
+        placed = [write_group(j) for j in range(count)]
+    entries: dict[str, Any] = {}
+    for j, group in enumerate(groups):
+        for i, (offset, size, crc) in zip(group, placed[j]):
+            if keys[i] in entries:
+                raise ValueError(f"duplicate checkpoint key {keys[i]!r}")
+            entries[keys[i]] = entry_proto(tensors[i], j, offset, size, crc)
+    index = index_bytes(entries, count)
+    fd = os.open(f"{prefix}.index", os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        _write_all(fd, index)
+    finally:
+        os.close(fd)
