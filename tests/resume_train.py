@@ -57,17 +57,28 @@ def build(width: int) -> tuple[dict[str, Any], Any, Any]:
 
 
 def train(
-    logdir: str, max_steps: int, save_steps: int, width: int, out: str | None = None, progress: Any = None
+    logdir: str,
+    max_steps: int,
+    save_steps: int,
+    width: int,
+    out: str | None = None,
+    progress: Any = None,
+    *,
+    tracked_data: bool = True,
 ) -> None:
     """Train to ``max_steps`` (resuming from ``logdir``).
 
     After each step, prints ``STEP n``, or with ``progress`` (a shared
-    ``multiprocessing.Value``) stores ``n`` there.
+    ``multiprocessing.Value``) stores ``n`` there. With ``tracked_data=False`` the
+    dataset is iterated by the step itself, so its iterator is not in the checkpoint
+    (which then holds only plain tensors: asupervisor's own bundle writer writes it
+    all, without ``SaveV2``).
     """
     state, data, train_step = build(width)
+    batches = None if tracked_data else iter(data)
 
-    def step(batch: Any) -> None:
-        train_step(batch)
+    def step(batch: Any = None) -> None:
+        train_step(batch if batches is None else next(batches))
         if progress is None:
             # one write: print()'s separate writes of "STEP", " " and n can interleave
             # with a log line the checkpoint writer thread prints meanwhile
@@ -88,7 +99,7 @@ def train(
 
     async def run() -> None:
         async with sv.managed_session() as sess:
-            await sess.run_loop(step, data, max_steps=max_steps)
+            await sess.run_loop(step, data if tracked_data else None, max_steps=max_steps)
 
     anyio.run(run)
     if out is not None:

@@ -94,13 +94,20 @@ def _plain_tf_restores(logdir: Path, width: int) -> int:
     return int(reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE"))
 
 
-def _child(logdir: str, width: int, progress: object) -> None:
+def _child(logdir: str, width: int, progress: object, tracked_data: bool) -> None:
     import resume_train
 
-    resume_train.train(logdir, 10**9, 1, width, progress=progress)
+    resume_train.train(logdir, 10**9, 1, width, progress=progress, tracked_data=tracked_data)
 
 
-def test_crash_consistency_under_repeated_sigkill(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "tracked_data",
+    [
+        pytest.param(True, id="with-iterator"),  # a variant tensor: our bundle + SaveV2's, merged
+        pytest.param(False, id="plain-tensors"),  # all written by asupervisor's bundle writer
+    ],
+)
+def test_crash_consistency_under_repeated_sigkill(tmp_path: Path, tracked_data: bool) -> None:
     """Dozens of SIGKILLs while saving ~20 MB every step never leave an unrestorable latest checkpoint."""
     width = 80_000  # 16 x 80k floats: 5 MB per variable, 20 MB of state with the slots
     kills = 20
@@ -116,7 +123,7 @@ def test_crash_consistency_under_repeated_sigkill(tmp_path: Path) -> None:
     try:
         for _ in range(kills):
             progress = ctx.Value("q", 0, lock=False)
-            proc = ctx.Process(target=_child, args=(str(logdir), width, progress))
+            proc = ctx.Process(target=_child, args=(str(logdir), width, progress, tracked_data))
             proc.start()
             deadline = time.monotonic() + 60
             while progress.value == 0 and proc.is_alive() and time.monotonic() < deadline:  # type: ignore[attr-defined]
