@@ -326,7 +326,7 @@ class NanTensorHook(SessionRunHook):
             self._collect(run_context)  # the previous batch's verdict (read long ago)
             self._pending = []
             done = self._inflight = threading.Event()
-            self._thread.submit(self._read_batch, self._first_step, pending, done)
+            self._thread.submit_nowait(self._read_batch, self._first_step, pending, done)  # no loop wake-up
 
     def _read_batch(self, first_step: int, losses: list[Any], done: threading.Event) -> None:
         """On the checker thread: the first NaN step of ``losses``, in ``_verdict``."""
