@@ -90,6 +90,49 @@ def _serialized(checkpoint: Any) -> tuple[dict[Any, dict[str, Any]], Any]:
     return serialized, proto
 
 
+def _plain_variable(obj: Any) -> Any:
+    """The ``ResourceVariable`` that ``obj`` saves, when it is a plain one; else ``None``.
+
+    ``obj`` is a ``tf.Variable`` or a Keras 3 variable wrapping one (its
+    ``_serialize_to_tensors`` delegates to it). Subclasses (distributed, uninitialised,
+    ...) and variables with a caching device take TF's own path.
+    """
+    from tensorflow.python.ops.resource_variable_ops import ResourceVariable
+
+    if type(obj) is not ResourceVariable:
+        inner = getattr(obj, "_value", None)
+        if type(inner) is not ResourceVariable or not hasattr(obj, "_serialize_to_tensors"):
+            return None
+        obj = inner
+    if getattr(obj, "_caching_device", None) is not None:
+        return None
+    return obj
+
+
+def _variable_reader() -> Callable[[Any], Any]:
+    """``read(variable)``: its value as TF's checkpoint closure reads it, in fewer ops.
+
+    TF's closure (``ResourceVariable._serialize_to_tensors``) runs five ops per
+    variable (an initialised check, the copy-on-read switch, the read and two
+    identities, one to the CPU): ~0.1 ms each on a CPU, so tens of milliseconds of step
+    loop for a model of a few hundred variables. This runs the two that matter: switch
+    the variable to copy-on-write (as TF does, so the snapshot shares its buffer and
+    the next update copies) and read it. The value stays on the variable's device; the
+    writer thread copies it to the host.
+    """
+    from tensorflow.python.ops import gen_resource_variable_ops as ops
+
+    disable_copy_on_read = ops.disable_copy_on_read
+    read_variable_op = ops.read_variable_op
+
+    def read(variable: Any) -> Any:
+        handle = variable.handle
+        disable_copy_on_read(handle)
+        return read_variable_op(handle, variable.dtype)
+
+    return read
+
+
 def take_snapshot(checkpoint: Any, step: int) -> Snapshot:
     """On the step thread: read every value to save (copy-on-write, no data copy)."""
     from tensorflow.python.training.saving import saveable_object
@@ -102,14 +145,18 @@ def take_snapshot(checkpoint: Any, step: int) -> Snapshot:
         counter()
         checkpoint.save_counter.assign_add(1)
     serialized, _ = _serialized(checkpoint)
+    read = _variable_reader()
     keys: list[str] = []
     slices: list[str] = []
     tensors: list[Any] = []
-    for tensor_dict in serialized.values():
+    for obj, tensor_dict in serialized.items():
+        variable = _plain_variable(obj) if len(tensor_dict) == 1 else None
         for key, value in tensor_dict.items():
             by_slice = value if isinstance(value, dict) else {"": value}
             for slice_spec, tensor in by_slice.items():
-                if isinstance(tensor, saveable_object.SaveSpec):
+                if variable is not None and not slice_spec:
+                    tensor = read(variable)  # what TF's closure reads, in 2 ops instead of 5
+                elif isinstance(tensor, saveable_object.SaveSpec):
                     tensor = tensor.tensor  # reads the variable now
                 if tensor is None:  # an uninitialised variable: TF skips it too
                     continue

@@ -692,3 +692,38 @@ def test_state_file_reads_as_protobuf_reads_it(tmp_path: Path, monkeypatch: pyte
     with capture_logs() as logs:
         assert files.read_state(tmp_path) is None
     assert [e["event"] for e in logs] == ["checkpoint.state_corrupt"]
+
+
+def test_snapshot_reads_what_tfs_own_walk_reads_and_is_copy_on_write() -> None:
+    """The snapshot's fast variable reads give TF's keys and values, and later updates do not change them.
+
+    Plain ``tf.Variable``s and Keras 3 variables (which wrap one) are read with two ops
+    instead of TF's five-op closure; the result must be the same checkpoint content.
+    """
+    from asupervisor import _checkpoint
+
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
+    opt = tf.keras.optimizers.Adam()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(tf.ones((1, 3))))
+    opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    plain = tf.Variable([1.0, 2.0])
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt, plain=plain)
+    serialized, _ = _checkpoint._serialized(ckpt)
+    fast = [obj for obj in serialized if _checkpoint._plain_variable(obj) is not None]
+    assert plain in fast and any(v is obj for v in model.variables for obj in fast)  # both kinds take the fast path
+
+    snap = _checkpoint.take_snapshot(ckpt, 1)
+    expected = {}
+    for tensor_dict in _checkpoint._serialized(ckpt)[0].values():
+        for key, value in tensor_dict.items():
+            if key != "_CHECKPOINTABLE_OBJECT_GRAPH":
+                expected[key] = getattr(value, "tensor", value).numpy()  # TF's own closure
+    got = {k: t.numpy() for k, t in zip(snap.keys, snap.tensors) if k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+    assert got.keys() == expected.keys()
+    for key in got:
+        assert got[key].tobytes() == expected[key].tobytes(), key
+    before = got["plain/.ATTRIBUTES/VARIABLE_VALUE"].copy()
+    plain.assign_add([10.0, 10.0])
+    after = dict(zip(snap.keys, snap.tensors))["plain/.ATTRIBUTES/VARIABLE_VALUE"].numpy()
+    assert after.tobytes() == before.tobytes()  # the snapshot kept the value at the boundary
