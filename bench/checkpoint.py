@@ -105,9 +105,9 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
             os.fsync(f.fileno())
         raw.append(time.perf_counter() - t0)
         path.unlink()
+        os.sync()  # before the step: the snapshot follows a step, as in training
         train_step(variables)
         ckpt.global_step.assign(i + 1)
-        os.sync()
         t0 = time.perf_counter()
         snap = checkpointer.snapshot(i + 1)
         t1 = time.perf_counter()
