@@ -725,8 +725,21 @@ class CheckpointSaverHook(SessionRunHook):
             listener.begin()
 
     def after_create_session(self, session: Session) -> None:
-        """Save the state the session starts from (TF1 does the same)."""
+        """Save the state the session starts from (TF1 does the same).
+
+        Raises:
+            ValueError: in multi-worker training, where every worker must take part in
+                every save at the same steps (the checkpoint service does that; this hook
+                runs on one worker only).
+        """
         self._rt = _runtime(session)
+        cluster = self._rt.config.cluster
+        if self._rt.config.multi_worker and cluster is not None:
+            raise ValueError(
+                f"CheckpointSaverHook cannot save in multi-worker training (TF_CONFIG names "
+                f"{cluster.num_workers} workers): every worker must take part in every save "
+                "at the same steps; use Supervisor(logdir, save_model_steps=...) instead"
+            )
         step = session.global_step
         self._timer.update_last_triggered_step(step)
         if self._save(session, step):

@@ -138,6 +138,14 @@ class MonitoredTrainingSession:
             hooks=self.hooks,
             **supervisor_kwargs,
         )
+        if self.supervisor.config.multi_worker and checkpoint_dir is not None:
+            assert self.supervisor.config.cluster is not None
+            raise ValueError(
+                f"MonitoredTrainingSession with a checkpoint_dir cannot run multi-worker training "
+                f"(TF_CONFIG names {self.supervisor.config.cluster.num_workers} workers): its "
+                "chief-only CheckpointSaverHook would save without the other workers, which must "
+                "take part in every save; use asv.Supervisor(logdir, save_model_steps=...) instead"
+            )
         self._runtime: Runtime | None = None
 
     async def __aenter__(self) -> Session:

@@ -243,3 +243,19 @@ def test_two_workers_save_together_only_the_chief_writes_and_both_resume(tmp_pat
     a, b = np.load(tmp_path / "chief.npz"), np.load(tmp_path / "worker.npz")
     assert all(a[k].tobytes() == b[k].tobytes() for k in a.files)
     assert float(a["counter"]) == 24.0
+
+
+@pytest.mark.anyio
+async def test_chief_only_checkpoint_hooks_are_refused_in_multi_worker_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CheckpointSaverHook (or MonitoredTrainingSession's) saves on one worker alone: a clear error, not a hang."""
+    as_task(monkeypatch, "chief")
+    v = tf.Variable(0)
+    with pytest.raises(ValueError, match="MonitoredTrainingSession .* 2 workers"):
+        asv.MonitoredTrainingSession(tmp_path, state={"v": v}, save_checkpoint_steps=2)
+    hook = asv.CheckpointSaverHook(tmp_path, save_steps=2)
+    with pytest.raises(ValueError, match="CheckpointSaverHook .* 2 workers"):
+        async with make_sv(tmp_path, v, hooks=[hook]).managed_session():
+            pass
+    assert tf.train.latest_checkpoint(str(tmp_path)) is None
