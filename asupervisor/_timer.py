@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 __all__ = ["SecondOrStepTimer", "ThreadSafeClock", "check_every"]
@@ -34,13 +35,6 @@ class ThreadSafeClock(Protocol):
     def now(self) -> float:
         """Seconds on a monotonic scale."""
         ...
-
-
-class _Monotonic:
-    __slots__ = ()
-
-    def now(self) -> float:
-        return time.monotonic()
 
 
 def check_every(name: str, value: object, *, kind: str) -> None:
@@ -78,7 +72,7 @@ class SecondOrStepTimer:
             one is not positive.
     """
 
-    __slots__ = ("_every_secs", "_every_steps", "_clock", "_last_step", "_last_time", "next_step", "_next_time")
+    __slots__ = ("_every_secs", "_every_steps", "_now", "_last_step", "_last_time", "next_step", "_next_time")
 
     def __init__(
         self,
@@ -98,7 +92,8 @@ class SecondOrStepTimer:
         check_every("every_steps", every_steps, kind="steps")
         self._every_secs = None if every_secs is None else float(every_secs)
         self._every_steps = every_steps
-        self._clock: ThreadSafeClock = clock if clock is not None else _Monotonic()
+        # read every step by a *_secs timer: the C function itself for the default clock
+        self._now: Callable[[], float] = time.monotonic if clock is None else clock.now
         self.reset()
 
     @property
@@ -130,7 +125,7 @@ class SecondOrStepTimer:
             return False
         if self._every_secs is None:
             return True
-        return self._clock.now() >= self._next_time
+        return self._now() >= self._next_time
 
     def update_last_triggered_step(self, step: int) -> tuple[float | None, int | None]:
         """Record a firing at ``step``.
@@ -139,7 +134,7 @@ class SecondOrStepTimer:
             ``(seconds, steps)`` since the previous firing, or ``(None, None)`` for the
             first one.
         """
-        now = self._clock.now()
+        now = self._now()
         if self._last_step is None or self._last_time is None:
             elapsed: tuple[float | None, int | None] = (None, None)
         else:
