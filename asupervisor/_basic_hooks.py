@@ -14,7 +14,6 @@ Hooks that need the session get it in ``after_create_session``.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from ._exceptions import NanLossDuringTrainingError
-from ._hooks import SessionRunContext, SessionRunHook, SessionRunValues
+from ._hooks import NEVER, Gate, SessionRunContext, SessionRunHook, SessionRunValues
 from ._summary import scalar_entries
 from ._timer import SecondOrStepTimer, ThreadSafeClock, check_every
 
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
     from ._session import Session
     from ._summary import SummaryWriter
-    from ._threads import DedicatedThread
 
 __all__ = [
     "CheckpointSaverHook",
@@ -61,6 +59,12 @@ def _to_python(value: Any) -> Any:
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     return value
+
+
+def _timer_gate(timer: SecondOrStepTimer) -> Gate:
+    """The hook runner's gate of a hook that acts only when ``timer`` fires."""
+    step, at = timer.due()
+    return step, at, timer.clock
 
 
 def _lookup(results: Any, key: str, hook: str) -> Any:
@@ -115,6 +119,9 @@ class StopAtStepHook(SessionRunHook):
         if session.global_step >= self._last_step:
             _runtime(session).control.request_stop(reason="hook")
 
+    def _asv_gate(self) -> Gate:
+        return self._last_step, math.inf, None
+
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
         """Request a stop once the step just completed is the last one."""
         if run_values.global_step >= self._last_step:
@@ -155,6 +162,9 @@ class StepCounterHook(SessionRunHook):
         """Find the session's summary writer (none on a worker or without logdir)."""
         self._writer = _runtime(session).summary_writer
 
+    def _asv_gate(self) -> Gate:
+        return _timer_gate(self._timer)
+
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
         """Measure and report the rate when the timer fires."""
         step = run_values.global_step
@@ -175,7 +185,8 @@ class LoggingTensorHook(SessionRunHook):
     Args:
         keys: names in the mapping the step returns; a sequence of keys, or a mapping
             of log name -> key.
-        every_n_iter: log every this many calls of this hook (its own count, as TF1).
+        every_n_iter: log every this many steps of the session, counted from its first
+            step (TF1 counted the hook's calls: one per step).
         every_n_secs: log every this many seconds.
         at_end: also log the last step's values at the end.
         formatter: ``formatter(values) -> str``; the line is logged as ``message=``.
@@ -207,18 +218,24 @@ class LoggingTensorHook(SessionRunHook):
         )
         self._at_end = at_end
         self._formatter = formatter
-        self._iter = 0
+        self._first = 0  # the global step of this session's first step: its iteration 0
         self._rt: Runtime | None = None
 
     def begin(self) -> None:
-        """Reset the iteration count and timer."""
-        self._iter = 0
+        """Reset the timer."""
         if self._timer is not None:
             self._timer.reset()
 
     def after_create_session(self, session: Session) -> None:
-        """Keep the session (``at_end`` reads its last output)."""
+        """Keep the session (``at_end`` reads its last output); count iterations from here."""
         self._rt = _runtime(session)
+        self._first = session.global_step + 1
+
+    def _asv_gate(self) -> Gate:
+        if self._timer is None:
+            return NEVER, math.inf, None
+        step, at = self._timer.due()  # the timer counts iterations: global step - _first
+        return step + self._first, at, self._timer.clock
 
     def _log(self, results: Any, step: int, secs: float | None) -> None:
         values = {name: _to_python(_lookup(results, key, "LoggingTensorHook")) for name, key in self._names.items()}
@@ -233,11 +250,10 @@ class LoggingTensorHook(SessionRunHook):
         """Log when the timer fires (reads the values only then)."""
         timer = self._timer
         if timer is not None:
-            it = self._iter
+            it = run_values.global_step - self._first  # this session's steps before this one
             if it >= timer.next_step and timer.should_trigger_for_step(it):
                 secs, _ = timer.update_last_triggered_step(it)
                 self._log(run_values.results, run_values.global_step, secs)
-            self._iter = it + 1
 
     def end(self, session: Session) -> None:
         """With ``at_end``, log the last step's values."""
@@ -251,21 +267,22 @@ class NanTensorHook(SessionRunHook):
     A host read of a step's loss costs 3–7 µs on the step thread (on a CPU; a device
     sync elsewhere), more than all other per-step hook work together, and a TF op per
     step (``tf.math.is_nan``) costs more still. So by default the losses are kept
-    (references, no read), and every ``check_every_n_steps`` steps the batch is handed
-    to a checker thread (``asv-nan-check``), which stacks it into one tensor (one op)
-    and reads that while the step thread runs the next steps; the step thread never
-    waits for the device. The step thread collects the verdict one batch later, and at
+    (references, no read), and every ``check_every_n_steps`` steps the batch is stacked
+    into one tensor by one op (dispatched, not waited for), while the batch stacked the
+    time before, long computed, is read in one go: the step thread never waits for the
+    device and no other thread is involved. The losses not read yet are all checked at
     once before any checkpoint of the state (hook saves, the checkpoint service, the
-    final checkpoint: a NaN is never saved) and at the end. A NaN is raised on the step thread, naming the first step that produced
-    one, up to ``2 * check_every_n_steps - 1`` steps after it. ``immediate=True`` reads
-    every loss right after its step on the step thread (TF1's timing).
+    final checkpoint: a NaN is never saved) and at the end. A NaN is raised on the step
+    thread, naming the first step that produced one, up to ``2 * check_every_n_steps - 1``
+    steps after it. ``immediate=True`` reads every loss right after its step (TF1's
+    timing).
 
     Args:
         loss_key: the name of the loss in the mapping the step returns.
         fail_on_nan_loss: raise :class:`~asupervisor.NanLossDuringTrainingError` (stopping
             training, without a final checkpoint); else log a warning and stop cleanly.
         immediate: check each loss right after its step.
-        check_every_n_steps: without ``immediate``, steps between hand-offs.
+        check_every_n_steps: without ``immediate``, steps between reads.
     """
 
     def __init__(
@@ -283,38 +300,31 @@ class NanTensorHook(SessionRunHook):
         self._fail = bool(fail_on_nan_loss)
         self._immediate = bool(immediate)
         self._every = check_every_n_steps
-        self._pending: list[Any] = []  # losses not handed off yet (tensors), consecutive
+        self._pending: list[Any] = []  # losses not stacked yet (tensors), consecutive
         self._first_step = 0  # the step of _pending[0]
-        self._thread: DedicatedThread | None = None
-        self._inflight: threading.Event | None = None  # set once the handed-off batch is read
-        self._verdict: int | None = None  # the first NaN step of the handed-off batch
-        self._read_error: Exception | None = None  # what reading that batch raised
+        self._stacked: tuple[int, Any] | None = None  # (first step, stacked batch) not read yet
         self._rt: Runtime | None = None
 
     def begin(self) -> None:
         """Forget losses left from an earlier session."""
         self._pending = []
-        self._inflight = None
-        self._verdict = None
-        self._read_error = None
-        self._thread = None
+        self._stacked = None
 
     def after_create_session(self, session: Session) -> None:
-        """Start the checker thread; check the unread losses before any checkpoint."""
+        """Check the unread losses before any checkpoint of the state."""
         self._rt = rt = _runtime(session)
         if not self._immediate:
-            self._thread = rt.new_thread("asv-nan-check")
             rt.before_snapshot.append(self._check_all)
             rt.final_save.insert(0, self._final_check)
 
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
-        """Keep the loss; hand a full batch to the checker (or check now: ``immediate``)."""
+        """Keep the loss; stack a full batch and read the one before (or check now: ``immediate``)."""
         results = run_values.results
         try:
             loss = results[self._key]
         except (KeyError, TypeError, IndexError):
             loss = _lookup(results, self._key, "NanTensorHook")
-        if self._immediate or self._thread is None or not hasattr(loss, "numpy"):
+        if self._immediate or not hasattr(loss, "numpy"):
             self._check_all(run_context)  # keep the order of steps
             self._check(loss, run_values.global_step, run_context)
             return
@@ -323,31 +333,17 @@ class NanTensorHook(SessionRunHook):
             self._first_step = run_values.global_step
         pending.append(loss)
         if len(pending) >= self._every:
-            self._collect(run_context)  # the previous batch's verdict (read long ago)
+            self._collect(run_context)  # the previous batch, computed long ago
             self._pending = []
-            done = self._inflight = threading.Event()
-            self._thread.submit_nowait(self._read_batch, self._first_step, pending, done)  # no loop wake-up
-
-    def _read_batch(self, first_step: int, losses: list[Any], done: threading.Event) -> None:
-        """On the checker thread: the first NaN step of ``losses``, in ``_verdict``."""
-        try:
-            self._verdict = _first_nan(first_step, losses)
-        except Exception as exc:  # raised on the step thread by _collect
-            self._read_error = exc
-        finally:
-            done.set()
+            self._stacked = (self._first_step, _stack(pending))
 
     def _collect(self, run_context: SessionRunContext | None) -> None:
-        """On the step thread: wait for the handed-off batch; raise (or stop) on a NaN."""
-        done = self._inflight
-        if done is None:
+        """On the step thread: read the stacked batch; raise (or stop) on a NaN."""
+        stacked = self._stacked
+        if stacked is None:
             return
-        done.wait()
-        self._inflight = None
-        error, self._read_error = self._read_error, None
-        if error is not None:
-            raise error
-        step, self._verdict = self._verdict, None
+        self._stacked = None
+        step = _first_nan(*stacked)
         if step is not None:
             self._nan(step, run_context)
 
@@ -357,7 +353,7 @@ class NanTensorHook(SessionRunHook):
         pending = self._pending
         if pending:
             self._pending = []
-            step = _first_nan(self._first_step, pending)
+            step = _first_nan(self._first_step, _stack(pending))
             if step is not None:
                 self._nan(step, run_context)
 
@@ -369,6 +365,7 @@ class NanTensorHook(SessionRunHook):
 
     def _nan(self, step: int, run_context: SessionRunContext | None) -> None:
         self._pending = []
+        self._stacked = None
         message = f"NaN loss during training (step {step}, key {self._key!r})."
         if self._fail:
             log.error("nan_loss.detected", global_step=step, action="raise")
@@ -383,7 +380,7 @@ class NanTensorHook(SessionRunHook):
 
     async def _final_check(self) -> None:
         """In the stop's final-checkpoint phase: check the last losses on the step thread."""
-        if self._rt is not None and (self._pending or self._inflight is not None):
+        if self._rt is not None and (self._pending or self._stacked is not None):
             await self._rt.step_thread.call(self._check_all)
 
     def end(self, session: Session) -> None:
@@ -397,39 +394,36 @@ def _has_nan(value: Any) -> bool:
     return not bool(np.all(value == value))  # numpy scalars and arrays, Python numbers
 
 
-def _first_nan(first_step: int, losses: list[Any]) -> int | None:
-    """The step of the first loss with a NaN (``losses`` are of consecutive steps).
+def _stack(losses: list[Any]) -> Any:
+    """The losses (of consecutive steps) as one tensor, by one op; the list if they differ.
 
-    Scalar tensors are stacked by one op and read at once; anything else (Python or
-    numpy numbers, tensors of other shapes) is read one by one.
+    The op is dispatched, not waited for: on a device, its result is read a batch later.
     """
-    if len(losses) > 1 and all(_is_scalar_tensor(x) for x in losses):
-        try:
-            values = _stack(losses)
-        except Exception:  # mixed dtypes or devices: read them one by one
-            values = None
-        if values is not None:
-            if not _has_nan(values):
-                return None
-            for i, value in enumerate(values):
-                if value != value:
-                    return first_step + i
+    from tensorflow.python.ops import gen_array_ops  # tf.stack's own op, without its Python checks
+
+    try:
+        return gen_array_ops.pack(losses, axis=0)
+    except Exception:  # mixed shapes, dtypes or devices: read them one by one
+        return losses
+
+
+def _first_nan(first_step: int, losses: Any) -> int | None:
+    """The step of the first loss with a NaN.
+
+    Args:
+        first_step: the step of the first loss.
+        losses: a stacked tensor (one loss per row, read at once) or a list of losses
+            (tensors or numbers, read one by one).
+    """
+    if not isinstance(losses, list):
+        values = losses.numpy()
+        if not _has_nan(values):
+            return None
+        losses = list(values)
     for i, loss in enumerate(losses):
         if _has_nan(loss.numpy() if hasattr(loss, "numpy") else loss):
             return first_step + i
     return None
-
-
-def _is_scalar_tensor(value: Any) -> bool:
-    shape = getattr(value, "shape", None)
-    return shape is not None and hasattr(value, "numpy") and len(shape) == 0
-
-
-def _stack(losses: list[Any]) -> Any:
-    """The scalar tensors in ``losses`` as one numpy vector: one op, one read."""
-    from tensorflow.python.ops import gen_array_ops  # tf.stack's own op, without its Python checks
-
-    return gen_array_ops.pack(losses, axis=0).numpy()
 
 
 class SummarySaverHook(SessionRunHook):
@@ -469,6 +463,9 @@ class SummarySaverHook(SessionRunHook):
         self._writer = _runtime(session).summary_writer
         if self._writer is None:
             log.debug("summary_saver_hook.inactive", reason="no summary writer (no logdir, or not the chief)")
+
+    def _asv_gate(self) -> Gate:
+        return _timer_gate(self._timer) if self._writer is not None else (NEVER, math.inf, None)
 
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
         """Queue the step's scalars when the timer fires."""
@@ -524,6 +521,9 @@ class GlobalStepWaiterHook(SessionRunHook):
             return int(self._fn())
         var = _runtime(session).global_step_var
         return max(session.global_step, int(var.numpy()) if var is not None else 0)
+
+    def _asv_gate(self) -> Gate:
+        return (NEVER if self._started else -NEVER), math.inf, None
 
     def before_run(self, run_context: SessionRunContext) -> None:
         """Block (on the step thread) until the global step is reached or a stop comes."""
@@ -621,6 +621,11 @@ class ProfilerHook(SessionRunHook):
         rt = self._rt
         if self._tracing and rt is not None:
             await rt.step_thread.call(self._stop, rt.step)
+
+    def _asv_gate(self) -> Gate:
+        if self._dir is None and not self._tracing:
+            return NEVER, math.inf, None
+        return _timer_gate(self._timer)
 
     def before_run(self, run_context: SessionRunContext) -> None:
         """Start a trace if the coming step is one to trace."""
@@ -744,6 +749,9 @@ class CheckpointSaverHook(SessionRunHook):
         self._timer.update_last_triggered_step(step)
         if self._save(session, step):
             self._rt.control.request_stop(reason="hook")
+
+    def _asv_gate(self) -> Gate:
+        return _timer_gate(self._timer)
 
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
         """Save when the timer fires."""

@@ -13,10 +13,22 @@ The runner works out once which hooks override which method, so a hook method no
 implements costs nothing per step (trio's instrumentation and torchtnt's callback handler
 do the same). All hook methods run on the step thread. A hook that raises stops training
 and its exception propagates.
+
+Gated hooks. A hook whose ``before_run``/``after_run`` act only from some global step or
+some time on (a periodic hook between firings) may say so with a method
+``_asv_gate() -> (step, time, clock)``: neither method does anything while the global
+step is below ``step`` and ``clock()`` is below ``time``. The runner asks every gated hook
+after ``begin``, after ``after_create_session`` and after each step it called them, keeps
+the earliest step and time, and on other steps calls only the ungated hooks, so a hook
+waiting for its next firing costs one int compare (and one clock read per clock) per
+step, not a call. When the gate is open every hook is called, in the order given. The
+stock hooks with a timer are gated; a hook without ``_asv_gate`` is called every step.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +36,13 @@ if TYPE_CHECKING:
     from ._session import Session
     from ._stop import StopControl
 
-__all__ = ["HookRunner", "SessionRunContext", "SessionRunHook", "SessionRunValues"]
+__all__ = ["Gate", "HookRunner", "SessionRunContext", "SessionRunHook", "SessionRunValues"]
+
+#: what a gated hook's ``_asv_gate()`` returns: the earliest global step and the earliest
+#: time on ``clock`` (``None`` when the time is ``math.inf``) at which it may act
+Gate = tuple[int, float, "Callable[[], float] | None"]
+
+NEVER = sys.maxsize  # a gate step no training reaches
 
 
 class SessionRunHook:
@@ -97,28 +115,66 @@ class HookRunner:
                 raise TypeError(f"{hook!r} is not a SessionRunHook (it has none of {_METHODS})")
         self._begin = self._implementing("begin")
         self._after_create = self._implementing("after_create_session")
-        self._before: Sequence[Callable[[SessionRunContext], Any]] = self._implementing("before_run")
-        self._after: Sequence[Callable[[SessionRunContext, SessionRunValues], Any]] = (
+        self._end = self._implementing("end")
+        # every hook's before_run/after_run (called when the gate is open), and those of
+        # the ungated hooks only (called on every other step)
+        self._before_all: Sequence[Callable[[SessionRunContext], Any]] = self._implementing("before_run")
+        self._after_all: Sequence[Callable[[SessionRunContext, SessionRunValues], Any]] = (
             self._implementing("after_run")
         )
-        self._end = self._implementing("end")
+        self._before = self._implementing("before_run", gated=False)
+        self._after = self._implementing("after_run", gated=False)
+        self._gated_before = len(self._before) < len(self._before_all)
+        self._gates: list[Callable[[], Gate]] = [
+            h._asv_gate for h in self.hooks if callable(getattr(h, "_asv_gate", None))  # type: ignore[attr-defined]
+        ]
+        self._gate_step = NEVER  # the gate is open from this global step on ...
+        self._gate_times: tuple[tuple[Callable[[], float], float], ...] = ()  # ... or from these times
         #: whether any hook runs around steps (the step loop's fast path checks this once)
-        self.per_step = bool(self._before or self._after)
+        self.per_step = bool(self._before_all or self._after_all)
         self._ctx: SessionRunContext | None = None
         self._values = SessionRunValues(None, 0)
+        self._regate()
 
-    def _implementing(self, name: str) -> list[Callable[..., Any]]:
-        return [getattr(h, name) for h in self.hooks if _overrides(h, name)]
+    def _implementing(self, name: str, *, gated: bool | None = None) -> list[Callable[..., Any]]:
+        return [
+            getattr(h, name)
+            for h in self.hooks
+            if _overrides(h, name) and (gated is None or callable(getattr(h, "_asv_gate", None)) == gated)
+        ]
+
+    def _regate(self) -> None:
+        """Ask the gated hooks when they next act; keep the earliest step and times."""
+        step = NEVER
+        times: dict[Callable[[], float], float] = {}
+        for gate in self._gates:
+            due_step, due_time, clock = gate()
+            step = min(step, due_step)
+            if due_time != math.inf:
+                if clock is None:  # a time without a clock: open at once
+                    step = -NEVER
+                else:
+                    times[clock] = min(times.get(clock, math.inf), due_time)
+        self._gate_step = step
+        self._gate_times = tuple(times.items())
+
+    def _time_due(self) -> bool:
+        for clock, due in self._gate_times:
+            if clock() >= due:
+                return True
+        return False
 
     def begin(self) -> None:
         """Call every ``begin``."""
         for fn in self._begin:
             fn()
+        self._regate()
 
     def after_create_session(self, session: Session) -> None:
         """Call every ``after_create_session``."""
         for fn in self._after_create:
             fn(session)
+        self._regate()
 
     def end(self, session: Session) -> None:
         """Call every ``end``."""
@@ -146,14 +202,26 @@ class HookRunner:
         else:
             ctx.original_args = args
             ctx._stop_requested = False
-        for before in self._before:
+        # The gate is checked before the step (for gated before_run) and after it; once
+        # open, it stays open for the step's after_run.
+        opened = False
+        if self._gated_before:
+            opened = session.global_step + 1 >= self._gate_step or self._time_due()
+        for before in self._before_all if opened else self._before:
             before(ctx)
         results = fn(*args, **kwargs)
         values = self._values
         values.results = results
-        values.global_step = step_done(results)
-        for after in self._after:
-            after(ctx, values)
+        values.global_step = step = step_done(results)
+        if opened or step >= self._gate_step or self._time_due():
+            try:
+                for after in self._after_all:
+                    after(ctx, values)
+            finally:
+                self._regate()
+        else:
+            for after in self._after:
+                after(ctx, values)
         values.results = None  # keep no reference to the step's tensors
         if ctx._stop_requested:
             control.request_stop(reason="hook")

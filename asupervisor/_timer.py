@@ -149,6 +149,23 @@ class SecondOrStepTimer:
             self._next_time = now + self._every_secs
         return elapsed
 
+    def due(self) -> tuple[int, float]:
+        """The earliest step, and time on :attr:`clock`, at which the timer may fire next.
+
+        A step timer may fire from ``due()[0]`` on; a time timer once its clock reaches
+        ``due()[1]``. A caller that skips asking :meth:`should_trigger_for_step` while
+        ``step < due()[0] and clock() < due()[1]`` misses no firing (the hook runner does
+        that, so a hook that is not due costs no call).
+        """
+        if self._every_secs is None:
+            return self.next_step, math.inf
+        return _NEVER, self._next_time
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The function the timer reads the time with."""
+        return self._now
+
     def last_triggered_step(self) -> int | None:
         """The step of the last firing, or ``None``."""
         return self._last_step

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 import asupervisor as asv
 from asupervisor._hooks import HookRunner
+from asupervisor.testing import ManualClock
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_new_threads")]
 
@@ -257,6 +259,74 @@ def test_runner_precomputes_the_methods_each_hook_implements() -> None:
     runner = HookRunner([OnlyEnd(), OnlyAfter()])
     assert runner.per_step
     assert len(runner._before) == 0 and len(runner._after) == 1 and len(runner._end) == 1
+
+
+class Gated(Recorder):
+    """A Recorder whose ``after_run`` acts every ``period`` steps and says so with ``_asv_gate``."""
+
+    def __init__(self, name: str, calls: list[tuple[Any, ...]], period: int, clock: Any = None) -> None:
+        super().__init__(name, calls)
+        self.period = period
+        self.clock = clock
+        self.due_step = 1
+        self.due_time = math.inf
+
+    def _asv_gate(self) -> tuple[int, float, Any]:
+        return self.due_step, self.due_time, None if self.clock is None else self.clock.now
+
+    def after_run(self, run_context: asv.SessionRunContext, run_values: asv.SessionRunValues) -> None:
+        super().after_run(run_context, run_values)
+        if run_values.global_step >= self.due_step:
+            self.due_step = run_values.global_step + self.period
+        if self.clock is not None and self.clock.now() >= self.due_time:
+            self.due_time = math.inf  # fired: no next time
+
+
+async def test_gated_hooks_are_called_only_when_due_and_in_list_order() -> None:
+    """A gated hook's after_run runs only from its gate step on; then every hook runs, in order."""
+    calls: list[tuple[Any, ...]] = []
+    sv = make_sv([Gated("g", calls, period=4), Recorder("r", calls)])
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: None, max_steps=10)
+    after = [(c[0], c[2]) for c in calls if c[1] == "after_run"]
+    assert [s for name, s in after if name == "g"] == [1, 5, 9]
+    assert [s for name, s in after if name == "r"] == list(range(1, 11))
+    assert after[:2] == [("g", 1), ("r", 1)] and after[5:7] == [("g", 5), ("r", 5)]
+
+
+async def test_time_gated_hook_runs_once_its_clock_reaches_the_gate() -> None:
+    """A gate time on an injected clock opens the gate in the step where the clock gets there."""
+    calls: list[tuple[Any, ...]] = []
+    clock = ManualClock()
+    hook = Gated("g", calls, period=10**9, clock=clock)
+    hook.due_step = 10**9
+    hook.due_time = clock.now() + 30
+
+    def step() -> None:
+        clock.advance(10)
+
+    async with make_sv([hook]).managed_session() as sess:
+        await sess.run_loop(step, max_steps=5)
+    assert [c[2] for c in calls if c[1] == "after_run"] == [3]  # the clock reached +30 in step 3
+
+
+async def test_stock_hooks_between_firings_cost_no_call() -> None:
+    """StepCounterHook(every_n_steps=3) and StopAtStepHook are called only on their steps."""
+    counter, stop = asv.StepCounterHook(every_n_steps=3), asv.StopAtStepHook(last_step=10)
+    seen: list[tuple[str, int]] = []
+    for name, hook in (("counter", counter), ("stop", stop)):
+        inner = hook.after_run
+
+        def counting(ctx: Any, values: Any, name: str = name, inner: Any = inner) -> None:
+            seen.append((name, values.global_step))
+            inner(ctx, values)
+
+        hook.after_run = counting  # type: ignore[method-assign]
+    async with make_sv([counter, stop]).managed_session() as sess:
+        await sess.run_loop(lambda: None)
+    assert sess.global_step == 10
+    assert [s for n, s in seen if n == "counter"] == [1, 4, 7, 10]
+    assert [s for n, s in seen if n == "stop"] == [1, 4, 7, 10]  # called when the gate opens for any hook
 
 
 def test_runner_rejects_non_hooks() -> None:
