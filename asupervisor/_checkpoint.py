@@ -441,7 +441,13 @@ def restore_latest(checkpoint: Any, logdir: Path, *, strict: bool = True) -> str
     Raises:
         CheckpointError: the checkpoint belongs to a different model (``strict`` only).
     """
+    return _restore_newest(checkpoint, logdir, strict=strict)[0]
+
+
+def _restore_newest(checkpoint: Any, logdir: Path, *, strict: bool) -> tuple[str | None, list[str]]:
+    """:func:`restore_latest`; also returns the newer checkpoints that failed to load."""
     tf_ = tf()
+    corrupt: list[str] = []
     for path in candidates(logdir):
         reason = files.missing_files(Path(path))
         if reason is None:
@@ -454,9 +460,10 @@ def restore_latest(checkpoint: Any, logdir: Path, *, strict: bool = True) -> str
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
             else:
                 log.info("checkpoint.restored", path=path, secs=round(time.perf_counter() - t0, 4))
-                return path
+                return path, corrupt
         log.error("checkpoint.corrupt", path=path, reason=reason, action="trying the previous one")
-    return None
+        corrupt.append(path)
+    return None, corrupt
 
 
 class Checkpointer:
@@ -494,22 +501,53 @@ class Checkpointer:
         self._iterator_source: Any = None
         self._iterator: Any = None
         self._lock = threading.Lock()
+        self._owner = False  # whether this process writes the directory (prepare() was called)
 
     # -- step thread ---------------------------------------------------------------
 
     def prepare(self) -> None:
-        """On start-up: create the directory and remove leftovers of interrupted saves."""
+        """On start-up: create the directory and remove leftovers of interrupted saves.
+
+        Called by the process that writes the directory (the chief), which from then on
+        also sets aside checkpoints that fail to load (:meth:`restore`).
+        """
         self.logdir.mkdir(parents=True, exist_ok=True)
         files.clean_leftovers(self.logdir)
+        self._owner = True
 
     def restore(self, *, strict: bool = True) -> str | None:
-        """Restore the newest good checkpoint; returns its path or ``None``."""
-        path = restore_latest(self.checkpoint, self.logdir, strict=strict)
+        """Restore the newest good checkpoint; returns its path or ``None``.
+
+        In the directory's writer (after :meth:`prepare`), newer checkpoints that failed
+        to load are then taken out of the state file and their files renamed aside
+        (:meth:`_set_aside`): left named, the state file would keep calling a corrupt
+        checkpoint the latest, and retention would keep it and delete good ones.
+        """
+        path, corrupt = _restore_newest(self.checkpoint, self.logdir, strict=strict)
+        if corrupt and self._owner:
+            self._set_aside(corrupt, path)
         if path is not None:
             step = files.step_of(Path(path).name)
             self.last = CheckpointInfo(path=path, step=step if step is not None else -1, time=os.path.getmtime(path + ".index"))
             self.last_snapshot_step = self.last.step
         return path
+
+    def _set_aside(self, corrupt: list[str], restored: str | None) -> None:
+        """Drop ``corrupt`` from the state file (``restored`` becomes the latest), then
+        rename their files to ``<name>.corrupt-<time>.*``; nothing is deleted."""
+        bad = {Path(p).name for p in corrupt}
+        tag = "corrupt-" + time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.wall_clock()))
+        with _commit_lock(self.logdir):
+            state = files.read_state(self.logdir) or files.CheckpointState()
+            kept = [(p, t) for p, t in zip(state.paths, state.timestamps) if p not in bad]
+            latest = Path(restored).name if restored is not None else None
+            files.write_state(
+                self.logdir,
+                files.CheckpointState(latest, [p for p, _ in kept], [t for _, t in kept], state.last_preserved),
+            )
+            for name in sorted(bad):
+                moved = files.set_aside(self.logdir / name, tag)
+                log.warning("checkpoint.set_aside", path=str(self.logdir / name), files=moved)
 
     def snapshot(self, step: int) -> Snapshot | None:
         """Snapshot the state at ``step``; ``None`` if that step is already saved."""

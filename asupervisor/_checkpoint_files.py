@@ -439,6 +439,26 @@ def clean_leftovers(logdir: Path) -> list[str]:
     return removed
 
 
+def set_aside(prefix: Path, tag: str) -> list[str]:
+    """Rename the files of the checkpoint ``prefix`` to ``<name>.<tag>...``; returns the new names.
+
+    For a checkpoint that failed to load: kept for inspection, out of the way of a new
+    checkpoint of the same step, and no longer a checkpoint name (``step_of`` gives
+    ``None`` for it, and nothing here deletes it).
+    """
+    moved: list[str] = []
+    for f in checkpoint_files(prefix):
+        target = f.parent / f"{prefix.name}.{tag}{f.name[len(prefix.name):]}"
+        try:
+            os.replace(f, target)
+        except FileNotFoundError:
+            continue
+        moved.append(target.name)
+    if moved:
+        fsync_path(prefix.parent)
+    return sorted(moved)
+
+
 def step_of(name: str) -> int | None:
     """The step in a checkpoint name ``<basename>-<step>``, or ``None``."""
     head, sep, tail = name.rpartition("-")

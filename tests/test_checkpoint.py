@@ -240,8 +240,35 @@ async def test_corrupt_latest_falls_back_to_previous(tmp_path: Path, damage: str
             assert sess.global_step == 2
             assert float(state["w"][0, 0]) == 2.0
             assert float(state["b"][0]) == 2.0
+            # the state file no longer names the damaged checkpoint; its files are kept aside
+            assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-2")
     corrupt = [e for e in logs if e["event"] == "checkpoint.corrupt"]
     assert len(corrupt) == 1 and corrupt[0]["path"].endswith("model.ckpt-4") and corrupt[0]["reason"]
+    assert not files.checkpoint_files(tmp_path / "model.ckpt-4")
+    aside = [n for n in listing(tmp_path) if n.startswith("model.ckpt-4.corrupt-")]
+    assert aside and [e["files"] for e in logs if e["event"] == "checkpoint.set_aside"] == [aside]
+    assert files.read_state(tmp_path) == files.CheckpointState(
+        "model.ckpt-2", ["model.ckpt-0", "model.ckpt-2"], files.read_state(tmp_path).timestamps,  # type: ignore[union-attr]
+        files.read_state(tmp_path).last_preserved,  # type: ignore[union-attr]
+    )
+
+
+@pytest.mark.anyio
+async def test_saves_after_a_fallback_become_the_latest_and_good_ones_are_kept(tmp_path: Path) -> None:
+    """After falling back past a corrupt latest, new saves are the latest (for plain TF too)
+    and retention deletes neither them nor the checkpoint restored from."""
+    await _two_checkpoints(tmp_path)  # steps 0, 2, 4
+    os.truncate(tmp_path / "model.ckpt-4.data-00000-of-00001", 10)
+    state = make_state()
+    sv = supervisor(tmp_path, state, save_model_secs=0, save_model_steps=10, max_to_keep=1)
+    async with sv.managed_session() as sess:
+        assert sess.global_step == 2
+        await sess.run_loop(bump(state), max_steps=3)
+    assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-3")
+    assert plain_restore(tmp_path) == (3.0, 3)
+    state = make_state()
+    async with supervisor(tmp_path, state, save_model_secs=0).managed_session() as sess:
+        assert sess.global_step == 3 and float(state["w"][0, 0]) == 3.0
 
 
 @pytest.mark.anyio
