@@ -38,6 +38,7 @@ from . import _checkpoint_files as files
 from ._exceptions import CheckpointError
 from ._status import CheckpointInfo
 from ._tf import tf
+from ._walk_cache import WalkCache, plain_variable
 
 __all__ = [
     "Checkpointer",
@@ -90,25 +91,6 @@ def _serialized(checkpoint: Any) -> tuple[dict[Any, dict[str, Any]], Any]:
     return serialized, proto
 
 
-def _plain_variable(obj: Any) -> Any:
-    """The ``ResourceVariable`` that ``obj`` saves, when it is a plain one; else ``None``.
-
-    ``obj`` is a ``tf.Variable`` or a Keras 3 variable wrapping one (its
-    ``_serialize_to_tensors`` delegates to it). Subclasses (distributed, uninitialised,
-    ...) and variables with a caching device take TF's own path.
-    """
-    from tensorflow.python.ops.resource_variable_ops import ResourceVariable
-
-    if type(obj) is not ResourceVariable:
-        inner = getattr(obj, "_value", None)
-        if type(inner) is not ResourceVariable or not hasattr(obj, "_serialize_to_tensors"):
-            return None
-        obj = inner
-    if getattr(obj, "_caching_device", None) is not None:
-        return None
-    return obj
-
-
 def _variable_reader() -> Callable[[Any], Any]:
     """``read(variable)``: its value as TF's checkpoint closure reads it, in fewer ops.
 
@@ -133,24 +115,47 @@ def _variable_reader() -> Callable[[Any], Any]:
     return read
 
 
-def take_snapshot(checkpoint: Any, step: int) -> Snapshot:
-    """On the step thread: read every value to save (copy-on-write, no data copy)."""
-    from tensorflow.python.training.saving import saveable_object
+def take_snapshot(checkpoint: Any, step: int, walks: WalkCache | None = None) -> Snapshot:
+    """On the step thread: read every value to save (copy-on-write, no data copy).
 
+    Args:
+        checkpoint: the ``tf.train.Checkpoint``.
+        step: the step being saved.
+        walks: where the last object-graph walk of ``checkpoint`` is kept, to skip the
+            next walk while the graph is unchanged (:mod:`._walk_cache`).
+    """
     tf_ = tf()
-    tensor_type = tf_.Tensor
     t0 = time.perf_counter()
     counter = getattr(checkpoint, "_maybe_create_save_counter", None)
     if counter is not None:  # as tf.train.Checkpoint.save() does: plain TF restores match
         counter()
         checkpoint.save_counter.assign_add(1)
-    serialized, _ = _serialized(checkpoint)
     read = _variable_reader()
+    cached = None if walks is None else walks.read(checkpoint, read)
+    if cached is not None:
+        keys, tensors = cached
+        t1 = time.perf_counter()
+        return Snapshot(step, keys, [""] * len(keys), tensors, t1, t1 - t0)
+    serialized, _ = _serialized(checkpoint)
+    if walks is not None:
+        walks.learn(checkpoint, serialized)
+    keys, slices, tensors = _read_serialized(serialized, read)
+    t1 = time.perf_counter()
+    return Snapshot(step, keys, slices, tensors, t1, t1 - t0)
+
+
+def _read_serialized(
+    serialized: dict[Any, dict[str, Any]], read: Callable[[Any], Any]
+) -> tuple[list[str], list[str], list[Any]]:
+    """The keys, slice specs and values of TF's walk, every variable read now."""
+    from tensorflow.python.training.saving import saveable_object
+
+    tensor_type = tf().Tensor
     keys: list[str] = []
     slices: list[str] = []
     tensors: list[Any] = []
     for obj, tensor_dict in serialized.items():
-        variable = _plain_variable(obj) if len(tensor_dict) == 1 else None
+        variable = plain_variable(obj) if len(tensor_dict) == 1 else None
         for key, value in tensor_dict.items():
             by_slice = value if isinstance(value, dict) else {"": value}
             for slice_spec, tensor in by_slice.items():
@@ -164,12 +169,11 @@ def take_snapshot(checkpoint: Any, step: int) -> Snapshot:
                     # Keras 3 hands over a distributed variable itself: read it here, at
                     # the boundary, or SaveV2 would read it on the writer thread later
                     # (a SyncOnRead variable's read is a collective all-reduce)
-                    tensor = tf_.convert_to_tensor(tensor)
+                    tensor = tf().convert_to_tensor(tensor)
                 keys.append(key)
                 slices.append(slice_spec)
                 tensors.append(tensor)
-    t1 = time.perf_counter()
-    return Snapshot(step, keys, slices, tensors, t1, t1 - t0)
+    return keys, slices, tensors
 
 
 # At least this much data per data shard. Below it one SaveV2 (no temporary directory, no
@@ -502,6 +506,7 @@ class Checkpointer:
         self._iterator: Any = None
         self._lock = threading.Lock()
         self._owner = False  # whether this process writes the directory (prepare() was called)
+        self._walks = WalkCache()  # step thread only
 
     # -- step thread ---------------------------------------------------------------
 
@@ -553,7 +558,7 @@ class Checkpointer:
         """Snapshot the state at ``step``; ``None`` if that step is already saved."""
         if step == self.last_snapshot_step:
             return None
-        snap = take_snapshot(self.checkpoint, step)
+        snap = take_snapshot(self.checkpoint, step, self._walks)
         self.last_snapshot_step = step
         return snap
 

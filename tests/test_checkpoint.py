@@ -727,7 +727,7 @@ def test_snapshot_reads_what_tfs_own_walk_reads_and_is_copy_on_write() -> None:
     Plain ``tf.Variable``s and Keras 3 variables (which wrap one) are read with two ops
     instead of TF's five-op closure; the result must be the same checkpoint content.
     """
-    from asupervisor import _checkpoint
+    from asupervisor import _checkpoint, _walk_cache
 
     model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
     opt = tf.keras.optimizers.Adam()
@@ -737,7 +737,7 @@ def test_snapshot_reads_what_tfs_own_walk_reads_and_is_copy_on_write() -> None:
     plain = tf.Variable([1.0, 2.0])
     ckpt = tf.train.Checkpoint(model=model, optimizer=opt, plain=plain)
     serialized, _ = _checkpoint._serialized(ckpt)
-    fast = [obj for obj in serialized if _checkpoint._plain_variable(obj) is not None]
+    fast = [obj for obj in serialized if _walk_cache.plain_variable(obj) is not None]
     assert plain in fast and any(v is obj for v in model.variables for obj in fast)  # both kinds take the fast path
 
     snap = _checkpoint.take_snapshot(ckpt, 1)
@@ -754,3 +754,70 @@ def test_snapshot_reads_what_tfs_own_walk_reads_and_is_copy_on_write() -> None:
     plain.assign_add([10.0, 10.0])
     after = dict(zip(snap.keys, snap.tensors))["plain/.ATTRIBUTES/VARIABLE_VALUE"].numpy()
     assert after.tobytes() == before.tobytes()  # the snapshot kept the value at the boundary
+
+
+def _tf_walk_keys(ckpt: Any) -> set[str]:
+    from asupervisor import _checkpoint
+
+    return {k for d in _checkpoint._serialized(ckpt)[0].values() for k in d}
+
+
+def test_snapshots_reuse_the_walk_only_while_the_object_graph_is_unchanged(tmp_path: Path) -> None:
+    """A snapshot skips TF's walk while the objects and their paths are the same; an object
+    added, replaced or created by the optimizer's first step is in the very next snapshot."""
+    from asupervisor._checkpoint import Checkpointer
+
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
+    opt = tf.keras.optimizers.Adam()
+    plain = tf.Variable([1.0, 2.0])
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt, plain=plain)
+    checkpointer = Checkpointer(ckpt, tmp_path)
+    checkpointer.prepare()
+    walks = checkpointer._walks
+
+    def snapshot(step: int) -> dict[str, Any]:
+        snap = checkpointer.snapshot(step)
+        assert snap is not None
+        assert set(snap.keys) == _tf_walk_keys(ckpt)  # exactly what TF's own walk would save
+        return dict(zip(snap.keys, snap.tensors))
+
+    snapshot(1)
+    assert walks.hits == 0
+    snapshot(2)
+    assert walks.hits == 1  # same graph: no walk
+    with tf.GradientTape() as tape:  # the first step creates the optimizer's variables
+        loss = tf.reduce_sum(model(tf.ones((1, 3))))
+    opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    values = snapshot(3)
+    assert walks.hits == 1 and any("optimizer" in k for k in values if "VARIABLE_VALUE" in k)
+    ckpt.extra = tf.Variable(7.0)  # a new object
+    assert float(snapshot(4)["extra/.ATTRIBUTES/VARIABLE_VALUE"]) == 7.0
+    ckpt.plain = tf.Variable([5.0, 6.0])  # the same path, another object
+    assert snapshot(5)["plain/.ATTRIBUTES/VARIABLE_VALUE"].numpy().tolist() == [5.0, 6.0]
+    assert walks.hits == 1
+    plain.assign([0.0, 0.0])  # the old object is no longer in the checkpoint
+    ckpt.plain.assign([8.0, 9.0])
+    values = snapshot(6)
+    assert walks.hits == 2 and values["plain/.ATTRIBUTES/VARIABLE_VALUE"].numpy().tolist() == [8.0, 9.0]
+    checkpointer.write(checkpointer.snapshot(7))  # a reused walk writes a checkpoint plain TF restores
+    fresh = tf.train.Checkpoint(plain=tf.Variable([0.0, 0.0]), extra=tf.Variable(0.0))
+    fresh.restore(tf.train.latest_checkpoint(str(tmp_path))).expect_partial().assert_existing_objects_matched()
+    assert fresh.plain.numpy().tolist() == [8.0, 9.0] and float(fresh.extra) == 7.0
+    assert walks.hits == 3
+
+
+def test_snapshots_walk_every_time_when_an_object_computes_its_own_tensors(tmp_path: Path) -> None:
+    """A checkpoint holding a data iterator is walked at every snapshot: its position is read fresh."""
+    from asupervisor._checkpoint import Checkpointer
+
+    iterator = iter(tf.data.Dataset.range(10))
+    ckpt = tf.train.Checkpoint(v=tf.Variable(1.0), it=iterator)
+    checkpointer = Checkpointer(ckpt, tmp_path)
+    checkpointer.prepare()
+    first = checkpointer.snapshot(1)
+    next(iterator)
+    second = checkpointer.snapshot(2)
+    assert first is not None and second is not None and checkpointer._walks.hits == 0
+    key = next(k for k in first.keys if "ITERATOR_STATE" in k)
+    a, b = (dict(zip(s.keys, s.tensors))[key] for s in (first, second))
+    assert repr(a) != repr(b)  # a variant: its text shows the position
