@@ -20,7 +20,7 @@ waits are for the step thread and for services, all by awaiting.
 from __future__ import annotations
 
 import math
-from pathlib import Path
+import os
 from collections.abc import Awaitable, Callable, Iterable
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -59,6 +59,14 @@ def _add_note(exc: BaseException, note: str) -> None:
         exc.add_note(note)
     else:  # Python 3.10
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+
+
+def _same_dir(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether ``a`` and ``b`` name the same directory, however each is spelled."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist (yet): compare where they would resolve
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 class Runtime:
@@ -200,7 +208,8 @@ class Runtime:
 
         What ``CheckpointSaverHook`` saves through. Into the session's own logdir it goes
         through the session's checkpointer (same commit protocol and retention, and a step
-        already saved is not written twice); elsewhere, a one-off checkpointer for that
+        already saved is not written twice), however ``directory`` spells it (relative,
+        through ``..`` or a symlink); elsewhere, a one-off checkpointer for that
         directory with the same protocol.
         """
         from ._checkpoint import write_checkpoint_now
@@ -214,7 +223,7 @@ class Runtime:
             check()
         self.sync_global_step()
         own = self.checkpointer
-        if own is not None and Path(target) == own.logdir and name == config.checkpoint_basename:
+        if own is not None and name == config.checkpoint_basename and _same_dir(target, own.logdir):
             snap = own.snapshot(self.step)
             if snap is None:  # this step is already saved (or being written)
                 return str(own.logdir / f"{name}-{self.step}")
@@ -332,6 +341,20 @@ class Runtime:
             return
         control.state_suspect = True
         control.record_error(exc)
+
+    def step_fn_failed(self, exc: BaseException) -> None:
+        """On the step thread: a ``run_step_fn`` step function raised ``exc`` itself.
+
+        The same as a step raising it: the state is suspect and the error kept, or, for
+        ``AbortedError``/``UnavailableError``, the session recovers; end of data stays
+        a clean stop.
+        """
+        if is_end_of_data(exc):
+            return  # step_failed() stops cleanly (or not, if a swallowed error left us recovering)
+        # A recoverable error that step_fn caught and replaced with this one is not
+        # recovered from: this error decides.
+        self.recovering = False
+        self._note_step_error(exc)
 
     async def recover(self, exc: BaseException) -> bool:
         """On the loop thread: after a step error, restore and return whether to retry."""

@@ -26,11 +26,13 @@ class StepContext:
     It is used on the step thread, inside ``step_fn``.
     """
 
-    __slots__ = ("_rt", "_stop")
+    __slots__ = ("_rt", "_stop", "_step_error")
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self._stop = False
+        #: the last error ``run_with_hooks`` raised (already handled as a step error)
+        self._step_error: BaseException | None = None
 
     @property
     def session(self) -> Session:
@@ -44,7 +46,11 @@ class StepContext:
 
     def run_with_hooks(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` as one step: hooks around it, the step counted; returns its result."""
-        return self._rt.run_one_step(fn, args, kwargs)
+        try:
+            return self._rt.run_one_step(fn, args, kwargs)
+        except Exception as exc:
+            self._step_error = exc
+            raise
 
     def run_without_hooks(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Call ``fn`` on the step thread with no hooks and without counting a step."""
@@ -53,6 +59,16 @@ class StepContext:
     def request_stop(self) -> None:
         """Stop the session once ``step_fn`` returns."""
         self._stop = True
+
+    def _call(self, step_fn: Callable[[StepContext], Any]) -> Any:
+        # On the step thread. step_fn is a step: an error it raises itself (not one that
+        # run_with_hooks raised and already handled) is a step error too.
+        try:
+            return step_fn(self)
+        except Exception as exc:
+            if exc is not self._step_error:
+                self._rt.step_fn_failed(exc)
+            raise
 
 
 class Session:
@@ -167,6 +183,11 @@ class Session:
         ``step_context.run_with_hooks(fn, *args)`` runs one counted step with hooks;
         ``step_context.request_stop()`` stops the session after ``step_fn`` returns.
 
+        ``step_fn`` counts as a step: an error it raises, inside ``run_with_hooks`` or
+        not, stops the session without a final checkpoint; end of data is a clean stop;
+        ``AbortedError``/``UnavailableError`` restore the latest checkpoint and call
+        ``step_fn`` again (bounded, as for :meth:`run`).
+
         Returns:
             What ``step_fn`` returned.
         """
@@ -174,7 +195,7 @@ class Session:
         while True:  # once more after each successful recovery
             await self._check_running()
             ctx = StepContext(rt)
-            waiter = rt.step_thread.submit(step_fn, ctx)
+            waiter = rt.step_thread.submit(ctx._call, step_fn)
             try:
                 result = await waiter.wait(grace_secs=rt.config.stop_grace_secs)
             except Exception as exc:

@@ -74,16 +74,24 @@ async def test_stop_at_last_step_20_ends_at_20() -> None:
     assert sess.stop_reason == "hook"
 
 
-async def test_stop_at_num_steps_counts_from_the_restored_step() -> None:
-    """``num_steps`` counts from the step the session starts at (here restored as 7)."""
-    step_var = tf.Variable(7, dtype=tf.int64)
+async def test_stop_at_num_steps_counts_from_the_restored_step(tmp_path: Path) -> None:
+    """``num_steps`` counts from the step restored from the logdir's checkpoint: a first
+    session saves step 7, a second one restores it and stops at 7 + 5."""
+    first_w = tf.Variable(0.0)
+    async with make_sv([], tmp_path, state={"w": first_w}, save_model_steps=100).managed_session() as sess:
+        await sess.run_loop(lambda: first_w.assign_add(1.0), max_steps=7)
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-7")  # the final save
+
+    w = tf.Variable(0.0)
     hook = asv.StopAtStepHook(num_steps=5)
-    async with make_sv([hook], global_step=step_var).managed_session() as sess:
-        assert sess.global_step == 7
-        assert await sess.run_loop(lambda: None) == 5
+    sv = make_sv([hook], tmp_path, state={"w": w}, save_model_steps=100)
+    async with sv.managed_session() as sess:
+        assert sess.global_step == 7 and float(w.numpy()) == 7.0  # restored, not initialised
+        assert await sess.run_loop(lambda: w.assign_add(1.0)) == 5
     assert hook.last_step == 12
-    assert sess.global_step == 12
-    assert int(step_var.numpy()) == 12
+    assert sess.global_step == 12 and sess.stop_reason == "hook"
+    assert float(w.numpy()) == 12.0
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-12")
 
 
 async def test_stop_at_step_already_reached_runs_no_step() -> None:
@@ -370,20 +378,86 @@ class Listener(asv.CheckpointSaverListener):
 
 
 async def test_checkpoint_saver_hook_saves_at_start_every_n_and_at_end(tmp_path: Path) -> None:
-    """Saves at the start step, every 3 steps and at the clean end; listeners see each save."""
+    """Saves at the start step, every 3 steps and at the clean end; listeners see, in order,
+    ``begin``, then ``before_save`` (checkpoint not there yet) and ``after_save`` (it is the
+    latest) around each save, then ``end``."""
     v = tf.Variable(0.0)
-    listener = Listener()
+
+    class SeeingListener(Listener):
+        """Also records the latest checkpoint on disk when each save callback runs."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.latest: list[tuple[str, int, str | None]] = []
+
+        def before_save(self, session: asv.Session, global_step_value: int) -> None:
+            super().before_save(session, global_step_value)
+            self.latest.append(("before_save", global_step_value, tf.train.latest_checkpoint(str(tmp_path))))
+
+        def after_save(self, session: asv.Session, global_step_value: int) -> bool:
+            self.latest.append(("after_save", global_step_value, tf.train.latest_checkpoint(str(tmp_path))))
+            return super().after_save(session, global_step_value)
+
+    listener = SeeingListener()
     hook = asv.CheckpointSaverHook(str(tmp_path), save_steps=3, listeners=[listener])
     async with make_sv([hook], state={"v": v}).managed_session() as sess:
         await sess.run_loop(lambda: v.assign_add(1.0), max_steps=7)
-    saves = [s for name, s in listener.calls if name == "after_save"]
-    assert saves == [0, 3, 6, 7]
-    assert listener.calls[0] == ("begin", None) and listener.calls[-1] == ("end", 7)
+    assert listener.calls == [
+        ("begin", None),
+        ("before_save", 0),
+        ("after_save", 0),
+        ("before_save", 3),
+        ("after_save", 3),
+        ("before_save", 6),
+        ("after_save", 6),
+        ("before_save", 7),
+        ("after_save", 7),
+        ("end", 7),
+    ]
+    ckpt = str(tmp_path / "model.ckpt")
+    assert listener.latest == [
+        ("before_save", 0, None),
+        ("after_save", 0, f"{ckpt}-0"),
+        ("before_save", 3, f"{ckpt}-0"),
+        ("after_save", 3, f"{ckpt}-3"),
+        ("before_save", 6, f"{ckpt}-3"),
+        ("after_save", 6, f"{ckpt}-6"),
+        ("before_save", 7, f"{ckpt}-6"),
+        ("after_save", 7, f"{ckpt}-7"),
+    ]
     latest = tf.train.latest_checkpoint(str(tmp_path))
     assert latest is not None and latest.endswith("model.ckpt-7")
     restored_v, restored_step = tf.Variable(0.0), tf.Variable(0, dtype=tf.int64)
     tf.train.Checkpoint(v=restored_v, global_step=restored_step).read(latest).expect_partial()
     assert float(restored_v.numpy()) == 7.0 and int(restored_step.numpy()) == 7
+
+
+@pytest.mark.parametrize("spelling", ["relative", "dotdot", "symlink"])
+async def test_checkpoint_saver_hook_into_the_logdir_spelled_differently_saves_each_step_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spelling: str
+) -> None:
+    """A hook directory naming the Supervisor's logdir another way (relative, through ``..``
+    or a symlink) is the same directory: the hook saves through the session's checkpointer,
+    so each step is written once and one state file lists each checkpoint once."""
+    logdir = tmp_path / "run"
+    logdir.mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "link").symlink_to(logdir, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    hook_dir = {"relative": "run", "dotdot": "other/../run", "symlink": "link"}[spelling]
+    v = tf.Variable(0.0)
+    hook = asv.CheckpointSaverHook(hook_dir, save_steps=2)
+    sv = make_sv([hook], logdir, state={"v": v}, save_model_steps=2)
+    with structlog.testing.capture_logs() as logs:
+        async with sv.managed_session() as sess:
+            await sess.run_loop(lambda: v.assign_add(1.0), max_steps=5)
+    saved = sorted(e["step"] for e in logs if e["event"] == "checkpoint.saved")
+    assert saved == [0, 2, 4, 5]
+    state = tf.train.get_checkpoint_state(str(logdir))
+    names = [Path(p).name for p in state.all_model_checkpoint_paths]
+    assert sorted(names) == [f"model.ckpt-{s}" for s in (0, 2, 4, 5)]
+    assert Path(state.model_checkpoint_path).name == "model.ckpt-5"
+    assert sorted(p.name for p in logdir.glob("*.index")) == [f"model.ckpt-{s}.index" for s in (0, 2, 4, 5)]
 
 
 async def test_checkpoint_listener_after_save_true_stops_training(tmp_path: Path) -> None:

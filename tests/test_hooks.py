@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 import tensorflow as tf
+from structlog.testing import capture_logs
 
 import asupervisor as asv
 from asupervisor._hooks import HookRunner
@@ -242,6 +244,166 @@ async def test_hook_request_stop_inside_run_step_fn() -> None:
             await sess.run_step_fn(lambda ctx: ctx.run_with_hooks(lambda: 1))
     assert sess.global_step == 1
     assert sess.stop_reason == "hook"
+
+
+def checkpointed_sv(logdir: Path, v: Any, hooks: list[Any], **kwargs: Any) -> asv.Supervisor:
+    """A Supervisor saving ``{"v": v}`` to ``logdir`` at start-up and at a clean stop only."""
+    return asv.Supervisor(
+        logdir,
+        state={"v": v},
+        hooks=hooks,
+        handle_signals=False,
+        save_summaries_secs=0,
+        save_model_secs=600,
+        clock=ManualClock(),
+        **kwargs,
+    )
+
+
+def saved_v(path: str) -> tuple[float, int]:
+    """``v`` and the global step stored in the checkpoint at ``path``, as plain TF reads them."""
+    v, step = tf.Variable(0.0), tf.Variable(0, dtype=tf.int64)
+    tf.train.Checkpoint(v=v, global_step=step).read(path).expect_partial()
+    return float(v.numpy()), int(step.numpy())
+
+
+def all_saved(logdir: Path) -> list[tuple[float, int]]:
+    """``(v, step)`` of every checkpoint the state file of ``logdir`` names, oldest first."""
+    state = tf.train.get_checkpoint_state(str(logdir))
+    return [saved_v(p) for p in state.all_model_checkpoint_paths]
+
+
+async def test_run_step_fn_error_outside_run_with_hooks_skips_the_final_checkpoint(tmp_path: Path) -> None:
+    """``step_fn`` raising after it changed the state, outside ``run_with_hooks``, is a step
+    error: the state is not saved at stop, ``end`` is not called, the error comes out as itself."""
+    calls: list[tuple[Any, ...]] = []
+    v = tf.Variable(0.0)
+    error = ValueError("step_fn failed after assigning")
+
+    def good(ctx: asv.StepContext) -> None:
+        ctx.run_with_hooks(lambda: v.assign_add(1.0))
+
+    def bad(ctx: asv.StepContext) -> None:
+        ctx.run_with_hooks(lambda: v.assign_add(1.0))
+        v.assign(999.0)
+        raise error
+
+    sv = checkpointed_sv(tmp_path, v, [Recorder("r", calls)])
+    with pytest.raises(ValueError) as raised:
+        async with sv.managed_session() as sess:
+            await sess.run_step_fn(good)
+            await sess.run_step_fn(good)
+            await sess.run_step_fn(bad)
+    assert raised.value is error
+    assert sess.stop_reason == "error:ValueError"
+    assert sess.global_step == 3
+    assert not any(c[1] == "end" for c in calls)
+    latest = tf.train.latest_checkpoint(str(tmp_path))
+    assert latest is not None and latest.endswith("model.ckpt-0")  # the start-up save only
+    assert all_saved(tmp_path) == [(0.0, 0)]
+
+
+async def test_run_step_fn_aborted_outside_run_with_hooks_recovers(tmp_path: Path) -> None:
+    """``AbortedError`` raised by ``step_fn`` itself restores the latest checkpoint and calls
+    ``step_fn`` again, as for a step; the session then ends cleanly with a good final save."""
+    v = tf.Variable(0.0)
+    seen: list[tuple[int, float]] = []
+
+    def step(ctx: asv.StepContext) -> None:
+        ctx.run_with_hooks(lambda: v.assign_add(1.0))
+
+    def flaky(ctx: asv.StepContext) -> str:
+        seen.append((ctx.global_step, float(v.numpy())))
+        ctx.run_with_hooks(lambda: v.assign_add(1.0))
+        if len(seen) == 1:
+            v.assign(999.0)
+            raise tf.errors.AbortedError(None, None, "worker restarted")
+        return "done"
+
+    sv = checkpointed_sv(tmp_path, v, [], recovery_wait_secs=0)
+    with capture_logs() as logs:
+        async with sv.managed_session() as sess:
+            await sess.run_step_fn(step)
+            await sess.run_step_fn(step)
+            await sv.save_now()  # model.ckpt-2, v=2
+            await sess.run_step_fn(step)
+            assert await sess.run_step_fn(flaky) == "done"
+    assert seen == [(3, 3.0), (2, 2.0)]  # called again from the restored checkpoint
+    assert [e["event"] for e in logs if e["event"].startswith("session.recover")] == [
+        "session.recovering",
+        "session.recovered",
+    ]
+    assert sess.stop_reason == "completed" and sess.global_step == 3
+    assert all_saved(tmp_path) == [(0.0, 0), (2.0, 2), (3.0, 3)]  # 3: the final save, v restored + 1
+
+
+async def test_run_step_fn_unavailable_past_the_bound_skips_the_final_checkpoint(tmp_path: Path) -> None:
+    """A ``step_fn`` that keeps raising ``UnavailableError`` outside ``run_with_hooks`` is retried
+    a bounded number of times, then raised as itself, and its state is never saved."""
+    v = tf.Variable(0.0)
+    calls: list[int] = []
+
+    def broken(ctx: asv.StepContext) -> None:
+        calls.append(ctx.global_step)
+        ctx.run_with_hooks(lambda: v.assign_add(1.0))
+        v.assign(999.0)
+        raise tf.errors.UnavailableError(None, None, "ps down")
+
+    sv = checkpointed_sv(tmp_path, v, [], recovery_wait_secs=0)
+    with pytest.raises(tf.errors.UnavailableError):
+        async with sv.managed_session() as sess:
+            await sess.run_step_fn(broken)
+    assert calls == [0, 0, 0, 0]  # the first call and three retries, each from the restored step 0
+    assert sess.stop_reason == "error:UnavailableError"
+    assert all_saved(tmp_path) == [(0.0, 0)]
+
+
+async def test_run_step_fn_replacing_an_aborted_step_with_its_own_error_is_not_recovered(tmp_path: Path) -> None:
+    """A ``step_fn`` that catches a step's ``AbortedError`` and raises another error is not
+    retried: its error comes out, nothing is restored, and the state is not saved at stop."""
+    v = tf.Variable(0.0)
+    calls: list[int] = []
+    error = RuntimeError("gave up on the aborted step")
+
+    def aborting() -> None:
+        v.assign(999.0)
+        raise tf.errors.AbortedError(None, None, "worker restarted")
+
+    def step_fn(ctx: asv.StepContext) -> None:
+        calls.append(ctx.global_step)
+        ctx.run_with_hooks(lambda: v.assign_add(1.0))
+        try:
+            ctx.run_with_hooks(aborting)
+        except tf.errors.AbortedError as exc:
+            raise error from exc
+
+    sv = checkpointed_sv(tmp_path, v, [], recovery_wait_secs=0)
+    with pytest.raises(RuntimeError) as raised:
+        async with sv.managed_session() as sess:
+            await sess.run_step_fn(step_fn)
+    assert raised.value is error
+    assert calls == [0] and float(v.numpy()) == 999.0  # called once, never restored
+    assert sess.stop_reason == "error:RuntimeError"
+    assert all_saved(tmp_path) == [(0.0, 0)]
+
+
+@pytest.mark.parametrize("make_error", [lambda: StopIteration(), lambda: tf.errors.OutOfRangeError(None, None, "end")])
+async def test_run_step_fn_end_of_data_outside_run_with_hooks_is_a_clean_stop(tmp_path: Path, make_error: Any) -> None:
+    """End of data raised by ``step_fn`` itself stops cleanly: no error, ``end`` called, final save."""
+    calls: list[tuple[Any, ...]] = []
+    v = tf.Variable(0.0)
+
+    def step_fn(ctx: asv.StepContext) -> None:
+        ctx.run_with_hooks(lambda: v.assign_add(1.0))
+        if ctx.global_step == 2:
+            raise make_error()
+
+    async with checkpointed_sv(tmp_path, v, [Recorder("r", calls)]).managed_session() as sess:
+        while True:
+            await sess.run_step_fn(step_fn)
+    assert sess.stop_reason == "end_of_data"
+    assert calls[-1] == ("r", "end", 2)
+    assert all_saved(tmp_path) == [(0.0, 0), (2.0, 2)]
 
 
 def test_runner_precomputes_the_methods_each_hook_implements() -> None:
