@@ -520,17 +520,27 @@ async def test_final_ops_hook_reads_values_at_the_end() -> None:
 
 
 async def test_profiler_hook_writes_a_trace_tensorboard_reads(tmp_path: Path) -> None:
-    """A trace of the first step lands in ``<logdir>/plugins/profile/<run>/*.xplane.pb``."""
+    """A trace of the first step lands in ``<logdir>/plugins/profile/<run>/*.xplane.pb``
+    (where TensorBoard's profile plugin looks), an XSpace whose host plane holds the step's
+    function and ops."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
     v = tf.Variable(0.0)
 
     @tf.function
-    def step() -> tf.Tensor:
+    def profiled_step() -> tf.Tensor:
         return v.assign_add(1.0)
 
     async with make_sv([asv.ProfilerHook(save_steps=100)], tmp_path, state={"v": v}).managed_session() as sess:
-        await sess.run_loop(step, max_steps=3)
+        await sess.run_loop(profiled_step, max_steps=3)
     traces = list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))
-    assert len(traces) == 1 and traces[0].stat().st_size > 0
+    assert len(traces) == 1
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(traces[0].read_bytes())
+    host = [p for p in space.planes if p.name.startswith("/host:CPU")]
+    assert host and sum(len(line.events) for line in host[0].lines) > 0
+    names = {m.name for m in host[0].event_metadata.values()}
+    assert "profiled_step" in names and any(n.startswith("AssignAddVariableOp") for n in names)
 
 
 async def test_profiler_hook_closes_a_trace_left_open_by_an_error(tmp_path: Path) -> None:

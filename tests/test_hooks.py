@@ -76,6 +76,32 @@ async def test_hooks_are_called_in_monitored_session_order() -> None:
     ]
 
 
+async def test_restore_happens_between_begin_and_after_create_session(tmp_path: Any) -> None:
+    """With a checkpoint on disk, ``begin`` sees the state before the restore and
+    ``after_create_session`` after it; the first step runs from the restored step."""
+    v = tf.Variable(0.0)
+    sv = asv.Supervisor(tmp_path, state={"v": v}, save_summaries_secs=0, handle_signals=False)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: v.assign_add(1.0), max_steps=3)  # final checkpoint at step 3
+    seen: list[tuple[Any, ...]] = []
+    v2 = tf.Variable(0.0)
+
+    class Probe(asv.SessionRunHook):
+        def begin(self) -> None:
+            seen.append(("begin", float(v2.numpy())))
+
+        def after_create_session(self, session: asv.Session) -> None:
+            seen.append(("after_create_session", float(v2.numpy()), session.global_step))
+
+        def before_run(self, run_context: asv.SessionRunContext) -> None:
+            seen.append(("before_run", run_context.session.global_step))
+
+    sv = asv.Supervisor(tmp_path, state={"v": v2}, hooks=[Probe()], save_summaries_secs=0, handle_signals=False)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: v2.assign_add(1.0), max_steps=4)
+    assert seen == [("begin", 0.0), ("after_create_session", 3.0, 3), ("before_run", 3)]
+
+
 async def test_sess_run_calls_hooks_around_each_step() -> None:
     """``sess.run`` gives hooks the step's result and the step just completed."""
     seen: list[tuple[Any, int]] = []
