@@ -594,11 +594,11 @@ class Checkpointer:
                 write_snapshot(snapshot, str(tmp))
             with _commit_lock(self.logdir):
                 info, state, delete = self._plan(name, snapshot, min_keep)
-                files.commit(tmp, final, state)  # now it is the latest
+                files.commit(tmp, final, state, [self.logdir / old for old in delete])  # now it is the latest
                 # durable and named in the state file: retention's deletions come after
                 self.last_commit_secs = time.perf_counter() - t0
                 for old in delete:
-                    files.delete_checkpoint(self.logdir / old)
+                    files.retire_checkpoint(self.logdir / old)
         except BaseException:
             files.delete_checkpoint(tmp)
             raise

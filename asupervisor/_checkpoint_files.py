@@ -6,12 +6,16 @@ Layout of a log directory (TF's own, so plain TensorFlow reads it)::
     model.ckpt-<step>.index                 a committed TF2 object checkpoint
     model.ckpt-<step>.data-00000-of-00001
     model.ckpt-<step>.asv-tmp-<hex>.*       a save in flight (removed at start-up)
+    model.ckpt-<step>.asv-tmp-pending       that checkpoint is being committed or deleted
+    model.ckpt-<step>.corrupt-<time>.*      a checkpoint that failed to load, set aside
 
 The commit protocol (:func:`publish` then :func:`write_state`): the data is written under
 a temporary prefix, every file is fsynced, renamed to its final name, the directory is
 fsynced, and only then is the ``checkpoint`` file atomically replaced (temporary file,
 fsync, rename, directory fsync). A crash at any instant leaves the previous state file,
-which names only complete checkpoints.
+which names only complete checkpoints. A checkpoint under its final name that the state
+file does not name yet (a commit) or no longer names (retention deleting it) is marked
+pending meanwhile, so that one a crash leaves behind is removed at the next start.
 
 This module does plain file work; it never touches model state and must never run on the
 event loop thread (callers use the writer or step thread). The state-file proto comes
@@ -26,7 +30,7 @@ import re
 import shutil
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +39,7 @@ import structlog
 
 __all__ = [
     "CheckpointState",
+    "PENDING",
     "TMP_MARKER",
     "clean_leftovers",
     "commit",
@@ -45,7 +50,9 @@ __all__ = [
     "publish",
     "read_own_state",
     "read_state",
+    "retire_checkpoint",
     "select_retention",
+    "set_aside",
     "step_of",
     "write_state",
 ]
@@ -54,6 +61,9 @@ log = structlog.get_logger(__name__)
 
 STATE_FILE = "checkpoint"
 TMP_MARKER = ".asv-tmp-"
+#: ``<checkpoint name>.asv-tmp-pending``: that checkpoint's files are being renamed into
+#: place (a commit) or deleted (retention); see :func:`clean_leftovers`
+PENDING = TMP_MARKER + "pending"
 _DATA_RE = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
 
 
@@ -325,7 +335,8 @@ def checkpoint_files(prefix: Path) -> list[Path]:
     out = []
     for entry in entries:
         if entry == f"{name}.index" or (entry.startswith(f"{name}.data-") and _DATA_RE.search(entry)):
-            out.append(parent / entry)
+            if not os.path.isdir(parent / entry):
+                out.append(parent / entry)
     return sorted(out)
 
 
@@ -359,14 +370,19 @@ def publish(tmp_prefix: Path, final_prefix: Path) -> None:
     fsync_path(final_prefix.parent)
 
 
-def commit(tmp_prefix: Path, final_prefix: Path, state: CheckpointState) -> None:
+def commit(
+    tmp_prefix: Path, final_prefix: Path, state: CheckpointState, retiring: Sequence[Path] = ()
+) -> None:
     """:func:`publish` the checkpoint ``tmp_prefix`` as ``final_prefix``, then name it in
     the state file (``state``, which must name it) as :func:`write_state` does.
 
     The same steps in the same order, except that the state file's temporary copy is
     written and fsynced while a thread (``asv-checkpoint-fsync``, joined here) fsyncs the
     data files, instead of after them. Every file and the renames are durable before the
-    state file is replaced.
+    state file is replaced. ``retiring`` are the checkpoints ``state`` no longer names,
+    for the caller to delete (:func:`retire_checkpoint`): they are marked pending before
+    the state file is replaced, so that a crash before their deletion still has them
+    removed at the next start.
     """
     logdir = final_prefix.parent
     paths = checkpoint_files(tmp_prefix)
@@ -385,6 +401,7 @@ def commit(tmp_prefix: Path, final_prefix: Path, state: CheckpointState) -> None
     syncer = threading.Thread(target=sync_data, name="asv-checkpoint-fsync", daemon=True)
     syncer.start()
     staged: Path | None = None
+    pending: Path | None = None
     try:
         for p in paths:
             if p.name.endswith(".index"):
@@ -396,34 +413,92 @@ def commit(tmp_prefix: Path, final_prefix: Path, state: CheckpointState) -> None
     try:
         if errors:
             raise errors[0]
+        # Until the state file names it, a checkpoint under its final name is marked
+        # pending: one interrupted here is removed at the next start, not left unnamed.
+        pending = _mark_pending(final_prefix)
         # Data first, index last: an index under the final name implies complete data.
         for f in data + [p for p in paths if p.name.endswith(".index")]:
             os.replace(f, logdir / (final_prefix.name + f.name[len(tmp_prefix.name) :]))
         fsync_path(logdir)
+        for prefix in retiring:
+            _mark_pending(prefix)
         _install_state(logdir, staged, state)  # now it is the latest
     except BaseException:
         staged.unlink(missing_ok=True)
+        if pending is not None:  # what was renamed into place is not named: remove it
+            _finish_pending(final_prefix, _named(logdir))
         raise
+    pending.unlink(missing_ok=True)
+
+
+def _mark_pending(prefix: Path) -> Path:
+    """Create ``<prefix>.asv-tmp-pending`` (not fsynced: after a power loss a checkpoint
+    may stay unnamed, as without it); returns its path."""
+    marker = prefix.parent / f"{prefix.name}{PENDING}"
+    marker.touch()
+    return marker
 
 
 def delete_checkpoint(prefix: Path) -> None:
-    """Remove the files of the checkpoint ``prefix`` (missing files are fine)."""
-    for f in checkpoint_files(prefix):
+    """Remove the files of the checkpoint ``prefix``, index first (missing files are fine)."""
+    for f in sorted(checkpoint_files(prefix), key=lambda p: not p.name.endswith(".index")):
         try:
             f.unlink()
         except FileNotFoundError:
             pass
 
 
+def retire_checkpoint(prefix: Path) -> None:
+    """Delete a checkpoint the state file no longer names (retention).
+
+    Marked pending meanwhile (:func:`commit` marks it already, before the state file
+    stops naming it), so that what a crash leaves of it is removed at the next start
+    instead of staying behind unnamed.
+    """
+    marker = _mark_pending(prefix)
+    delete_checkpoint(prefix)
+    marker.unlink(missing_ok=True)
+
+
+def _named(logdir: Path) -> set[str | None]:
+    """The checkpoint names the state file holds."""
+    state = read_state(logdir)
+    return set() if state is None else {*state.paths, state.latest}
+
+
+def _finish_pending(prefix: Path, named: set[str | None]) -> list[str]:
+    """Delete the checkpoint ``prefix`` marked pending unless it is ``named``, then its
+    marker; returns the names removed."""
+    gone = [] if prefix.name in named else [f.name for f in checkpoint_files(prefix)]
+    marker = prefix.parent / f"{prefix.name}{PENDING}"
+    try:
+        if gone:
+            delete_checkpoint(prefix)
+        marker.unlink(missing_ok=True)
+    except OSError as exc:  # the marker stays: the next start tries again
+        log.error("checkpoint.cleanup_failed", path=str(prefix), error=repr(exc))
+        return []
+    return [*gone, marker.name]
+
+
 def clean_leftovers(logdir: Path) -> list[str]:
-    """Remove what interrupted saves left (names holding the temporary marker)."""
+    """Remove what interrupted saves left.
+
+    That is every name holding the temporary marker and, for each ``<name>.asv-tmp-pending``
+    marker, the checkpoint ``<name>`` unless the state file names it (a commit interrupted
+    before the state file named it, or a retention deletion interrupted half-way).
+    """
     removed: list[str] = []
     try:
         entries = os.listdir(logdir)
     except FileNotFoundError:
         return removed
+    pending = [e[: -len(PENDING)] for e in entries if e.endswith(PENDING)]
+    named = _named(logdir) if pending else set()
+    for name in pending:
+        removed.extend(_finish_pending(logdir / name, named))
     for entry in entries:
-        if TMP_MARKER not in entry:
+        if TMP_MARKER not in entry or entry.endswith(PENDING):
             continue
         path = logdir / entry
         if path.is_dir() and not path.is_symlink():

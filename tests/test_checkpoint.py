@@ -215,6 +215,31 @@ async def _two_checkpoints(logdir: Path) -> None:
 
 
 @pytest.mark.anyio
+async def test_commits_and_deletions_cut_short_are_finished_at_start(tmp_path: Path) -> None:
+    """What a kill leaves of a commit (files renamed into place, the state file not yet
+    naming them) or of a retention deletion (the state file no longer naming them, files
+    half deleted) is removed at the next start; a named checkpoint with a stale marker stays."""
+    import shutil
+
+    await _two_checkpoints(tmp_path)  # model.ckpt-0, -2, -4 named
+    state = files.read_state(tmp_path)
+    assert state is not None and state.paths == ["model.ckpt-0", "model.ckpt-2", "model.ckpt-4"]
+    files.write_state(tmp_path, files.CheckpointState("model.ckpt-4", state.paths[1:], state.timestamps[1:]))
+    (tmp_path / "model.ckpt-0.index").unlink()  # retention of step 0, cut short
+    (tmp_path / f"model.ckpt-0{files.PENDING}").touch()
+    for f in files.checkpoint_files(tmp_path / "model.ckpt-4"):  # a commit of step 6, cut short
+        shutil.copy(f, tmp_path / f.name.replace("model.ckpt-4", "model.ckpt-6"))
+    (tmp_path / f"model.ckpt-6{files.PENDING}").touch()
+    (tmp_path / f"model.ckpt-4{files.PENDING}").touch()  # committed; the marker outlived it
+    state_ = make_state()
+    async with supervisor(tmp_path, state_).managed_session() as sess:
+        assert sess.global_step == 4
+    names = listing(tmp_path)
+    assert not [n for n in names if n.startswith(("model.ckpt-0.", "model.ckpt-6.")) or ".asv-tmp-" in n]
+    assert files.missing_files(tmp_path / "model.ckpt-4") is None and files.missing_files(tmp_path / "model.ckpt-2") is None
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete_data", "flip_index"])
 async def test_corrupt_latest_falls_back_to_previous(tmp_path: Path, damage: str) -> None:
     """A damaged latest checkpoint is logged as checkpoint.corrupt and the previous one is used."""
@@ -546,9 +571,9 @@ def test_durable_time_excludes_retention_and_old_checkpoints_go(tmp_path: Path, 
     order: list[str] = []
     real_commit, real_delete = files.commit, files.delete_checkpoint
 
-    def commit(tmp: Path, final: Path, st: files.CheckpointState) -> None:
+    def commit(tmp: Path, final: Path, st: files.CheckpointState, retiring: Any = ()) -> None:
         order.append("state")
-        real_commit(tmp, final, st)
+        real_commit(tmp, final, st, retiring)
 
     def delete_checkpoint(prefix: Path) -> None:
         order.append(f"delete {prefix.name}")
