@@ -14,7 +14,9 @@ neighbour hits them all alike:
 
 Each contender's cost is the median over rounds of its difference from ``loop (no
 hooks)`` *in the same round* (paired), in µs per step; medians of per-step times are
-printed too. Run: ``python bench/hooks_attribution.py [--step tiny|mlp] [--rounds 40]
+printed too. ``--step python`` times a step that runs no TF op (the hooks' own Python
+cost, with no TF step noise around it). Run: ``python bench/hooks_attribution.py
+[--step tiny|mlp|python] [--rounds 40]
 [--chunk 400] [--backend trio]``.
 """
 
@@ -42,6 +44,16 @@ from asupervisor._hooks import HookRunner  # noqa: E402
 from hooks_overhead import mlp_step, stock_hooks, tiny_step  # noqa: E402
 
 
+def python_step() -> tuple[Callable[[], Any], Any, Any]:
+    """A step with no TF op: returns the same ``{"loss": constant}``; shows the hooks' own
+    Python cost per step, without a TF step's noise around it."""
+    import tensorflow as tf
+
+    v = tf.Variable(0.0)
+    out = {"loss": tf.constant(1.0)}
+    return (lambda: out), {"v": v}, v
+
+
 class _Halt:
     halted = False
 
@@ -67,7 +79,7 @@ def _timed_loop(rt: Any, runner: HookRunner, step: Callable[[], Any], n: int) ->
 
 async def main(kind: str, rounds: int, chunk: int) -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
-    step, state, probe = (tiny_step if kind == "tiny" else mlp_step)()
+    step, state, probe = {"tiny": tiny_step, "mlp": mlp_step, "python": python_step}[kind]()
     for _ in range(20):
         step()
     with tempfile.TemporaryDirectory() as logdir:
@@ -111,7 +123,7 @@ ONLY: set[str] = set()  # --only: these contenders (and the no-hook baseline)
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--step", default="tiny", choices=["tiny", "mlp"])
+    parser.add_argument("--step", default="tiny", choices=["tiny", "mlp", "python"])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--chunk", type=int, default=400)
     parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
