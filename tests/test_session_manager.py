@@ -70,7 +70,8 @@ async def test_prepare_session_restores_a_given_file(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_prepare_session_bad_arguments(tmp_path: Path) -> None:
-    """Both a dir and a file is a ValueError; nothing to restore or init is a RuntimeError."""
+    """Both a dir and a file is a ValueError (prepare and recover); nothing to restore or
+    init is a RuntimeError."""
     sm = asv.SessionManager(state=make_state())
     with pytest.raises(ValueError, match="not both"):
         await sm.prepare_session(tmp_path, checkpoint_filename_with_path=str(tmp_path / "x"))
@@ -78,6 +79,8 @@ async def test_prepare_session_bad_arguments(tmp_path: Path) -> None:
         await sm.prepare_session(tmp_path)
     with pytest.raises(ValueError, match="max_wait_secs"):
         await sm.prepare_session(tmp_path, max_wait_secs=-1, init_fn=lambda: None)
+    with pytest.raises(ValueError, match="not both"):
+        await sm.recover_session(tmp_path, checkpoint_filename_with_path=str(tmp_path / "x"))
 
 
 @pytest.mark.anyio

@@ -380,6 +380,28 @@ async def test_init_local_init_and_ready_fn_order() -> None:
     assert {ident for _, ident in calls} == set(step_thread)
 
 
+async def test_after_a_restore_local_init_fn_runs_and_init_fn_does_not(tmp_path: Any) -> None:
+    """Restored state: init_fn is skipped, local_init_fn and ready_fn run and see the restored values."""
+    v = tf.Variable(0.0)
+    sv = asv.Supervisor(tmp_path, state={"v": v}, save_summaries_secs=0, handle_signals=False)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: v.assign_add(1.0), max_steps=2)  # final checkpoint at step 2
+    v2 = tf.Variable(0.0)
+    calls: list[tuple[str, float]] = []
+    sv = asv.Supervisor(
+        tmp_path,
+        state={"v": v2},
+        init_fn=lambda: calls.append(("init", float(v2.numpy()))),
+        local_init_fn=lambda: calls.append(("local_init", float(v2.numpy()))),
+        ready_fn=lambda: calls.append(("ready", float(v2.numpy()))) or [],
+        save_summaries_secs=0,
+        handle_signals=False,
+    )
+    async with sv.managed_session() as sess:
+        assert sess.global_step == 2
+    assert calls == [("local_init", 2.0), ("ready", 2.0)]
+
+
 async def test_not_ready_fails_start_up(no_new_threads: None) -> None:
     """A ready_fn naming what is not ready fails start-up with a RuntimeError naming it."""
     sv = quiet_supervisor(ready_fn=lambda: ["embedding_table"])
