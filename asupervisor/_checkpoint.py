@@ -124,7 +124,6 @@ def take_snapshot(checkpoint: Any, step: int, walks: WalkCache | None = None) ->
         walks: where the last object-graph walk of ``checkpoint`` is kept, to skip the
             next walk while the graph is unchanged (:mod:`._walk_cache`).
     """
-    tf_ = tf()
     t0 = time.perf_counter()
     counter = getattr(checkpoint, "_maybe_create_save_counter", None)
     if counter is not None:  # as tf.train.Checkpoint.save() does: plain TF restores match

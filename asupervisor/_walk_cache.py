@@ -111,7 +111,7 @@ class WalkCache:
                 return None
             tensors.append(read(variable))
         self.hits += 1
-        return walk.keys, tensors
+        return list(walk.keys), tensors
 
     def learn(self, checkpoint: Any, serialized: dict[Any, dict[str, Any]]) -> None:
         """Remember a full walk (``{object: {key: value}}``), if it is one that can be reused."""
