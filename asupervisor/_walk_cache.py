@@ -14,10 +14,10 @@ tensor — and the next snapshot only repeats the traversal: if it yields the ve
 objects under the same paths, the checkpoint holds the same keys, and the variables are
 read directly. Anything else (an object added, removed, replaced or renamed) means a full
 walk, which is then remembered instead. A walk is only reused when the whole checkpoint
-is plain variables (plus the proto): objects that compute their own tensors (a
-``tf.data`` iterator, legacy saveables, ...), slot variables of TF1-style optimizers
-(found by ``get_slot_names``, not by the traversal), uninitialised or distributed
-variables always take the full walk.
+is plain variables, ``tf.data`` iterators (whose position is serialised again, as TF's
+walk does) and the proto: other objects that compute their own tensors (legacy
+saveables, ...), slot variables of TF1-style optimizers (found by ``get_slot_names``,
+not by the traversal), uninitialised or distributed variables always take the full walk.
 
 Runs on the step thread only. Never imports TensorFlow at module import.
 """
@@ -52,6 +52,22 @@ def plain_variable(obj: Any) -> Any:
     return obj
 
 
+_ITERATOR_KEY = "/.ATTRIBUTES/ITERATOR_STATE"
+
+
+def _owned_iterator(obj: Any) -> Any:
+    """The ``tf.data`` iterator TF's walk saves through ``obj`` (its legacy-name wrapper), or ``None``.
+
+    TF saves an ``OwnedIterator`` under ``<path>/.ATTRIBUTES/ITERATOR_STATE``, the value
+    being its own ``_serialize_to_tensors()["_STATE"]`` (a ``SerializeIterator`` op, read
+    at the walk); a snapshot from the remembered walk runs that op again.
+    """
+    from tensorflow.python.data.ops.iterator_ops import OwnedIterator
+
+    inner = getattr(obj, "obj", None)
+    return inner if type(inner) is OwnedIterator else None
+
+
 def _traversal(checkpoint: Any) -> tuple[list[Any], list[tuple[str, ...]]]:
     """TF's breadth-first traversal of the checkpoint: objects, and each one's path."""
     objects, paths = checkpoint._saver._graph_view.breadth_first_traversal()
@@ -70,7 +86,8 @@ class _Walk:
     objects: list[Any]  # the traversal, compared by identity
     paths: list[tuple[str, ...]]
     keys: list[str]  # checkpoint keys, in the walk's order
-    owners: list[Any]  # per key: the object whose variable is read, or None for the proto
+    owners: list[Any]  # per key: the variable or iterator it reads, or None for the proto
+    iterators: list[bool]  # per key: whether its owner is a tf.data iterator
     graph: Any  # the object-graph proto tensor (a constant)
 
 
@@ -102,14 +119,16 @@ class WalkCache:
             if a is not b:
                 return None
         tensors = []
-        for owner in walk.owners:
+        for owner, iterator in zip(walk.owners, walk.iterators):
             if owner is None:
                 tensors.append(walk.graph)
-                continue
-            variable = plain_variable(owner)
-            if variable is None:
-                return None
-            tensors.append(read(variable))
+            elif iterator:
+                tensors.append(owner._serialize_to_tensors()["_STATE"])  # its position now
+            else:
+                variable = plain_variable(owner)
+                if variable is None:
+                    return None
+                tensors.append(read(variable))
         self.hits += 1
         return list(walk.keys), tensors
 
@@ -118,20 +137,26 @@ class WalkCache:
         self._walk = None
         keys: list[str] = []
         owners: list[Any] = []
+        iterators: list[bool] = []
         graph = None
         for obj, tensor_dict in serialized.items():
             for key, value in tensor_dict.items():
+                iterator = False
                 if key == _GRAPH_KEY:
                     graph = value
                     owners.append(None)
                 elif len(tensor_dict) == 1 and not isinstance(value, dict) and plain_variable(obj) is not None:
                     owners.append(obj)
+                elif len(tensor_dict) == 1 and _owned_iterator(obj) is not None and key.endswith(_ITERATOR_KEY):
+                    owners.append(_owned_iterator(obj))
+                    iterator = True
                 else:
-                    return  # an object computing its own tensors, or slices: walk every time
+                    return  # an object computing other tensors, or slices: walk every time
                 keys.append(key)
+                iterators.append(iterator)
         if graph is None:
             return
         objects, paths = _traversal(checkpoint)
         if any(_has_slots(obj) for obj in objects):
             return
-        self._walk = _Walk(objects, paths, keys, owners, graph)
+        self._walk = _Walk(objects, paths, keys, owners, iterators, graph)
