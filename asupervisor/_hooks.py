@@ -206,14 +206,14 @@ class HookRunner:
         # open, it stays open for the step's after_run.
         opened = False
         if self._gated_before:
-            opened = session.global_step + 1 >= self._gate_step or self._time_due()
+            opened = session.global_step + 1 >= self._gate_step or bool(self._gate_times and self._time_due())
         for before in self._before_all if opened else self._before:
             before(ctx)
         results = fn(*args, **kwargs)
         values = self._values
         values.results = results
         values.global_step = step = step_done(results)
-        if opened or step >= self._gate_step or self._time_due():
+        if opened or step >= self._gate_step or (self._gate_times and self._time_due()):
             try:
                 for after in self._after_all:
                     after(ctx, values)

@@ -7,7 +7,7 @@ Contenders, on the same ``@tf.function`` step:
   logdir, the standard services on, and every stock hook installed at its default rate
   (TF1's ``MonitoredTrainingSession`` rates where TF1 has none): ``StopAtStepHook``
   (far away), ``StepCounterHook()`` (100 steps), ``LoggingTensorHook(every_n_iter=100)``,
-  ``NanTensorHook()`` (every loss, read in batches of 100 on its checker thread), ``SummarySaverHook(100
+  ``NanTensorHook()`` (every loss, stacked and read in batches of 100), ``SummarySaverHook(100
   steps)``, ``GlobalStepWaiterHook(0)``, ``FinalOpsHook``, ``ProfilerHook(600 s)`` and
   ``CheckpointSaverHook(600 s)``.
 

@@ -121,9 +121,9 @@ def test_stop_at_step_arguments() -> None:
 async def test_nan_tensor_hook_raises_on_nan_loss_without_end(immediate: bool) -> None:
     """A NaN loss raises ``NanLossDuringTrainingError`` naming its step; ``end`` hooks do not run.
 
-    By default each batch of ``check_every_n_steps`` losses is read on a checker thread
-    and its verdict collected one batch later, so the error comes at step 10 here and
-    names the NaN step; ``immediate=True`` raises right after the NaN step.
+    By default each batch of ``check_every_n_steps`` losses is stacked by one op and read
+    one batch later, so the error comes at step 10 here and names the NaN step;
+    ``immediate=True`` raises right after the NaN step.
     """
     v = tf.Variable(0.0)
     ended = []
@@ -227,7 +227,7 @@ async def test_nan_tensor_hook_checks_the_last_losses_at_the_end_of_data() -> No
 @pytest.mark.parametrize("mixed_dtypes", [False, True])
 @pytest.mark.parametrize("nan_at", [1, 5, 6])
 async def test_nan_tensor_hook_names_the_first_nan_step_of_a_batch(nan_at: int, mixed_dtypes: bool) -> None:
-    """The checker names the NaN's own step, whether a batch is stacked (one dtype) or read one by one."""
+    """The hook names the NaN's own step, whether a batch is stacked (one dtype) or read one by one."""
 
     def loss(step: int) -> Any:
         value = math.nan if step == nan_at else float(step)
