@@ -147,39 +147,54 @@ def _string_bytes(tensor: Any) -> tuple[list[bytes], int]:
     return [bytes(lengths), length_crc, *elems], crc
 
 
-def _write_all(fd: int, data: Any) -> None:
+_CHUNK_BYTES = 16 << 20  # one write(2) at most: a save can be abandoned between two
+
+
+def _write_all(fd: int, data: Any, check: Callable[[], None] | None = None) -> None:
     view = memoryview(data).cast("B")
     while view:
-        n = os.write(fd, view)
+        n = os.write(fd, view[:_CHUNK_BYTES])
         view = view[n:]
+        if check is not None and view:
+            check()
 
 
-def write_data_file(path: str, tensors: Sequence[Any]) -> list[tuple[int, int, int]]:
+def write_data_file(
+    path: str, tensors: Sequence[Any], check: Callable[[], None] | None = None
+) -> list[tuple[int, int, int]]:
     """Write ``tensors`` back to back into a new file ``path``; ``(offset, size, crc)`` of each.
 
-    The file is left unsynced (the commit fsyncs it).
+    The file is left unsynced (the commit fsyncs it). ``check`` is called between
+    chunks of a few MB and may raise to abandon the write. An ``OSError`` names ``path``
+    (``os.write`` alone does not).
     """
     placed: list[tuple[int, int, int]] = []
     offset = 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
-        for tensor in tensors:
-            if int(tensor.dtype.as_datatype_enum) == _STRING:
-                parts, crc = _string_bytes(tensor)
-                size = 0
-                for part in parts:
-                    _write_all(fd, part)
-                    size += len(part)
-            else:
-                array = _plain_array(tensor)
-                size = array.nbytes
-                if size:
-                    _write_all(fd, array)
-                crc = _crc_array(array) if size else 0
-            placed.append((offset, size, crc))
-            offset += size
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            for tensor in tensors:
+                if check is not None:
+                    check()
+                if int(tensor.dtype.as_datatype_enum) == _STRING:
+                    parts, crc = _string_bytes(tensor)
+                    size = 0
+                    for part in parts:
+                        _write_all(fd, part)
+                        size += len(part)
+                else:
+                    array = _plain_array(tensor)
+                    size = array.nbytes
+                    if size:
+                        _write_all(fd, array, check)
+                    crc = _crc_array(array) if size else 0
+                placed.append((offset, size, crc))
+                offset += size
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        exc.filename = exc.filename or path
+        raise
     return placed
 
 
@@ -278,17 +293,20 @@ def write_bundle(
     groups: Sequence[Sequence[int]],
     run_parallel: Callable[[Callable[[int], list[tuple[int, int, int]]], int], list[list[tuple[int, int, int]]]]
     | None = None,
+    check: Callable[[], None] | None = None,
 ) -> None:
     """Write a bundle at ``prefix``: data file ``j`` holds the tensors ``groups[j]``.
 
     Every tensor must be :func:`encodable`. ``run_parallel(fn, n)`` (optional) returns
     ``[fn(0), ..., fn(n - 1)]``, computed in parallel; the data files are then written
-    at the same time. The index is written last. Files are not synced.
+    at the same time. The index is written last. Files are not synced. ``check`` is
+    called between chunks and may raise to abandon the write (the caller removes what
+    was written).
     """
     count = len(groups)
 
     def write_group(j: int) -> list[tuple[int, int, int]]:
-        return write_data_file(data_path(prefix, j, count), [tensors[i] for i in groups[j]])
+        return write_data_file(data_path(prefix, j, count), [tensors[i] for i in groups[j]], check)
 
     if run_parallel is not None and count > 1:
         placed = run_parallel(write_group, count)
@@ -301,8 +319,14 @@ def write_bundle(
                 raise ValueError(f"duplicate checkpoint key {keys[i]!r}")
             entries[keys[i]] = entry_proto(tensors[i], j, offset, size, crc)
     index = index_bytes(entries, count)
-    fd = os.open(f"{prefix}.index", os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    if check is not None:
+        check()
     try:
-        _write_all(fd, index)
-    finally:
-        os.close(fd)
+        fd = os.open(f"{prefix}.index", os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            _write_all(fd, index)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        exc.filename = exc.filename or f"{prefix}.index"
+        raise

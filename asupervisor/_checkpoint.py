@@ -42,6 +42,7 @@ from ._walk_cache import WalkCache, plain_variable
 
 __all__ = [
     "Checkpointer",
+    "SaveAbandoned",
     "Snapshot",
     "check_matches",
     "restore_latest",
@@ -66,6 +67,27 @@ def _commit_lock(logdir: Path) -> threading.Lock:
     key = os.path.realpath(logdir)
     with _commit_locks_guard:
         return _commit_locks.setdefault(key, threading.Lock())
+
+
+class SaveAbandoned(Exception):
+    """A save given up at a stop's deadline (:meth:`Checkpointer.abandon`); nothing of it
+    stays on disk and the previous checkpoint stays the latest."""
+
+
+def _write_error(exc: BaseException, final: Path, step: int) -> CheckpointError | None:
+    """The :class:`CheckpointError` saying where and why the save of ``final`` failed, for
+    an ``OSError`` or a TensorFlow error; ``None`` for anything else."""
+    where = f"could not save checkpoint {final.name} (step {step}) in {final.parent}"
+    if isinstance(exc, OSError):
+        cause = exc.strerror or str(exc)
+        errno = f" (errno {exc.errno})" if exc.errno is not None else ""
+        target = f"{exc.filename}: " if exc.filename else ""
+        return CheckpointError(f"{where}: {target}{cause}{errno}; nothing of this save was kept")
+    op_error = getattr(getattr(tf(), "errors", None), "OpError", None)
+    if op_error is not None and isinstance(exc, op_error):
+        message = getattr(exc, "message", "") or str(exc)
+        return CheckpointError(f"{where}: {type(exc).__name__}: {message}; nothing of this save was kept")
+    return None
 
 
 @dataclass(frozen=True)
@@ -208,7 +230,7 @@ def _shards(tensors: list[Any]) -> list[list[int]]:
 _NATIVE_WRITER = True
 
 
-def write_snapshot(snapshot: Snapshot, prefix: str) -> None:
+def write_snapshot(snapshot: Snapshot, prefix: str, check: Callable[[], None] | None = None) -> None:
     """Write ``snapshot`` as a TF2 object checkpoint at ``prefix``.
 
     Plain numeric, bool and string tensors are written by :mod:`._bundle` straight from
@@ -216,14 +238,16 @@ def write_snapshot(snapshot: Snapshot, prefix: str) -> None:
     (variant tensors such as a ``tf.data`` iterator's state, slices). A checkpoint with
     both is written as two bundles merged into one index with ``MergeV2Checkpoints``, as
     TF's own multi-device saver does. A large snapshot is written as several data shards
-    in parallel (short-lived threads joined here).
+    in parallel (short-lived threads joined here). ``check`` is called between chunks
+    of the native writer and between parts, and may raise to abandon the write (the
+    caller removes what was written; ``SaveV2`` itself cannot be interrupted).
     """
     if not (_NATIVE_WRITER and _bundle.available()):
         _save_v2(snapshot, prefix, _shards(snapshot.tensors))
         return
     native = [i for i, (t, s) in enumerate(zip(snapshot.tensors, snapshot.slices)) if _bundle.encodable(t, s)]
     if len(native) == len(snapshot.tensors):
-        _write_native(snapshot, prefix)
+        _write_native(snapshot, prefix, check)
         return
     if not native:
         _save_v2(snapshot, prefix, _shards(snapshot.tensors))
@@ -231,7 +255,9 @@ def write_snapshot(snapshot: Snapshot, prefix: str) -> None:
     rest = sorted(set(range(len(snapshot.tensors))) - set(native))
     parts = [f"{prefix}_temp/part-{j:05d}-of-00002" for j in range(2)]
     os.makedirs(f"{prefix}_temp", exist_ok=True)
-    _write_native(_subset(snapshot, native), parts[0])
+    _write_native(_subset(snapshot, native), parts[0], check)
+    if check is not None:
+        check()
     sub = _subset(snapshot, rest)
     _save_v2(sub, parts[1], [list(range(len(rest)))])
     with tf().device("/cpu:0"):
@@ -247,14 +273,14 @@ def _subset(snapshot: Snapshot, indices: list[int]) -> Snapshot:
     return Snapshot(snapshot.step, pick(snapshot.keys), pick(snapshot.slices), pick(snapshot.tensors), snapshot.taken_at, 0.0)
 
 
-def _write_native(snapshot: Snapshot, prefix: str) -> None:
+def _write_native(snapshot: Snapshot, prefix: str, check: Callable[[], None] | None = None) -> None:
     groups = _shards(snapshot.tensors)
     if len(groups) == 1:
-        _bundle.write_bundle(prefix, snapshot.keys, snapshot.tensors, groups)
+        _bundle.write_bundle(prefix, snapshot.keys, snapshot.tensors, groups, check=check)
         return
     with ThreadPoolExecutor(len(groups), thread_name_prefix="asv-checkpoint-shard") as pool:
         _bundle.write_bundle(
-            prefix, snapshot.keys, snapshot.tensors, groups, lambda fn, n: list(pool.map(fn, range(n)))
+            prefix, snapshot.keys, snapshot.tensors, groups, lambda fn, n: list(pool.map(fn, range(n))), check
         )
 
 
@@ -476,7 +502,10 @@ class Checkpointer:
         checkpoint: the ``tf.train.Checkpoint`` holding the whole state.
         logdir: the directory of the checkpoints and the state file.
         basename: checkpoints are ``<logdir>/<basename>-<step>``.
-        max_to_keep: the newest checkpoints kept.
+        max_to_keep: the newest checkpoints kept (``None``: all). Retention counts and
+            deletes only the checkpoints it manages: ``<basename>-<step>`` named in the
+            state file with a commit time not in the future (as
+            ``tf.train.CheckpointManager``, which leaves others' checkpoints alone).
         keep_checkpoint_every_n_hours: also keep one checkpoint per this many hours.
         wall_clock: wall-clock time for commit timestamps (``time.time``).
     """
@@ -487,7 +516,7 @@ class Checkpointer:
         logdir: Path,
         *,
         basename: str = "model.ckpt",
-        max_to_keep: int = 5,
+        max_to_keep: int | None = 5,
         keep_checkpoint_every_n_hours: float | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -506,6 +535,7 @@ class Checkpointer:
         self._lock = threading.Lock()
         self._owner = False  # whether this process writes the directory (prepare() was called)
         self._walks = WalkCache()  # step thread only
+        self._abandon = threading.Event()  # set by abandon(): writes give up
 
     # -- step thread ---------------------------------------------------------------
 
@@ -513,9 +543,25 @@ class Checkpointer:
         """On start-up: create the directory and remove leftovers of interrupted saves.
 
         Called by the process that writes the directory (the chief), which from then on
-        also sets aside checkpoints that fail to load (:meth:`restore`).
+        also sets aside checkpoints that fail to load (:meth:`restore`). It proves the
+        directory can be written (a small file is written, synced and removed), so that a
+        read-only, forbidden or full logdir fails the start, not the first save.
+
+        Raises:
+            CheckpointError: the directory cannot be created or written; names the path
+                and the OS cause, chained to the ``OSError``.
         """
-        self.logdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.logdir.mkdir(parents=True, exist_ok=True)
+            files.probe_writable(self.logdir)
+        except OSError as exc:
+            target = exc.filename or self.logdir
+            raise CheckpointError(
+                f"logdir {self.logdir} cannot be written, so no checkpoint could be saved: "
+                f"{target}: {exc.strerror or exc}"
+                + (f" (errno {exc.errno})" if exc.errno is not None else "")
+                + "; give a writable directory with free space"
+            ) from exc
         files.clean_leftovers(self.logdir)
         self._owner = True
 
@@ -575,6 +621,21 @@ class Checkpointer:
         self._iterator_source, self._iterator = dataset, iterator
         return iterator
 
+    # -- any thread ----------------------------------------------------------------
+
+    def abandon(self) -> None:
+        """Make the write in flight, and any later one, give up before its commit.
+
+        For a stop whose deadline has come: the writer stops between chunks, removes what
+        it wrote and raises :class:`SaveAbandoned`; the previous checkpoint stays the
+        latest. A write already committing (renames and the state file) completes.
+        """
+        self._abandon.set()
+
+    def _check_abandon(self) -> None:
+        if self._abandon.is_set():
+            raise SaveAbandoned("the save was abandoned: the stop's grace period ran out")
+
     # -- writer thread -------------------------------------------------------------
 
     def write(self, snapshot: Snapshot, *, min_keep: int = 1) -> CheckpointInfo:
@@ -583,24 +644,40 @@ class Checkpointer:
         Args:
             snapshot: what :meth:`snapshot` took.
             min_keep: keep at least this many (2 while another save is in flight).
+
+        Raises:
+            CheckpointError: the files could not be written (disk full, I/O error, ...):
+                names the file and the OS cause, chained to the original error. Nothing
+                of the failed save stays on disk.
+            SaveAbandoned: :meth:`abandon` was called before the commit.
         """
         t0 = time.perf_counter()
         name = f"{self.basename}-{snapshot.step}"
         final = self.logdir / name
         tmp = self.logdir / f"{name}{files.TMP_MARKER}{secrets.token_hex(4)}"
+        check = self._check_abandon
         try:
+            check()
             with files.early_writeback(tmp):
-                write_snapshot(snapshot, str(tmp))
+                write_snapshot(snapshot, str(tmp), check)
+            files.sync_data(tmp, check)  # the long wait for the disk, abandonable
             with _commit_lock(self.logdir):
+                check()  # the last point where the save can be given up
                 info, state, delete = self._plan(name, snapshot, min_keep)
                 files.commit(tmp, final, state, [self.logdir / old for old in delete])  # now it is the latest
-                # durable and named in the state file: retention's deletions come after
-                self.last_commit_secs = time.perf_counter() - t0
-                for old in delete:
-                    files.retire_checkpoint(self.logdir / old)
-        except BaseException:
-            files.delete_checkpoint(tmp)
+        except BaseException as exc:
+            files.remove_partial(tmp)
+            error = _write_error(exc, final, snapshot.step)
+            if error is not None:
+                raise error from exc
             raise
+        # durable and named in the state file: retention's deletions come after
+        self.last_commit_secs = time.perf_counter() - t0
+        for old in delete:
+            try:
+                files.retire_checkpoint(self.logdir / old)
+            except OSError as exc:  # marked pending: the next start removes it
+                log.error("checkpoint.cleanup_failed", path=str(self.logdir / old), error=str(exc))
         with self._lock:
             self.last = info
         log.info(
@@ -633,8 +710,18 @@ class Checkpointer:
             keep.append((name, now))
             latest = name
         state = files.CheckpointState(latest, [p for p, _ in keep], [t for _, t in keep], state.last_preserved)
+        prefix = f"{self.basename}-"
+
+        def managed(path: str, stamp: float) -> bool:
+            # ours (not plain tf.train.Checkpoint.save's, nor another basename's), and not
+            # stamped in the future (a clock reset): as tf.train.CheckpointManager
+            return path.startswith(prefix) and path[len(prefix) :].isdigit() and stamp <= now
+
         state, delete = files.select_retention(
-            state, max_to_keep=max(self.max_to_keep, min_keep), keep_every_secs=self.keep_every_secs
+            state,
+            max_to_keep=None if self.max_to_keep is None else max(self.max_to_keep, min_keep),
+            keep_every_secs=self.keep_every_secs,
+            managed=managed,
         )
         return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), state, delete
 
@@ -645,7 +732,7 @@ def write_checkpoint_now(
     basename: str,
     step: int,
     *,
-    max_to_keep: int,
+    max_to_keep: int | None,
     keep_checkpoint_every_n_hours: float | None = None,
 ) -> str:
     """On the step thread: snapshot and commit ``<directory>/<basename>-<step>`` now.

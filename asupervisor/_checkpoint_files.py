@@ -47,13 +47,16 @@ __all__ = [
     "early_writeback",
     "fsync_path",
     "missing_files",
+    "probe_writable",
     "publish",
     "read_own_state",
+    "remove_partial",
     "read_state",
     "retire_checkpoint",
     "select_retention",
     "set_aside",
     "step_of",
+    "sync_data",
     "write_state",
 ]
 
@@ -175,11 +178,16 @@ def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        exc.filename = exc.filename or str(path)  # os.fsync does not say which file
+        raise
     finally:
         os.close(fd)
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
+_SYNC_FILE_RANGE_WAIT = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER: write back and wait
+_SYNC_CHUNK_BYTES = 16 << 20  # between two checks of a save's abandon flag
 _WRITEBACK_POLL_SECS = 0.001
 _WRITEBACK_MIN_BYTES = 1 << 20  # hand at least this much over per call
 
@@ -260,6 +268,58 @@ def early_writeback(prefix: Path) -> Iterator[None]:
         thread.join()
 
 
+def sync_data(prefix: Path, check: Callable[[], None]) -> None:
+    """Write the data files of the checkpoint ``prefix`` back to disk, calling ``check``
+    between chunks of a few MB (it raises to abandon the save).
+
+    What makes a large save abandonable at a stop's deadline: the ``fsync`` of the
+    commit, which nothing can interrupt, then finds (almost) nothing left to write.
+    Without ``sync_file_range`` (not Linux) only ``check`` is called.
+    """
+    check()
+    if _sync_file_range is None:
+        return
+    for path in checkpoint_files(prefix):
+        if path.name.endswith(".index"):
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            for offset in range(0, size, _SYNC_CHUNK_BYTES):
+                try:
+                    failed = _sync_file_range(fd, offset, min(_SYNC_CHUNK_BYTES, size - offset), _SYNC_FILE_RANGE_WAIT)
+                except OSError:
+                    failed = -1
+                if failed:  # the commit's fsync still makes it durable, or reports the error
+                    log.debug("checkpoint.sync_data_stopped", path=str(path), errno=ctypes.get_errno())
+                    return
+                check()
+        finally:
+            os.close(fd)
+
+
+def probe_writable(logdir: Path) -> None:
+    """Create, write, fsync and remove a small file in ``logdir``; raises ``OSError`` (with
+    the file name) when the directory cannot be written: read-only, no permission, full."""
+    probe = logdir / f"{STATE_FILE}{TMP_MARKER}probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            os.write(fd, b"\0" * 4096)  # one page: a full file system refuses it
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        exc.filename = exc.filename or str(probe)
+        raise
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+    fsync_path(logdir)
+
+
 def _proto_text(state: CheckpointState) -> str:
     from google.protobuf import text_format
 
@@ -303,10 +363,16 @@ def read_own_state(logdir: Path) -> CheckpointState | None:
 def _stage_state(logdir: Path, state: CheckpointState) -> Path:
     """Write and fsync the state file's temporary copy; returns its path."""
     tmp = logdir / f"{STATE_FILE}{TMP_MARKER}{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(_proto_text(state))
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "w") as f:
+            f.write(_proto_text(state))
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException as exc:
+        if isinstance(exc, OSError):
+            exc.filename = exc.filename or str(tmp)
+        tmp.unlink(missing_ok=True)  # a failed save leaves nothing behind
+        raise
     return tmp
 
 
@@ -448,6 +514,28 @@ def delete_checkpoint(prefix: Path) -> None:
             pass
 
 
+def remove_partial(prefix: Path) -> None:
+    """Remove everything a failed or abandoned save under the temporary ``prefix`` wrote:
+    its files (TF's own temporary names included) and its ``<prefix>_temp/`` directory."""
+    parent = prefix.parent
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return
+    for entry in entries:
+        if entry == f"{prefix.name}_temp" or entry.startswith(f"{prefix.name}."):
+            path = parent / entry
+            try:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:  # left for clean_leftovers at the next start
+                log.error("checkpoint.cleanup_failed", path=str(path), error=str(exc))
+
+
 def retire_checkpoint(prefix: Path) -> None:
     """Delete a checkpoint the state file no longer names (retention).
 
@@ -541,28 +629,40 @@ def step_of(name: str) -> int | None:
 
 
 def select_retention(
-    state: CheckpointState, *, max_to_keep: int, keep_every_secs: float | None
+    state: CheckpointState,
+    *,
+    max_to_keep: int | None,
+    keep_every_secs: float | None,
+    managed: Callable[[str, float], bool] | None = None,
 ) -> tuple[CheckpointState, list[str]]:
     """Apply retention to ``state`` (just committed); returns the new state and what to delete.
 
-    The newest ``max_to_keep`` checkpoints stay. An older one is kept for good (dropped
-    from the managed list, not deleted) when it is at least ``keep_every_secs`` younger
-    than the last one kept that way, like ``tf.train.CheckpointManager``. The latest
-    checkpoint is never deleted.
+    Only the checkpoints ``managed(name, timestamp)`` accepts are counted and deleted
+    (all by default); the others stay named and on disk, as ``tf.train.CheckpointManager``
+    leaves alone what it does not manage. The newest ``max_to_keep`` managed checkpoints
+    stay (``None``: all of them). An older one is kept for good (dropped from the managed
+    list, not deleted) when it is at least ``keep_every_secs`` younger than the last one
+    kept that way, like ``tf.train.CheckpointManager``. The latest checkpoint is never
+    deleted.
     """
-    keep = max(1, max_to_keep)
-    paths = list(state.paths)
-    stamps = list(state.timestamps)
     last_preserved = state.last_preserved
+    if max_to_keep is None:
+        return CheckpointState(state.latest, list(state.paths), list(state.timestamps), last_preserved), []
+    keep = max(1, max_to_keep)
+    entries = list(zip(state.paths, state.timestamps))
+    ours = [i for i, (p, t) in enumerate(entries) if p != state.latest and (managed is None or managed(p, t))]
+    counted = len(ours) + (1 if state.latest in state.paths else 0)  # the latest counts, always kept
+    dropped: set[int] = set()
     delete: list[str] = []
-    while len(paths) > keep:
-        path, stamp = paths.pop(0), stamps.pop(0)
-        if path == state.latest:  # never (cannot happen with keep >= 1; belt and braces)
-            paths.append(path)
-            stamps.append(stamp)
+    for i in ours:
+        if counted <= keep:
             break
+        path, stamp = entries[i]
+        dropped.add(i)
+        counted -= 1
         if keep_every_secs is not None and stamp - last_preserved >= keep_every_secs:
             last_preserved = stamp
             continue
         delete.append(path)
-    return CheckpointState(state.latest, paths, stamps, last_preserved), delete
+    kept = [e for i, e in enumerate(entries) if i not in dropped]
+    return CheckpointState(state.latest, [p for p, _ in kept], [t for _, t in kept], last_preserved), delete

@@ -14,11 +14,22 @@ In multi-worker training every worker has a saver and snapshots at the same step
 non-chief writes to a temporary directory (:mod:`._multi_worker` states the rule).
 
 Snapshots are taken on the step thread (see :mod:`._checkpoint`); writes run in order on
-one dedicated writer thread, never on the event loop nor on the step thread. A periodic
-save that comes while the previous write is still in flight is skipped and logged
-(``checkpoint.skipped reason=busy``); ``save_now`` and the final save are queued behind
-it. A write error is kept and raised by the next save (the service's failure policy
-then applies) or at stop, never lost. The same step is never saved twice.
+one dedicated writer thread, never on the event loop nor on the step thread.
+
+Cadence (``checkpoint_when_busy``): with ``"wait"`` (the default) a step save that is due
+while the previous write is still in flight makes the step thread wait for it
+(back-pressure, ``checkpoint.waited secs=...``), so every multiple of ``save_model_steps``
+is saved; a timer tick waits on the event loop until the writer is free and then saves
+once (ticks missed meanwhile coalesce into that save). With ``"skip"`` such periodic
+saves are skipped and logged (``checkpoint.skipped why=busy...``). ``save_now`` and the
+final save are always queued behind a write in flight. A write error is kept and raised
+by the next save (the service's failure policy then applies) or at stop, never lost. The
+same step is never saved twice.
+
+The final save is bounded by the stop's grace period: when the stop's deadline comes
+while it is being written, the write is abandoned between chunks (its files removed, the
+previous checkpoint stays the latest) and the stop logs ``shutdown.overrun
+phase=final_checkpoint``.
 """
 
 from __future__ import annotations
@@ -26,12 +37,13 @@ from __future__ import annotations
 import functools
 import math
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from ._checkpoint import Checkpointer, Snapshot
+from ._checkpoint import Checkpointer, SaveAbandoned, Snapshot
 from ._clock import interval_ticks
 from ._multi_worker import AGREED_STOP_REASONS, WorkerTempWriter
 from ._services import Service
@@ -55,6 +67,12 @@ def _noop() -> None:
     return None
 
 
+#: ``checkpoint_when_busy`` values: wait for the write in flight, or skip the save
+WHEN_BUSY = ("wait", "skip")
+#: how long an abandoned final save may take to wind down (remove its files)
+_ABANDON_GRACE_SECS = 2.0
+
+
 class CheckpointSaver:
     """Coordinates the saves of one session (see the module docstring).
 
@@ -66,6 +84,8 @@ class CheckpointSaver:
             ``checkpointer.write`` by default.
         multi_worker: every worker saves at the same steps: step saves queue instead of
             being skipped while a write is in flight, final saves follow the agreed rule.
+        when_busy: ``"wait"`` (back-pressure) or ``"skip"``: what a periodic save does
+            while the previous write is in flight (see the module docstring).
     """
 
     def __init__(
@@ -76,8 +96,12 @@ class CheckpointSaver:
         save_steps: int | None,
         write: Callable[..., CheckpointInfo | None] | None = None,
         multi_worker: bool = False,
+        when_busy: str = "wait",
     ) -> None:
+        if when_busy not in WHEN_BUSY:
+            raise ValueError(f"checkpoint_when_busy must be 'wait' or 'skip', got {when_busy!r}")
         self.rt = rt
+        self.when_busy = when_busy
         self.checkpointer = checkpointer
         self.save_steps = save_steps
         self._write_fn = checkpointer.write if write is None else write
@@ -87,6 +111,8 @@ class CheckpointSaver:
         self._error: BaseException | None = None
         self._waiters: dict[int, Waiter[Any]] = {}
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a write ends, or on stop
+        rt.step_wakers.append(self._wake)
 
     # -- step thread -----------------------------------------------------------------
 
@@ -96,13 +122,34 @@ class CheckpointSaver:
         self.rt.next_trigger_step = math.inf if n is None else (self.rt.step // n + 1) * n
 
     def on_step(self) -> None:
-        """On the step thread, when the step trigger fires: snapshot and hand off."""
+        """On the step thread, when the step trigger fires: snapshot and hand off.
+
+        With ``when_busy="wait"``, a write still in flight is waited for first.
+        """
         self.arm()
+        if self.when_busy == "wait" and not self.multi_worker:
+            self._wait_for_writer()
         error = self._take_error()
         if error is not None:
             self.rt.control.request_stop(error, reason="service:checkpoint")
             return
         self._snapshot("steps", force=self.multi_worker, keep=False)
+
+    def _wait_for_writer(self) -> None:
+        """On the step thread: wait until no write is in flight, or the session stops."""
+        with self._lock:
+            if self._in_flight == 0:
+                return
+            t0 = time.perf_counter()
+            control = self.rt.control
+            while self._in_flight > 0 and not control.stopping:
+                self._idle.wait()
+        log.info("checkpoint.waited", step=self.rt.step, secs=round(time.perf_counter() - t0, 4))
+
+    def _wake(self) -> None:
+        """From any thread (a stop): release the step thread's wait for the writer."""
+        with self._lock:
+            self._idle.notify_all()
 
     def _snapshot(self, reason: str, *, force: bool, keep: bool) -> int | None:
         """Snapshot now and hand it to the writer; returns the step, ``None`` if skipped.
@@ -118,9 +165,12 @@ class CheckpointSaver:
         with self._lock:
             busy = self._in_flight > 0
         if busy and not force:
-            log.warning(
-                "checkpoint.skipped", reason=reason, step=rt.step, why="busy: the previous save is still being written"
+            why = (
+                "stopping: the final checkpoint saves the state"
+                if rt.control.stopping
+                else "busy: the previous save is still being written (checkpoint_when_busy='skip')"
             )
+            log.warning("checkpoint.skipped", reason=reason, step=rt.step, why=why)
             return None
         try:
             for check in rt.before_snapshot:
@@ -147,8 +197,11 @@ class CheckpointSaver:
         try:
             # never fewer than 2 checkpoints while another save is in flight
             info = self._write_fn(snap, min_keep=2 if others > 0 else 1)
+        except SaveAbandoned as exc:  # the stop's deadline: not an error of the save
+            log.warning("checkpoint.abandoned", step=snap.step, why=str(exc))
+            return None
         except Exception as exc:
-            log.error("checkpoint.failed", step=snap.step, error=repr(exc))
+            log.error("checkpoint.failed", step=snap.step, error=str(exc) or repr(exc))
             with self._lock:
                 if self._error is None:
                     self._error = exc
@@ -156,6 +209,7 @@ class CheckpointSaver:
         finally:
             with self._lock:
                 self._in_flight -= 1
+                self._idle.notify_all()
         if info is not None:  # None: a non-chief's temporary save
             self.rt.last_checkpoint = info
         return info
@@ -171,6 +225,7 @@ class CheckpointSaver:
             log.error("checkpoint.failed", step=snap.step, error=repr(exc))
             with self._lock:
                 self._in_flight -= 1
+                self._idle.notify_all()
                 if self._error is None:
                     self._error = exc
             return
@@ -190,6 +245,18 @@ class CheckpointSaver:
         if error is not None:
             raise error
 
+    def abandon(self) -> None:
+        """From any thread: make the write in flight (and later ones) give up before
+        committing; see :meth:`Checkpointer.abandon`."""
+        self.checkpointer.abandon()
+        self._wake()
+
+    async def _writer_free(self) -> None:
+        """Wait (cancellably) until the writes handed over so far are done."""
+        writer = self._writer
+        if writer is not None:
+            await writer.submit(_noop).wait_cancellable()
+
     async def drain(self) -> None:
         """Wait until every write handed to the writer so far is committed (or failed)."""
         await self.rt.step_thread.call(_noop)  # hand-offs made by step jobs are queued
@@ -208,6 +275,15 @@ class CheckpointSaver:
             The committed checkpoint when ``wait``, else ``None``.
         """
         self.raise_pending()
+        if reason == "timer" and self.when_busy == "wait" and not force:
+            with self._lock:
+                busy = self._in_flight > 0
+            if busy:  # coalesce: one save once the writer is free (missed ticks are dropped)
+                t0 = time.perf_counter()
+                await self._writer_free()
+                log.info("checkpoint.waited", reason=reason, step=self.rt.step, secs=round(time.perf_counter() - t0, 4))
+                self.raise_pending()
+            force = True
         step = await self.rt.step_thread.submit_at_boundary(self._snapshot, reason, force=force, keep=wait).wait()
         if step is None or not wait:
             if wait:
@@ -217,7 +293,10 @@ class CheckpointSaver:
             return None
         # The launch was scheduled on the loop before this wait's wake-up: it is there.
         waiter = self._waiters.pop(step)
-        info: CheckpointInfo | None = await waiter.wait()
+        if reason == "final":  # bounded by the stop's deadline: abandoned when it comes
+            info: CheckpointInfo | None = await waiter.wait(self.abandon, grace_secs=_ABANDON_GRACE_SECS)
+        else:
+            info = await waiter.wait()
         self.raise_pending()
         return info
 
@@ -309,6 +388,7 @@ def restore_on_startup(rt: Runtime) -> bool:
             save_steps=config.save_model_steps,
             write=None if worker_writer is None else worker_writer.write,
             multi_worker=config.multi_worker,
+            when_busy=config.checkpoint_when_busy,
         )
         rt.saver.arm()
     return path is not None

@@ -49,11 +49,13 @@ class SupervisorConfig:
     checkpoint_basename: str = "model.ckpt"
     save_model_secs: float = 600
     save_model_steps: int | None = None
-    max_to_keep: int = 5
+    max_to_keep: int | None = 5
     keep_checkpoint_every_n_hours: float | None = None
     save_summaries_secs: float = 120
     recovery_wait_secs: float = 30
     stop_grace_secs: float = 120
+    #: what a periodic save does while the previous write is in flight: "wait" or "skip"
+    checkpoint_when_busy: str = "wait"
     hooks: Sequence[SessionRunHook] = ()
     handle_signals: bool = True
     queue_runners: Sequence[Any] = ()
@@ -107,8 +109,12 @@ class SupervisorConfig:
             or self.save_model_steps <= 0
         ):
             raise ValueError(f"save_model_steps must be a positive int or None, got {self.save_model_steps!r}")
-        if isinstance(self.max_to_keep, bool) or not isinstance(self.max_to_keep, int) or self.max_to_keep < 1:
-            raise ValueError(f"max_to_keep must be an int >= 1, got {self.max_to_keep!r}")
+        if self.max_to_keep is not None and (
+            isinstance(self.max_to_keep, bool) or not isinstance(self.max_to_keep, int) or self.max_to_keep < 1
+        ):
+            raise ValueError(f"max_to_keep must be an int >= 1 or None (keep all), got {self.max_to_keep!r}")
+        if self.checkpoint_when_busy not in ("wait", "skip"):
+            raise ValueError(f"checkpoint_when_busy must be 'wait' or 'skip', got {self.checkpoint_when_busy!r}")
         hooks = tuple(self.hooks)
         for hook in hooks:
             if not isinstance(hook, SessionRunHook) and not any(

@@ -9,9 +9,12 @@ the session is yielded.
 
 Shutdown, whatever the cause: stop requested → the step in flight finishes → services
 cancelled → final checkpoint (unless a step or hook raised) → ``hook.end()`` (clean stops
-only) → closers (summaries flushed) → dedicated threads joined → the cause re-raised. Each
-phase is bounded by what is left of ``stop_grace_secs``; a phase that overruns is logged
-by name (``shutdown.overrun phase=...``).
+only) → closers (summaries flushed) → dedicated threads joined → the cause re-raised. One
+deadline, ``stop_grace_secs`` after the stop began, bounds the whole of it: each phase
+gets what is left, a phase that overruns is logged by name (``shutdown.overrun
+phase=...``; a final save overrunning is abandoned, see :mod:`._checkpoint_service`), and
+phases not begun by then are skipped, except closing the writers and joining the
+threads, which together get at most ``_WIND_DOWN_SECS`` more.
 
 Only the step thread touches model state. Nothing here blocks the event loop: the only
 waits are for the step thread and for services, all by awaiting.
@@ -52,6 +55,10 @@ if TYPE_CHECKING:
 __all__ = ["Runtime"]
 
 log = structlog.get_logger(__name__)
+
+#: once the stop's grace has run out: the most the closers and thread joins get together
+#: (an abandoned save removing its files, event files flushed)
+_WIND_DOWN_SECS = 1.0
 
 
 def _add_note(exc: BaseException, note: str) -> None:
@@ -493,8 +500,19 @@ class Runtime:
         assert self._tg is not None
         await self._stop_services()
 
-        async def phase(name: str, fn: Callable[[], Awaitable[object]]) -> None:
-            with anyio.CancelScope(shield=True, deadline=deadline) as scope:
+        wind_down: list[float] = []  # the deadline of the closers and joins, once set
+
+        async def phase(name: str, fn: Callable[[], Awaitable[object]], *, winding_down: bool = False) -> None:
+            limit = deadline
+            now = anyio.current_time()
+            if winding_down:
+                if not wind_down:
+                    wind_down.append(max(deadline, now + _WIND_DOWN_SECS))
+                limit = wind_down[0]
+            elif now >= deadline:
+                log.error("shutdown.overrun", phase=name, grace_secs=grace, skipped=True)
+                return
+            with anyio.CancelScope(shield=True, deadline=limit) as scope:
                 try:
                     await fn()
                 except Exception as exc:
@@ -509,11 +527,11 @@ class Runtime:
         await phase("sync_global_step", lambda: self.step_thread.call(self.sync_global_step))
         if clean and not control.state_suspect:
             await phase("hooks_end", lambda: self.step_thread.call(self.hooks.end, self.session))
-        for closer in self.closers:
-            await phase("closers", closer)
         if self._spent_iterators:
             await phase("iterators", lambda: self.step_thread.call(self._spent_iterators.clear))
-        await phase("threads", self._close_threads)
+        for closer in self.closers:
+            await phase("closers", closer, winding_down=True)
+        await phase("threads", lambda: self._close_threads(wind_down[0] if wind_down else deadline), winding_down=True)
         self.closed = True
         log.info("session.stopped", reason=control.reason, global_step=self.step)
 
@@ -529,7 +547,11 @@ class Runtime:
             if state not in ("failed", "finished"):
                 self._service_states[name] = "stopped"
 
-    async def _close_threads(self) -> None:
+    async def _close_threads(self, deadline: float | None = None) -> None:
+        """Join the dedicated threads by ``deadline`` (loop time; default: the grace from now)."""
+        if deadline is None:
+            grace = self.stop_grace_secs
+            deadline = anyio.current_time() + grace if math.isfinite(grace) else math.inf
         # Service threads first, the step thread (which owns the state) last.
         for thread in reversed(self._threads):
-            await thread.aclose_within(self.stop_grace_secs)
+            await thread.aclose_within(max(0.0, deadline - anyio.current_time()))

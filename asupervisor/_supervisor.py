@@ -45,12 +45,20 @@ class Supervisor:
         save_model_secs: seconds between checkpoints; 0 disables timed checkpoints. Not
             used in multi-worker training, which needs ``save_model_steps``.
         save_model_steps: steps between checkpoints, or ``None``.
-        max_to_keep: checkpoints kept.
+        max_to_keep: the newest checkpoints kept (never fewer than 2 while a save is in
+            flight); ``None`` keeps every checkpoint. Only this supervisor's own
+            checkpoints (``<checkpoint_basename>-<step>``) are counted and deleted.
         keep_checkpoint_every_n_hours: also keep one checkpoint per this many hours.
         save_summaries_secs: seconds between summaries and step-rate measurements; 0
             disables both.
         recovery_wait_secs: seconds between checks while waiting for a checkpoint.
-        stop_grace_secs: the longest a stop may take; overrunning phases are logged.
+        stop_grace_secs: the longest a stop may take, final checkpoint included; a final
+            save that cannot commit in time is abandoned (the previous checkpoint stays
+            the latest) and overrunning phases are logged.
+        checkpoint_when_busy: ``"wait"`` (default): a step save due while the previous
+            write is in flight waits for it (back-pressure), so every multiple of
+            ``save_model_steps`` is saved; timed saves coalesce into one once the writer
+            is free. ``"skip"``: such saves are skipped (logged ``checkpoint.skipped``).
         hooks: per-step ``SessionRunHook`` objects.
         handle_signals: SIGINT and SIGTERM request a graceful stop (main thread only).
         queue_runners: input queue runners started with the session.
@@ -76,11 +84,12 @@ class Supervisor:
         checkpoint_basename: str = "model.ckpt",
         save_model_secs: float = 600,
         save_model_steps: int | None = None,
-        max_to_keep: int = 5,
+        max_to_keep: int | None = 5,
         keep_checkpoint_every_n_hours: float | None = None,
         save_summaries_secs: float = 120,
         recovery_wait_secs: float = 30,
         stop_grace_secs: float = 120,
+        checkpoint_when_busy: str = "wait",
         hooks: Sequence[SessionRunHook] = (),
         handle_signals: bool = True,
         queue_runners: Sequence[QueueRunner] = (),
@@ -103,6 +112,7 @@ class Supervisor:
             save_summaries_secs=save_summaries_secs,
             recovery_wait_secs=recovery_wait_secs,
             stop_grace_secs=stop_grace_secs,
+            checkpoint_when_busy=checkpoint_when_busy,
             hooks=hooks,
             handle_signals=handle_signals,
             queue_runners=queue_runners,

@@ -174,6 +174,10 @@ class DedicatedThread:
 
     async def aclose_within(self, secs: float) -> bool:
         """:meth:`aclose`, giving up after ``secs``; returns whether the thread ended."""
+        if self._thread.ident is not None and not self._thread.is_alive():
+            self._closed = True  # already ended: nothing to wait for, whatever ``secs``
+            self._thread.join()
+            return True
         with anyio.move_on_after(secs, shield=True):
             await self.aclose()
             return True

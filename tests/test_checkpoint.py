@@ -313,14 +313,16 @@ async def test_checkpoint_of_another_model_is_a_clear_error(tmp_path: Path) -> N
 
 @pytest.mark.anyio
 async def test_background_write_error_is_raised_not_lost(tmp_path: Path) -> None:
-    """A failed background write is raised by the next save (here the final one) at stop."""
+    """A failed background write is raised by the next save (here the final one) at stop,
+    as a CheckpointError naming the file, chained to the OSError."""
     state = make_state()
     sv = supervisor(tmp_path, state, save_model_steps=2)
     (tmp_path / "model.ckpt-2.index").mkdir(parents=True)  # publishing step 2 must fail
-    with pytest.raises(OSError):
+    with pytest.raises(asv.CheckpointError, match="model.ckpt-2") as info:
         async with sv.managed_session() as sess:
             await sv.save_now()  # the start-up save is committed: step 2's will not be skipped
             await sess.run_loop(bump(state), max_steps=3)
+    assert isinstance(info.value.__cause__, OSError)
     assert "model.ckpt-2" not in files.read_state(tmp_path).paths  # type: ignore[union-attr]
     assert not [n for n in listing(tmp_path) if ".asv-tmp-" in n]
     plain_restore(tmp_path)  # whatever is latest is complete
@@ -422,10 +424,11 @@ async def _tick(clock: ManualClock, secs: float) -> None:
 
 @pytest.mark.anyio
 async def test_timed_save_while_a_write_is_in_flight_is_skipped_and_logged(tmp_path: Path) -> None:
-    """A timer tick that comes while the previous save is still being written is skipped, loudly."""
+    """With checkpoint_when_busy="skip", a timer tick that comes while the previous save
+    is still being written is skipped, loudly."""
     state = make_state()
     clock = ManualClock()
-    sv = supervisor(tmp_path, state, clock=clock, save_model_secs=60)
+    sv = supervisor(tmp_path, state, clock=clock, save_model_secs=60, checkpoint_when_busy="skip")
     gate = threading.Event()
     with capture_logs() as logs:
         async with sv.managed_session() as sess:
@@ -598,7 +601,8 @@ def test_writeback_failure_does_not_fail_the_save(tmp_path: Path, monkeypatch: p
     calls: list[int] = []
 
     def failing(fd: int, offset: int, nbytes: int, flags: int) -> int:
-        calls.append(fd)
+        if flags == files._SYNC_FILE_RANGE_WRITE:  # the early writeback's calls (not sync_data's)
+            calls.append(fd)
         raise OSError(5, "EIO")
 
     monkeypatch.setattr(files, "_sync_file_range", failing)
