@@ -1,0 +1,146 @@
+"""Field tests of the disk: the stop's grace bounds a slow final save, a read-only or
+forbidden logdir fails the start, a disk that fills up mid-training fails with a clear
+error and leaves the last good checkpoint. Each runs ``scripts/disk_train.py`` in a child
+process, as a user runs a training script."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parent / "scripts" / "disk_train.py"
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+SETPRIV = shutil.which("setpriv")
+
+
+def run_child(logdir: Path, *args: str, user: bool = False, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, str(SCRIPT), str(logdir), *args]
+    if user:
+        assert SETPRIV is not None
+        cmd = [SETPRIV, "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _can_mount() -> bool:
+    if not IS_ROOT or not shutil.which("mount"):
+        return False
+    target = tempfile.mkdtemp(prefix="asv-mount-probe-")
+    try:
+        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", target], capture_output=True).returncode == 0
+        if ok:
+            subprocess.run(["umount", target], capture_output=True)
+        return ok
+    finally:
+        os.rmdir(target)
+
+
+CAN_MOUNT = _can_mount()
+needs_mount = pytest.mark.skipif(not CAN_MOUNT, reason="mounting a tmpfs needs root and a kernel that allows it here")
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 6 MB tmpfs mounted for the test, unmounted after it."""
+    target = tmp_path / "mnt"
+    target.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m,mode=0755", "tmpfs", str(target)], check=True)
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def leftovers(logdir: Path) -> list[str]:
+    return sorted(n for n in os.listdir(logdir) if ".asv-tmp-" in n or n.endswith("_temp"))
+
+
+def restore_latest(logdir: Path) -> int:
+    """Restore the latest checkpoint with plain TensorFlow in a child; returns its step."""
+    code = (
+        "import sys, tensorflow as tf\n"
+        "path = tf.train.latest_checkpoint(sys.argv[1])\n"
+        "reader = tf.train.load_checkpoint(path)\n"
+        "for key in reader.get_variable_to_shape_map(): reader.get_tensor(key)\n"
+        "print(int(path.rsplit('-', 1)[1]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(logdir)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.split()[-1])
+
+
+def test_grace_bounds_a_slow_final_save(tmp_path: Path) -> None:
+    """stop_grace_secs bounds the whole stop, final checkpoint included: a 512 MB final save
+    (well over a second of write and fsync here) with a 0.25 s grace is abandoned, the
+    stop returns within the grace plus a small margin, the previous checkpoint stays the
+    latest and loads, nothing of the abandoned save stays and no thread outlives it."""
+    logdir = tmp_path / "run"
+    grace = 0.25
+    out = run_child(logdir, "--mb", "512", "--steps", "3", "--grace", str(grace), "--save-first")
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert lines["SAVED"].endswith("model.ckpt-0")
+    stop_secs = float(lines["STOP_SECS"])
+    assert stop_secs < grace + 0.75, f"the stop took {stop_secs} s with stop_grace_secs={grace}"
+    assert "shutdown.overrun" in out.stdout + out.stderr and "final_checkpoint" in out.stdout + out.stderr
+    assert lines.get("THREADS", "").strip() == ""
+    assert leftovers(logdir) == []
+    assert not (logdir / "model.ckpt-3.index").exists()
+    assert restore_latest(logdir) == 0
+
+
+@needs_mount
+def test_read_only_logdir_fails_the_start(tmpfs: Path) -> None:
+    """A logdir on a read-only file system is a CheckpointError naming the path and the
+    OS cause when the session starts, before the first step."""
+    logdir = tmpfs / "run"
+    logdir.mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    out = run_child(logdir, "--steps", "5")
+    assert out.returncode != 0
+    assert "STEP" not in out.stdout
+    assert "CheckpointError" in out.stderr
+    assert str(logdir) in out.stderr and "Read-only file system" in out.stderr
+
+
+@pytest.mark.skipif(not IS_ROOT or SETPRIV is None, reason="running a child as another user needs root and setpriv")
+def test_forbidden_logdir_fails_the_start() -> None:
+    """A root-owned 0755 logdir, for a run as an unprivileged user, is a CheckpointError
+    naming the path and "Permission denied" before the first step."""
+    parent = Path(tempfile.mkdtemp(prefix="asv-forbidden-"))
+    try:
+        parent.chmod(0o755)
+        logdir = parent / "run"
+        logdir.mkdir(mode=0o755)
+        out = run_child(logdir, "--steps", "5", user=True)
+        assert out.returncode != 0
+        assert "STEP" not in out.stdout
+        assert "CheckpointError" in out.stderr
+        assert str(logdir) in out.stderr and "Permission denied" in out.stderr
+        assert os.listdir(logdir) == []
+    finally:
+        shutil.rmtree(parent)
+
+
+@needs_mount
+def test_disk_full_mid_training_names_the_file_and_keeps_the_last_checkpoint(tmpfs: Path) -> None:
+    """A 6 MB tmpfs filled by 1 MB checkpoints kept forever: the child exits with the
+    CheckpointError on stderr naming the file and "No space left on device", the last good
+    checkpoint is still the latest and restores, and nothing of the failed save stays."""
+    logdir = tmpfs / "run"
+    out = run_child(logdir, "--mb", "1", "--steps", "40", "--save-steps", "2", "--keep", "none")
+    assert out.returncode != 0, out.stdout
+    assert "CheckpointError" in out.stderr
+    assert "No space left on device" in out.stderr
+    assert f"{logdir}/model.ckpt-" in out.stderr
+    assert "STEP 10" in out.stdout  # it trained for a while before the disk filled up
+    assert leftovers(logdir) == []
+    step = restore_latest(logdir)
+    assert step >= 2 and step % 2 == 0
