@@ -22,6 +22,13 @@ the first raw write is left out likewise):
 * ``restore``: asupervisor's restore (state file, model check, restore) against plain
   ``tf.train.Checkpoint.restore`` of the same checkpoint, both with a warm page cache,
   alternating, over four times as many rounds as saves (at least 30).
+
+Then, unless ``--no-backpressure``, what back-pressure costs when saves are due faster
+than the disk writes them (``--bp-size`` MB state, a save every ``--bp-every`` steps of
+about a millisecond, ``--bp-steps`` steps through ``Supervisor.run_loop``): steps/sec
+with no checkpointing, with ``checkpoint_when_busy="wait"`` (the default: every due save
+is written, the step thread waits for the writer) and with ``"skip"``, the ratios
+``wait/none`` and ``wait/skip``, and how many saves each wrote, waited for or skipped.
 """
 
 from __future__ import annotations
@@ -148,12 +155,78 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
     }
 
 
+class _Counter:
+    """A structlog processor counting checkpoint events (then dropping them)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, logger: object, name: str, event: dict[str, object]) -> dict[str, object]:
+        key = str(event.get("event"))
+        self.counts[key] = self.counts.get(key, 0) + 1
+        raise structlog.DropEvent
+
+
+def bench_backpressure(size_mb: int, every: int, steps: int, root: Path) -> dict[str, dict[str, float]]:
+    """steps/sec and save counts with no checkpointing, back-pressure ("wait") and "skip"."""
+    import anyio
+
+    import asupervisor as asv
+
+    out: dict[str, dict[str, float]] = {}
+    for mode in ("none", "wait", "skip"):
+        ckpt, _ = make_state(size_mb)
+        x = tf.Variable(tf.random.uniform([192, 192]))
+
+        @tf.function
+        def step() -> None:
+            x.assign(tf.tanh(tf.matmul(x, x) * 0.01))  # ~1 ms of CPU work
+
+        logdir = None if mode == "none" else root / f"bp-{mode}"
+        counter = _Counter()
+        structlog.configure(processors=[counter], wrapper_class=structlog.make_filtering_bound_logger(20))
+        sv = asv.Supervisor(
+            logdir,
+            state=ckpt,
+            save_model_secs=0,
+            save_model_steps=None if mode == "none" else every,
+            checkpoint_when_busy="skip" if mode == "skip" else "wait",
+            save_summaries_secs=0,
+            handle_signals=False,
+        )
+        elapsed: list[float] = []
+
+        async def run() -> None:
+            async with sv.managed_session() as sess:
+                await sess.run(step)  # traced before timing
+                t0 = time.perf_counter()
+                await sess.run_loop(step, max_steps=steps + 1)
+                elapsed.append(time.perf_counter() - t0)
+
+        anyio.run(run)
+        structlog.configure(processors=[counter], wrapper_class=structlog.make_filtering_bound_logger(40))
+        c = counter.counts
+        out[mode] = {
+            "steps_per_sec": steps / elapsed[0],
+            "saved": c.get("checkpoint.saved", 0),
+            "waited": c.get("checkpoint.waited", 0),
+            "skipped": c.get("checkpoint.skipped", 0),
+        }
+        if logdir is not None:
+            shutil.rmtree(logdir, ignore_errors=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="16 and 128 MB, 3 repeats")
     parser.add_argument("--sizes", type=int, nargs="*", help="state sizes in MB")
     parser.add_argument("--repeats", type=int, help="repeats per measurement")
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
+    parser.add_argument("--no-backpressure", action="store_true", help="skip the back-pressure measurement")
+    parser.add_argument("--bp-size", type=int, default=64, help="back-pressure: state size in MB (64)")
+    parser.add_argument("--bp-every", type=int, default=10, help="back-pressure: save every N steps (10)")
+    parser.add_argument("--bp-steps", type=int, default=300, help="back-pressure: steps timed (300)")
     args = parser.parse_args()
     sizes = args.sizes or ([16, 128] if args.quick else [16, 128, 512])
     repeats = args.repeats or (3 if args.quick else 7)
@@ -179,6 +252,19 @@ def main() -> None:
                 f"{ms['restore_plain']:7.1f} {r['restore_asv'] / r['restore_plain']:6.2f}",
                 flush=True,
             )
+        if not args.no_backpressure:
+            r2 = bench_backpressure(args.bp_size, args.bp_every, args.bp_steps, root)
+            print(
+                f"\nback-pressure: {args.bp_size} MB state, a save due every {args.bp_every} steps, "
+                f"{args.bp_steps} steps timed"
+            )
+            for mode, row in r2.items():
+                print(
+                    f"  {mode:>4}: {row['steps_per_sec']:8.1f} steps/s  saved {row['saved']:.0f}  "
+                    f"waited {row['waited']:.0f}  skipped {row['skipped']:.0f}"
+                )
+            wait, none, skip = (r2[m]["steps_per_sec"] for m in ("wait", "none", "skip"))
+            print(f"  ratio wait/none {wait / none:.3f}   wait/skip {wait / skip:.3f}", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
