@@ -70,7 +70,7 @@ def _noop() -> None:
 #: ``checkpoint_when_busy`` values: wait for the write in flight, or skip the save
 WHEN_BUSY = ("wait", "skip")
 #: how long an abandoned final save may take to wind down (remove its files)
-_ABANDON_GRACE_SECS = 2.0
+_ABANDON_GRACE_SECS = 1.0
 
 
 class CheckpointSaver:
