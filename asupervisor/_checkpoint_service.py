@@ -257,11 +257,20 @@ class CheckpointSaver:
         if writer is not None:
             await writer.submit(_noop).wait_cancellable()
 
-    async def drain(self) -> None:
-        """Wait until every write handed to the writer so far is committed (or failed)."""
+    async def drain(self, *, abandon_on_cancel: bool = False) -> None:
+        """Wait until every write handed to the writer so far is committed (or failed).
+
+        With ``abandon_on_cancel`` (the stop's waits, bounded by its deadline), a
+        cancellation abandons the writes in flight and waits at most
+        ``_ABANDON_GRACE_SECS`` for the writer to remove their files.
+        """
         await self.rt.step_thread.call(_noop)  # hand-offs made by step jobs are queued
         if self._writer is not None:
-            await self._writer.call(_noop)
+            done = self._writer.submit(_noop)
+            if abandon_on_cancel:
+                await done.wait(self.abandon, grace_secs=_ABANDON_GRACE_SECS)
+            else:
+                await done.wait()
 
     async def save(self, reason: str, *, force: bool = False, wait: bool = False) -> CheckpointInfo | None:
         """Snapshot at the next step boundary and write it in the background.
@@ -286,8 +295,8 @@ class CheckpointSaver:
             force = True
         step = await self.rt.step_thread.submit_at_boundary(self._snapshot, reason, force=force, keep=wait).wait()
         if step is None or not wait:
-            if wait:
-                await self.drain()
+            if wait:  # this step is saved already, or being written
+                await self.drain(abandon_on_cancel=reason == "final")
                 self.raise_pending()
                 return self.checkpointer.last
             return None
@@ -317,8 +326,9 @@ class CheckpointSaver:
         await self.save("final", force=True, wait=True)
 
     async def aclose(self) -> None:
-        """At stop: wait for writes in flight; raise an error none has raised yet."""
-        await self.drain()
+        """At stop: wait for writes in flight (abandoned at the stop's deadline); raise an
+        error none has raised yet."""
+        await self.drain(abandon_on_cancel=True)
         self.raise_pending()
 
 
