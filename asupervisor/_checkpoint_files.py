@@ -8,6 +8,8 @@ Layout of a log directory (TF's own, so plain TensorFlow reads it)::
     model.ckpt-<step>.asv-tmp-<hex>.*       a save in flight (removed at start-up)
     model.ckpt-<step>.asv-tmp-pending       that checkpoint is being committed or deleted
     model.ckpt-<step>.corrupt-<time>.*      a checkpoint that failed to load, set aside
+    checkpoint.asv-tmp-<pid>                the state file's next version, being written
+    checkpoint.asv-tmp-probe-<pid>          start-up's proof that the directory is writable
 
 The commit protocol (:func:`publish` then :func:`write_state`): the data is written under
 a temporary prefix, every file is fsynced, renamed to its final name, the directory is
@@ -16,6 +18,10 @@ fsync, rename, directory fsync). A crash at any instant leaves the previous stat
 which names only complete checkpoints. A checkpoint under its final name that the state
 file does not name yet (a commit) or no longer names (retention deleting it) is marked
 pending meanwhile, so that one a crash leaves behind is removed at the next start.
+
+A save that fails or is abandoned removes everything it wrote (:func:`remove_partial`,
+and the state file's temporary copy in :func:`commit`); the ``OSError`` it raises names
+the file (``os.write`` and ``os.fsync`` alone do not).
 
 This module does plain file work; it never touches model state and must never run on the
 event loop thread (callers use the writer or step thread). The state-file proto comes
