@@ -471,8 +471,46 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True) -> None:
     reader = tf().train.load_checkpoint(path)
     if strict:
         check_matches(checkpoint, path, allow_missing=(f"{_ITERATOR_ATTR}/",), reader=reader)
-    status = checkpoint.restore(path).expect_partial()
-    _verify_values(path, _deferred_keys(status), reader)
+    try:
+        status = checkpoint.restore(path).expect_partial()
+        _verify_values(path, _deferred_keys(status), reader)
+    except BaseException:
+        _forget_deferred(checkpoint, path)
+        raise
+
+
+def _forget_deferred(checkpoint: Any, path: str) -> None:
+    """Drop the restores a failed restore of ``path`` left waiting for objects to appear.
+
+    TF keeps them on the live objects (``_deferred_dependencies``) and runs every one
+    when the object is created (optimizer slots at the first step): left there, the
+    first step would restore values of the checkpoint that failed, or read its files
+    after they were set aside.
+    """
+
+    def keep(position: Any) -> bool:
+        return getattr(getattr(position, "checkpoint", None), "save_path_string", None) != path
+
+    try:
+        objects, _ = checkpoint._saver._graph_view._breadth_first_traversal()
+    except Exception as exc:  # another TF: nothing more can be done here
+        log.debug("checkpoint.deferred_not_cleared", path=path, error=repr(exc))
+        return
+    for obj in objects:
+        deferred = getattr(obj, "_self_unconditional_deferred_dependencies", None)
+        if isinstance(deferred, dict):
+            for name in list(deferred):
+                kept = [p for p in deferred[name] if keep(p)]
+                if kept:
+                    deferred[name] = kept
+                else:
+                    del deferred[name]
+        slots = getattr(obj, "_deferred_slot_restorations", None)  # TF1-style optimizers
+        if isinstance(slots, dict):
+            for by_variable in slots.values():
+                if isinstance(by_variable, dict):
+                    for key in list(by_variable):
+                        by_variable[key] = [p for p in by_variable[key] if keep(p)]
 
 
 #: what the checkpoint reader's errors (which carry no error code) say about bad files
