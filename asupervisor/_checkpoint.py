@@ -568,8 +568,9 @@ def _candidates(logdir: Path, basename: str | None) -> tuple[list[str], files.Ch
     A readable state file naming an existing latest checkpoint is trusted: its
     checkpoints come first, in its order. The complete checkpoints on disk
     (``<basename>-<step>`` with its index and every data shard; with ``basename``
-    ``None`` only when the state file is damaged) follow as fallbacks. A damaged state file (unreadable, naming nothing, or its latest gone)
-    or a missing one while checkpoints exist: every checkpoint, newest step first.
+    ``None`` only when the state file is damaged) follow as fallbacks. A damaged state
+    file (unreadable, naming nothing, or its latest gone), or a missing one while
+    checkpoints exist: every checkpoint, newest step first.
     """
     state, problem = files.inspect_state(logdir)
     names: list[str] = []
@@ -581,8 +582,10 @@ def _candidates(logdir: Path, basename: str | None) -> tuple[list[str], files.Ch
         elif not os.path.exists(_absolute(logdir, state.latest) + ".index"):
             problem = f"it names {state.latest}, whose files are gone"
     on_disk = files.scan_checkpoints(logdir, basename) if (basename is not None or problem is not None) else []
-    # unnamed and incomplete (an index alone, a shard missing): not a checkpoint of ours
-    on_disk = [n for n in on_disk if n in names or files.missing_files(logdir / n) is None]
+    if state is None or problem is not None:
+        # unnamed and incomplete (an index alone, a shard missing): not a checkpoint of
+        # ours (with a sound state file, restore_newest checks only those it reaches)
+        on_disk = [n for n in on_disk if n in names or files.missing_files(logdir / n) is None]
     if state is None and problem is None and on_disk:
         problem = "it is missing"
     if problem is None:
@@ -631,8 +634,12 @@ def restore_newest(checkpoint: Any, logdir: Path, *, strict: bool, basename: str
         log.error("checkpoint.state_damaged", path=str(logdir / files.STATE_FILE), reason=problem,
                   action="restoring the newest checkpoint on disk that loads")
     failures: list[tuple[str, str]] = []
+    named = set() if state is None else {_absolute(logdir, n) for n in (*state.paths, state.latest) if n}
     for path in paths:
         reason = files.missing_files(Path(path))
+        if reason is not None and path not in named:
+            log.debug("checkpoint.ignored", path=path, reason=reason)  # not ours: left alone
+            continue
         if reason is not None and not os.path.exists(path + ".index") and not files.checkpoint_files(Path(path)):
             outcome.gone.append(path)
             log.warning("checkpoint.gone", path=path, action="trying the previous one")
@@ -758,7 +765,9 @@ class Checkpointer:
             if problem is not None or state is None:
                 names = [
                     n for n in reversed(files.scan_checkpoints(self.logdir, self.basename))
-                    if n not in bad and (restored_step is None or (files.step_of(n) or 0) <= restored_step)
+                    if n not in bad
+                    and (restored_step is None or (files.step_of(n) or 0) <= restored_step)
+                    and files.missing_files(self.logdir / n) is None
                 ]
                 if latest not in names:
                     names.append(latest)
