@@ -448,3 +448,28 @@ async def test_watch_checkpoints_survives_a_damaged_state_file(tmp_path: Path, d
     (tmp_path / "checkpoint").write_bytes(DAMAGE[damage])
     async with asv.watch_checkpoints(tmp_path, timeout=0, clock=ManualClock()) as checkpoints:
         assert [p async for p in checkpoints] == []
+
+
+@pytest.mark.anyio
+async def test_transient_error_in_a_recovery_restore_is_retried(tmp_path: Path) -> None:
+    """A step raises UnavailableError; the restore that recovers from it meets an
+    UnavailableError too: that is one more attempt of the recovery policy, not a corrupt
+    checkpoint, and training goes on to max_steps."""
+    flaky = FlakyValue([])
+    raised: list[int] = []
+
+    def step() -> None:
+        flaky.value.assign_add(1.0)
+        if float(flaky.value) == 3.0 and not raised:
+            raised.append(1)
+            flaky.errors.append(tf.errors.UnavailableError(None, None, "nfs gone during recovery"))
+            raise tf.errors.UnavailableError(None, None, "step lost its peer")
+
+    sv = supervisor(tmp_path, {"flaky": flaky})
+    with capture_logs() as logs:
+        async with sv.managed_session() as sess:
+            await sess.run_loop(step, max_steps=5)
+    assert sv.global_step == 5
+    assert flaky.restores == 2  # the failed one and the one that worked
+    assert [e["attempt"] for e in logs if e["event"] == "session.recovering"] == [1, 2]
+    assert not [e for e in logs if e["event"] in ("checkpoint.corrupt", "checkpoint.set_aside")]
