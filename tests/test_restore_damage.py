@@ -328,7 +328,7 @@ async def test_transient_error_in_restore_is_retried_not_set_aside(tmp_path: Pat
 @pytest.mark.anyio
 async def test_transient_error_in_init_fn_is_retried_with_backoff(tmp_path: Path) -> None:
     """init_fn raising UnavailableError is retried after the recovery backoff (on the
-    session's clock); the session starts once it succeeds."""
+    session's clock); the session starts once it succeeds, and hooks see one start-up."""
     calls: list[int] = []
 
     def init_fn() -> None:
@@ -336,8 +336,19 @@ async def test_transient_error_in_init_fn_is_retried_with_backoff(tmp_path: Path
         if len(calls) < 3:
             raise tf.errors.UnavailableError(None, None, "parameter server restarting")
 
+    class Counter(asv.SessionRunHook):
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def begin(self) -> None:
+            self.calls.append("begin")
+
+        def after_create_session(self, session: Any) -> None:
+            self.calls.append("after_create_session")
+
+    hook = Counter()
     clock = ManualClock()
-    sv = supervisor(tmp_path, make_state(), init_fn=init_fn, clock=clock, recovery_wait_secs=8)
+    sv = supervisor(tmp_path, make_state(), init_fn=init_fn, clock=clock, recovery_wait_secs=8, hooks=[hook])
     async def drive() -> None:  # half a second at a time, whenever someone sleeps on it
         while True:
             await clock.wait_for_sleepers(1)
@@ -352,6 +363,7 @@ async def test_transient_error_in_init_fn_is_retried_with_backoff(tmp_path: Path
         tg.cancel_scope.cancel()
     assert len(calls) == 3
     assert [e["backoff_secs"] for e in logs if e["event"] == "session.start_retrying"] == [1.0, 2.0]
+    assert hook.calls == ["begin", "after_create_session"]  # hooks see one start-up
 
 
 @pytest.mark.anyio
