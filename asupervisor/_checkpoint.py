@@ -12,11 +12,18 @@ A save has two halves:
   :attr:`Checkpointer.last`.
 
 Restore (:func:`restore_latest`, also used by ``SessionManager``) tries the newest
-checkpoint named in the state file first and falls back to older ones when one is
-missing files or fails to load (``checkpoint.corrupt`` is logged with the reason). A
-checkpoint of a different model (a variable missing or of another shape or dtype) is a
-:class:`~asupervisor.CheckpointError` naming the variables, raised before anything is
-restored. This module never runs on the event loop thread.
+checkpoint named in the state file first and falls back to older ones, then to the
+complete checkpoints on disk, when one is missing files or fails to load with a data
+error (``checkpoint.corrupt`` is logged with the reason). A damaged state file (garbled,
+binary, empty, dangling, missing) is not trusted: the checkpoints on disk are tried
+newest first and the writer repairs the file. Every value is read and checksummed before
+the restore returns, including those TF defers to their objects' creation (optimizer
+slots). Checkpoint files of which none loads are a :class:`~asupervisor.CheckpointError`
+listing each; transient errors (``AbortedError``, ``UnavailableError``) and other
+non-data errors propagate as themselves, for the caller to retry or report, and never
+mark a checkpoint corrupt. A checkpoint of a different model (a variable missing or of
+another shape or dtype) is a :class:`~asupervisor.CheckpointError` naming the variables,
+raised before anything is restored. This module never runs on the event loop thread.
 """
 
 from __future__ import annotations
