@@ -460,11 +460,31 @@ def _verify_values(path: str, keys: list[str], reader: Any) -> None:
             found.append(key)
         else:  # a saveable's tensors are named after its attribute: ITERATOR -> ITERATOR_STATE
             found.extend(k for k in dtypes if k.startswith(key))
-    keys = found
-    if not keys:
+    if not found:
         return
+    shapes = reader.get_variable_to_shape_map()
+    batch: list[str] = []
+    size = 0
     with tf().device("/cpu:0"):
-        gen_io_ops.restore_v2(path, keys, [""] * len(keys), [dtypes[k] for k in keys])
+        for i, key in enumerate(found):
+            batch.append(key)
+            dtype = dtypes[key]
+            size += _prod(shapes.get(key) or []) * max(int(dtype.size), 1)
+            if size >= _VERIFY_BATCH_BYTES or i == len(found) - 1:
+                # the values are dropped at once: memory stays bounded by one batch
+                gen_io_ops.restore_v2(path, batch, [""] * len(batch), [dtypes[k] for k in batch])
+                batch, size = [], 0
+
+
+#: values read per ``RestoreV2`` when checking deferred values (bounds the memory held)
+_VERIFY_BATCH_BYTES = 64 << 20
+
+
+def _prod(dims: list[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
 
 
 def restore_path(checkpoint: Any, path: str, *, strict: bool = True) -> None:
