@@ -12,22 +12,30 @@ A save has two halves:
   :attr:`Checkpointer.last`.
 
 Restore (:func:`restore_latest`, also used by ``SessionManager``) tries the newest
-checkpoint named in the state file first and falls back to older ones when one is
-missing files or fails to load (``checkpoint.corrupt`` is logged with the reason). A
-checkpoint of a different model (a variable missing or of another shape or dtype) is a
-:class:`~asupervisor.CheckpointError` naming the variables, raised before anything is
-restored. This module never runs on the event loop thread.
+checkpoint named in the state file first and falls back to older ones, then to the
+complete checkpoints on disk, when one is missing files or fails to load with a data
+error (``checkpoint.corrupt`` is logged with the reason). A damaged state file (garbled,
+binary, empty, dangling, missing) is not trusted: the checkpoints on disk are tried
+newest first and the writer repairs the file. Every value is read and checksummed before
+the restore returns, including those TF defers to their objects' creation (optimizer
+slots). Checkpoint files of which none loads are a :class:`~asupervisor.CheckpointError`
+listing each; transient errors (``AbortedError``, ``UnavailableError``) and other
+non-data errors propagate as themselves, for the caller to retry or report, and never
+mark a checkpoint corrupt. A checkpoint of a different model (a variable missing or of
+another shape or dtype) is a :class:`~asupervisor.CheckpointError` naming the variables,
+raised before anything is restored. This module never runs on the event loop thread.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +52,11 @@ __all__ = [
     "Checkpointer",
     "SaveAbandoned",
     "Snapshot",
+    "RestoreOutcome",
+    "candidates",
     "check_matches",
     "restore_latest",
+    "restore_newest",
     "restore_path",
     "write_checkpoint_now",
 ]
@@ -391,17 +402,19 @@ def _surely_matches(checkpoint: Any, matched: dict[int, str], with_values: set[i
     return True
 
 
-def check_matches(checkpoint: Any, path: str, *, allow_missing: tuple[str, ...] = ()) -> None:
+def check_matches(checkpoint: Any, path: str, *, allow_missing: tuple[str, ...] = (), reader: Any = None) -> None:
     """Raise :class:`CheckpointError` if ``path`` holds another model than ``checkpoint``.
 
     Compares the index and object graph of ``path`` (no data read) with the variables the
     state holds now: a variable the checkpoint lacks, or has with another shape or dtype,
     is named. Checkpoint values the state has no object for yet are allowed (objects
     created later, such as optimizer slots, are restored when they are created).
+    ``reader``: the checkpoint's ``tf.train.load_checkpoint`` reader, if already open.
     """
     from tensorflow.python.training.saving.saveable_object_util import SaveableCompatibilityConverter as converter
 
-    reader = tf().train.load_checkpoint(path)
+    if reader is None:
+        reader = tf().train.load_checkpoint(path)
     shapes = reader.get_variable_to_shape_map()
     dtypes = reader.get_variable_to_dtype_map()
     matched, with_values = _matched_keys(checkpoint, _object_graph(reader))
@@ -443,56 +456,272 @@ def check_matches(checkpoint: Any, path: str, *, allow_missing: tuple[str, ...] 
         )
 
 
-def restore_path(checkpoint: Any, path: str, *, strict: bool = True) -> None:
-    """Restore ``path`` into ``checkpoint`` (checking it matches the model first)."""
-    if strict:
-        check_matches(checkpoint, path, allow_missing=(f"{_ITERATOR_ATTR}/",))
-    checkpoint.restore(path).expect_partial()
-
-
-def candidates(logdir: Path) -> list[str]:
-    """Checkpoint prefixes (absolute) named in the state file, newest first."""
-    state = files.read_state(logdir)
-    if state is None:
+def _deferred_keys(status: Any) -> list[str]:
+    """The checkpoint keys a restore left for later: values of checkpoint objects that
+    matched no live object yet (a Keras optimizer's slots before its first apply, a
+    ``tf.data`` iterator not created yet). TF restores them when those objects appear."""
+    coordinator = getattr(status, "_checkpoint", None)
+    graph = getattr(coordinator, "object_graph_proto", None)
+    matched = getattr(coordinator, "matched_proto_ids", None)
+    if graph is None or matched is None:  # another TF: nothing known to be deferred
         return []
-    names = list(state.paths)
-    if state.latest is not None:
-        names = [n for n in names if n != state.latest] + [state.latest]
-    return [str(logdir / n) for n in reversed(names)]
+    keys: list[str] = []
+    for node_id, node in enumerate(graph.nodes):
+        if node.attributes and node_id not in matched:
+            keys.extend(attr.checkpoint_key for attr in node.attributes)
+    return keys
 
 
-def restore_latest(checkpoint: Any, logdir: Path, *, strict: bool = True) -> str | None:
+def _verify_values(path: str, keys: list[str], reader: Any) -> None:
+    """Read ``keys`` of the checkpoint ``path`` now (one ``RestoreV2``), checking each
+    value's checksum; raises TF's ``DataLossError`` (or another data error) if one is bad."""
+    if not keys:
+        return
+    from tensorflow.python.ops import gen_io_ops
+
+    dtypes = reader.get_variable_to_dtype_map()
+    found: list[str] = []
+    for key in keys:
+        if key in dtypes:
+            found.append(key)
+        else:  # a saveable's tensors are named after its attribute: ITERATOR -> ITERATOR_STATE
+            found.extend(k for k in dtypes if k.startswith(key))
+    if not found:
+        return
+    shapes = reader.get_variable_to_shape_map()
+    batch: list[str] = []
+    size = 0
+    with tf().device("/cpu:0"):
+        for i, key in enumerate(found):
+            batch.append(key)
+            dtype = dtypes[key]
+            size += _prod(shapes.get(key) or []) * max(int(dtype.size), 1)
+            if size >= _VERIFY_BATCH_BYTES or i == len(found) - 1:
+                # the values are dropped at once: memory stays bounded by one batch
+                gen_io_ops.restore_v2(path, batch, [""] * len(batch), [dtypes[k] for k in batch])
+                batch, size = [], 0
+
+
+#: values read per ``RestoreV2`` when checking deferred values (bounds the memory held)
+_VERIFY_BATCH_BYTES = 64 << 20
+
+
+def _prod(dims: list[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
+def restore_path(checkpoint: Any, path: str, *, strict: bool = True) -> None:
+    """Restore ``path`` into ``checkpoint`` (checking it matches the model first).
+
+    Every value of the checkpoint is read and checksummed before this returns: the
+    values TF restores now, and those it defers until their objects are created
+    (optimizer slots), which are read once here so that a corrupt one is found at
+    start-up, not at the first step.
+    """
+    reader = tf().train.load_checkpoint(path)
+    if strict:
+        check_matches(checkpoint, path, allow_missing=(f"{_ITERATOR_ATTR}/",), reader=reader)
+    try:
+        status = checkpoint.restore(path).expect_partial()
+        _verify_values(path, _deferred_keys(status), reader)
+    except BaseException:
+        _forget_deferred(checkpoint, path)
+        raise
+
+
+def _forget_deferred(checkpoint: Any, path: str) -> None:
+    """Drop the restores a failed restore of ``path`` left waiting for objects to appear.
+
+    TF keeps them on the live objects (``_deferred_dependencies``) and runs every one
+    when the object is created (optimizer slots at the first step): left there, the
+    first step would restore values of the checkpoint that failed, or read its files
+    after they were set aside.
+    """
+
+    def keep(position: Any) -> bool:
+        return getattr(getattr(position, "checkpoint", None), "save_path_string", None) != path
+
+    try:
+        objects, _ = checkpoint._saver._graph_view._breadth_first_traversal()
+    except Exception as exc:  # another TF: nothing more can be done here
+        log.debug("checkpoint.deferred_not_cleared", path=path, error=repr(exc))
+        return
+    for obj in objects:
+        deferred = getattr(obj, "_self_unconditional_deferred_dependencies", None)
+        if isinstance(deferred, dict):
+            for name in list(deferred):
+                kept = [p for p in deferred[name] if keep(p)]
+                if kept:
+                    deferred[name] = kept
+                else:
+                    del deferred[name]
+        slots = getattr(obj, "_deferred_slot_restorations", None)  # TF1-style optimizers
+        if isinstance(slots, dict):
+            for by_variable in slots.values():
+                if isinstance(by_variable, dict):
+                    for key in list(by_variable):
+                        by_variable[key] = [p for p in by_variable[key] if keep(p)]
+
+
+#: what the checkpoint reader's errors (which carry no error code) say about bad files
+_DATA_MESSAGE = re.compile(
+    r"checksum|corrupt|truncat|data loss|magic|sstable|invalid proto|unable to open table|"
+    r"failed to parse|not found|no such file|out of range|bad |mismatch",
+    re.IGNORECASE,
+)
+
+
+def _data_error(exc: BaseException) -> bool:
+    """Whether ``exc``, raised restoring a checkpoint, says its files are bad (checksum,
+    format, a file missing), as opposed to a transient or environmental failure
+    (``AbortedError``, ``UnavailableError``, ``PermissionDeniedError``, ...)."""
+    errors = tf().errors
+    if isinstance(exc, errors.OpError):
+        if type(exc) is errors.OpError:  # tf.train.load_checkpoint's reader loses the code
+            return _DATA_MESSAGE.search(str(exc)) is not None
+        return isinstance(exc, (errors.DataLossError, errors.NotFoundError, errors.InvalidArgumentError, errors.OutOfRangeError))
+    from google.protobuf.message import DecodeError
+
+    if isinstance(exc, (FileNotFoundError, IsADirectoryError, DecodeError, UnicodeDecodeError)):
+        return True
+    return isinstance(exc, (IndexError, ValueError)) and not isinstance(exc, OSError)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0][:300] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"
+
+
+@dataclass
+class RestoreOutcome:
+    """What :func:`restore_newest` found.
+
+    Attributes:
+        path: the checkpoint restored, or ``None``.
+        corrupt: newer checkpoints whose files exist but failed to load (data errors).
+        gone: newer checkpoints the state file names whose files do not exist.
+        state_problem: what is wrong with the state file (``None``: nothing), when the
+            checkpoints on disk were scanned instead of trusting it.
+        state: the state file as read (``None``: none, or unreadable).
+    """
+
+    path: str | None = None
+    corrupt: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    state_problem: str | None = None
+    state: files.CheckpointState | None = None
+
+
+def _candidates(logdir: Path, basename: str | None) -> tuple[list[str], files.CheckpointState | None, str | None]:
+    """Checkpoint prefixes (absolute) to try, newest first; the state read; its problem.
+
+    A readable state file naming an existing latest checkpoint is trusted: its
+    checkpoints come first, in its order. The complete checkpoints on disk
+    (``<basename>-<step>`` with its index and every data shard; with ``basename``
+    ``None`` only when the state file is damaged) follow as fallbacks. A damaged state
+    file (unreadable, naming nothing, or its latest gone), or a missing one while
+    checkpoints exist: every checkpoint, newest step first.
+    """
+    state, problem = files.inspect_state(logdir)
+    names: list[str] = []
+    if state is not None:
+        names = [n for n in state.paths if n != state.latest] + ([state.latest] if state.latest is not None else [])
+        names.reverse()
+        if state.latest is None:
+            problem = "it names no checkpoint"
+        elif not os.path.exists(_absolute(logdir, state.latest) + ".index"):
+            problem = f"it names {state.latest}, whose files are gone"
+    on_disk = files.scan_checkpoints(logdir, basename) if (basename is not None or problem is not None) else []
+    if state is None or problem is not None:
+        # unnamed and incomplete (an index alone, a shard missing): not a checkpoint of
+        # ours (with a sound state file, restore_newest checks only those it reaches)
+        on_disk = [n for n in on_disk if n in names or files.missing_files(logdir / n) is None]
+    if state is None and problem is None and on_disk:
+        problem = "it is missing"
+    if problem is None:
+        ordered = names + [n for n in on_disk if n not in names]
+    else:
+        steps = {n: files.step_of(Path(n).name) for n in {*names, *on_disk}}
+        stepped = sorted((n for n in steps if steps[n] is not None), key=lambda n: -(steps[n] or 0))
+        ordered = stepped + [n for n in names if steps[n] is None]
+    return [_absolute(logdir, n) for n in ordered], state, problem
+
+
+def _absolute(logdir: Path, name: str) -> str:
+    return name if os.path.isabs(name) else str(logdir / name)
+
+
+def candidates(logdir: Path, basename: str | None = None) -> list[str]:
+    """Checkpoint prefixes (absolute) a restore tries, newest first (see :func:`_candidates`)."""
+    return _candidates(logdir, basename)[0]
+
+
+def restore_latest(checkpoint: Any, logdir: Path, *, strict: bool = True, basename: str | None = None) -> str | None:
     """Restore the newest good checkpoint in ``logdir``; returns its path, or ``None``.
 
     A checkpoint that is missing files or fails to load is reported
-    (``checkpoint.corrupt path=... reason=...``) and the one before it is tried.
+    (``checkpoint.corrupt path=... reason=...``) and the one before it is tried; a
+    damaged state file is reported and the checkpoints on disk are tried instead.
 
     Raises:
-        CheckpointError: the checkpoint belongs to a different model (``strict`` only).
+        CheckpointError: the checkpoint belongs to a different model (``strict`` only),
+            or checkpoint files exist and none of them loads (each named with why).
+        tf.errors.AbortedError, tf.errors.UnavailableError: a transient failure (the
+            caller may retry; nothing is counted as corrupt).
     """
-    return _restore_newest(checkpoint, logdir, strict=strict)[0]
+    return restore_newest(checkpoint, logdir, strict=strict, basename=basename).path
 
 
-def _restore_newest(checkpoint: Any, logdir: Path, *, strict: bool) -> tuple[str | None, list[str]]:
-    """:func:`restore_latest`; also returns the newer checkpoints that failed to load."""
-    tf_ = tf()
-    corrupt: list[str] = []
-    for path in candidates(logdir):
+def restore_newest(checkpoint: Any, logdir: Path, *, strict: bool, basename: str | None = None) -> RestoreOutcome:
+    """:func:`restore_latest`, with what failed on the way (:class:`RestoreOutcome`).
+
+    Only data errors (checksum, format, missing files) make a checkpoint count as
+    corrupt; any other error (transient, permission, resources) propagates as itself.
+    """
+    paths, state, problem = _candidates(logdir, basename)
+    outcome = RestoreOutcome(state_problem=problem, state=state)
+    if problem is not None:
+        log.error("checkpoint.state_damaged", path=str(logdir / files.STATE_FILE), reason=problem,
+                  action="restoring the newest checkpoint on disk that loads")
+    failures: list[tuple[str, str]] = []
+    named = set() if state is None else {_absolute(logdir, n) for n in (*state.paths, state.latest) if n}
+    for path in paths:
         reason = files.missing_files(Path(path))
+        if reason is not None and path not in named:
+            log.debug("checkpoint.ignored", path=path, reason=reason)  # not ours: left alone
+            continue
+        if reason is not None and not os.path.exists(path + ".index") and not files.checkpoint_files(Path(path)):
+            outcome.gone.append(path)
+            log.warning("checkpoint.gone", path=path, action="trying the previous one")
+            continue
         if reason is None:
             try:
                 t0 = time.perf_counter()
                 restore_path(checkpoint, path, strict=strict)
             except CheckpointError:
                 raise
-            except (tf_.errors.OpError, IndexError, ValueError, OSError) as exc:
-                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            except Exception as exc:
+                if not _data_error(exc):
+                    raise
+                reason = _reason(exc)
             else:
                 log.info("checkpoint.restored", path=path, secs=round(time.perf_counter() - t0, 4))
-                return path, corrupt
+                outcome.path = path
+                return outcome
         log.error("checkpoint.corrupt", path=path, reason=reason, action="trying the previous one")
-        corrupt.append(path)
-    return None, corrupt
+        outcome.corrupt.append(path)
+        failures.append((path, reason))
+    if failures:
+        listing = "; ".join(f"{p}: {r}" for p, r in failures)
+        raise CheckpointError(
+            f"no checkpoint in {logdir} loads ({listing}); nothing was restored, initialised "
+            "or changed: move the damaged checkpoints away (or restore them from a copy) "
+            "to start again"
+        )
+    return outcome
 
 
 class Checkpointer:
@@ -568,36 +797,91 @@ class Checkpointer:
     def restore(self, *, strict: bool = True) -> str | None:
         """Restore the newest good checkpoint; returns its path or ``None``.
 
-        In the directory's writer (after :meth:`prepare`), newer checkpoints that failed
-        to load are then taken out of the state file and their files renamed aside
-        (:meth:`_set_aside`): left named, the state file would keep calling a corrupt
-        checkpoint the latest, and retention would keep it and delete good ones.
+        In the directory's writer (after :meth:`prepare`), the state file is then made
+        to name what was restored: newer checkpoints that failed to load are taken out of
+        it and their files renamed aside (:meth:`_set_aside`), and a damaged state file is
+        rewritten (``checkpoint.state_repaired``). Left as they were, the state file would
+        keep calling a corrupt checkpoint the latest, and retention would keep it and
+        delete good ones.
+
+        Raises:
+            CheckpointError: a different model, or checkpoint files exist and none loads.
         """
-        path, corrupt = _restore_newest(self.checkpoint, self.logdir, strict=strict)
-        if corrupt and self._owner:
-            self._set_aside(corrupt, path)
+        outcome = restore_newest(self.checkpoint, self.logdir, strict=strict, basename=self.basename)
+        path = outcome.path
+        if path is not None and self._owner and (outcome.corrupt or outcome.gone or outcome.state_problem):
+            self._set_aside(outcome.corrupt, path, outcome)
+        elif path is None and self._owner and outcome.state_problem is not None:
+            self._set_aside_state(outcome.state_problem)
         if path is not None:
             step = files.step_of(Path(path).name)
             self.last = CheckpointInfo(path=path, step=step if step is not None else -1, time=os.path.getmtime(path + ".index"))
             self.last_snapshot_step = self.last.step
         return path
 
-    def _set_aside(self, corrupt: list[str], restored: str | None) -> None:
-        """Drop ``corrupt`` from the state file (``restored`` becomes the latest), then
-        rename their files to ``<name>.corrupt-<time>.*``; nothing is deleted."""
-        bad = {Path(p).name for p in corrupt}
+    def _set_aside(self, corrupt: list[str], restored: str, outcome: RestoreOutcome | None = None) -> None:
+        """Make the state file name ``restored`` as the latest and drop ``corrupt`` (and
+        checkpoints that are gone) from it, then rename the files of ``corrupt`` to
+        ``<name>.corrupt-<time>.*``; nothing is deleted.
+
+        A damaged state file is rewritten from the checkpoints on disk: those of this
+        basename up to ``restored``, oldest first, stamped with their index file's time.
+        """
+        bad = {Path(p).name for p in corrupt} | ({Path(p).name for p in outcome.gone} if outcome else set())
+        latest = _relative_name(self.logdir, restored)
         tag = "corrupt-" + time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.wall_clock()))
         with _commit_lock(self.logdir):
-            state = files.read_state(self.logdir) or files.CheckpointState()
-            kept = [(p, t) for p, t in zip(state.paths, state.timestamps) if p not in bad]
-            latest = Path(restored).name if restored is not None else None
-            files.write_state(
-                self.logdir,
-                files.CheckpointState(latest, [p for p, _ in kept], [t for _, t in kept], state.last_preserved),
-            )
-            for name in sorted(bad):
+            state, problem = files.inspect_state(self.logdir)
+            if outcome is not None and outcome.state_problem is not None:
+                problem = outcome.state_problem
+            restored_step = files.step_of(Path(restored).name)
+            if problem is not None or state is None:
+                names = [
+                    n for n in reversed(files.scan_checkpoints(self.logdir, self.basename))
+                    if n not in bad
+                    and (restored_step is None or (files.step_of(n) or 0) <= restored_step)
+                    and files.missing_files(self.logdir / n) is None
+                ]
+                if latest not in names:
+                    names.append(latest)
+                stamps = [os.path.getmtime(self.logdir / f"{n}.index") for n in names]
+                preserved = state.last_preserved if state is not None else 0.0
+                repaired = files.CheckpointState(latest, names, stamps, preserved)
+            else:
+                kept = [(p, t) for p, t in zip(state.paths, state.timestamps) if p not in bad]
+                if latest not in [p for p, _ in kept]:
+                    kept.append((latest, os.path.getmtime(restored + ".index")))
+                    kept.sort(key=lambda pt: files.step_of(Path(pt[0]).name) or -1)
+                repaired = files.CheckpointState(latest, [p for p, _ in kept], [t for _, t in kept], state.last_preserved)
+            files.write_state(self.logdir, repaired)
+            if problem is not None or (outcome is not None and outcome.gone):
+                log.warning(
+                    "checkpoint.state_repaired",
+                    path=str(self.logdir / files.STATE_FILE),
+                    problem=problem or "it names checkpoints whose files are gone",
+                    gone=[Path(p).name for p in outcome.gone] if outcome is not None and outcome.gone else None,
+                    set_aside=sorted(Path(p).name for p in corrupt) or None,
+                    latest=latest,
+                    paths=repaired.paths,
+                )
+            for name in sorted({Path(p).name for p in corrupt}):
                 moved = files.set_aside(self.logdir / name, tag)
                 log.warning("checkpoint.set_aside", path=str(self.logdir / name), files=moved)
+
+    def _set_aside_state(self, problem: str) -> None:
+        """A damaged state file with no checkpoint on disk to name: rename it to
+        ``checkpoint.corrupt-<time>`` (kept for inspection), so that the first save
+        starts a new one instead of keeping what it named."""
+        tag = "corrupt-" + time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.wall_clock()))
+        source = self.logdir / files.STATE_FILE
+        target = self.logdir / f"{files.STATE_FILE}.{tag}"
+        with _commit_lock(self.logdir):
+            try:
+                os.replace(source, target)
+            except FileNotFoundError:
+                return
+            files.fsync_path(self.logdir)
+        log.warning("checkpoint.state_repaired", path=str(source), problem=problem, set_aside=target.name, latest=None)
 
     def snapshot(self, step: int) -> Snapshot | None:
         """Snapshot the state at ``step``; ``None`` if that step is already saved."""
@@ -724,6 +1008,14 @@ class Checkpointer:
             managed=managed,
         )
         return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), state, delete
+
+
+def _relative_name(logdir: Path, path: str) -> str:
+    """``path`` relative to ``logdir`` when inside it (as the state file names it)."""
+    try:
+        return str(Path(path).relative_to(logdir))
+    except ValueError:
+        return path
 
 
 def write_checkpoint_now(

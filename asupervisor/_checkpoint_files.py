@@ -52,6 +52,7 @@ __all__ = [
     "delete_checkpoint",
     "early_writeback",
     "fsync_path",
+    "inspect_state",
     "missing_files",
     "probe_writable",
     "publish",
@@ -59,6 +60,7 @@ __all__ = [
     "remove_partial",
     "read_state",
     "retire_checkpoint",
+    "scan_checkpoints",
     "select_retention",
     "set_aside",
     "step_of",
@@ -146,11 +148,25 @@ def _parse_state(text: str) -> dict[str, list[object]] | None:
 
 def read_state(logdir: Path) -> CheckpointState | None:
     """Parse ``<logdir>/checkpoint``; ``None`` if there is none or it is unreadable."""
+    return inspect_state(logdir)[0]
+
+
+def inspect_state(logdir: Path) -> tuple[CheckpointState | None, str | None]:
+    """Parse ``<logdir>/checkpoint``: ``(state, None)``, ``(None, None)`` when there is no
+    state file, or ``(None, why)`` when it cannot be read as one (garbled text, binary
+    garbage); never raises for the file's content.
+    """
     path = logdir / STATE_FILE
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
-        return None
+        return None, None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        why = f"not text ({exc.reason} at byte {exc.start} of {len(raw)})"
+        log.error("checkpoint.state_corrupt", path=str(path), reason=why)
+        return None, why
     fields = _parse_state(text)  # the usual file, without protobuf's (slower) text parser
     if fields is None or any(len(fields.get(k, ())) > 1 for k in ("model_checkpoint_path", "last_preserved_timestamp")):
         from google.protobuf import text_format
@@ -158,9 +174,10 @@ def read_state(logdir: Path) -> CheckpointState | None:
         proto = _state_proto()()
         try:
             text_format.Merge(text, proto)
-        except text_format.ParseError as exc:
-            log.error("checkpoint.state_corrupt", path=str(path), reason=str(exc))
-            return None
+        except (text_format.ParseError, UnicodeDecodeError, ValueError) as exc:
+            why = f"garbled ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})"
+            log.error("checkpoint.state_corrupt", path=str(path), reason=why)
+            return None, why
         fields = {
             "model_checkpoint_path": [proto.model_checkpoint_path],
             "all_model_checkpoint_paths": list(proto.all_model_checkpoint_paths),
@@ -176,7 +193,29 @@ def read_state(logdir: Path) -> CheckpointState | None:
     if len(stamps) != len(paths):
         stamps = [0.0] * len(paths)
     preserved = float((fields.get("last_preserved_timestamp") or [0.0])[0])  # type: ignore[arg-type]
-    return CheckpointState(latest, paths, stamps, preserved)
+    return CheckpointState(latest, paths, stamps, preserved), None
+
+
+def scan_checkpoints(logdir: Path, basename: str | None) -> list[str]:
+    """Names of the checkpoints ``<basename>-<step>`` in ``logdir`` that have an index
+    file, newest step first (any ``<name>-<step>`` when ``basename`` is ``None``).
+
+    What a restore falls back on when the state file is damaged or names nothing that
+    loads. Saves in flight and checkpoints set aside are not checkpoint names.
+    """
+    try:
+        entries = os.listdir(logdir)
+    except FileNotFoundError:
+        return []
+    head = re.escape(basename) if basename is not None else r".+"
+    pattern = re.compile(rf"({head}-(\d+))\.index")
+    found: list[tuple[int, str]] = []
+    for entry in entries:
+        m = pattern.fullmatch(entry)
+        if m is None or TMP_MARKER in entry or os.path.isdir(logdir / entry):
+            continue
+        found.append((int(m.group(2)), m.group(1)))
+    return [name for _, name in sorted(found, key=lambda t: (-t[0], t[1]))]
 
 
 def fsync_path(path: Path) -> None:

@@ -365,7 +365,12 @@ class CheckpointService(Service):
 def restore_on_startup(rt: Runtime) -> bool:
     """On the step thread at start-up: set up checkpointing and restore the latest good one.
 
-    Returns whether a checkpoint was restored.
+    Returns whether a checkpoint was restored. Called again for each start-up retry
+    (``Runtime._start_up``): a transient error raised here sets nothing aside.
+
+    Raises:
+        CheckpointError: another model's checkpoint, or checkpoint files of which none loads.
+        tf.errors.AbortedError, tf.errors.UnavailableError: transient; the caller retries.
     """
     config = rt.config
     if config.logdir is None:

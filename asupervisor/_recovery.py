@@ -10,6 +10,8 @@ loop, decides, waits and restores. Without a checkpoint to restore the error pro
 
 The backoff starts at ``min(1, recovery_wait_secs)`` seconds and doubles up to
 ``recovery_wait_secs`` (the Supervisor setting), on the supervisor's injectable clock.
+A transient error raised by that restore itself is one more attempt under the same
+policy: it never makes the checkpoint count as corrupt.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import anyio
 import structlog
 
 from ._services import FailureWindow, RestartPolicy
+from ._tf import is_recoverable
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -71,11 +74,25 @@ async def recover(rt: Runtime, failures: FailureWindow, exc: BaseException) -> b
     backoff = failures.policy.backoff_for(attempt)
     log.warning("session.recovering", error=repr(exc), attempt=attempt, backoff_secs=backoff)
     try:
-        if backoff > 0:
-            await clock.sleep_until(now + backoff)
-        if rt.saver is not None:
-            await rt.saver.drain()  # a checkpoint being written is the one to restore
-        path = await rt.step_thread.call(_restore_for_recovery, rt)
+        while True:
+            if backoff > 0:
+                await clock.sleep_until(now + backoff)
+            if rt.saver is not None:
+                await rt.saver.drain()  # a checkpoint being written is the one to restore
+            try:
+                path = await rt.step_thread.call(_restore_for_recovery, rt)
+                break
+            except Exception as err:
+                # the restore itself met a transient error: another attempt of the same
+                # policy (never a reason to call the checkpoint corrupt)
+                if not is_recoverable(err):
+                    raise
+                now = clock.now()
+                attempt = failures.record(now)
+                if attempt > failures.policy.max_restarts:
+                    raise
+                backoff = failures.policy.backoff_for(attempt)
+                log.warning("session.recovering", error=repr(err), attempt=attempt, backoff_secs=backoff)
     except anyio.get_cancelled_exc_class():
         rt.control.state_suspect = True  # stopped before the state was restored
         raise

@@ -162,14 +162,55 @@ class Runtime:
 
     # -- step thread work ------------------------------------------------------------
 
-    def _startup(self) -> bool:
-        """On the step thread: begin hooks, build/restore/init state, check readiness."""
-        config = self.config
+    async def _start_up(self) -> bool:
+        """On the loop: start-up's step-thread work; returns whether it restored.
+
+        ``tf.errors.AbortedError``/``UnavailableError`` while restoring or initialising
+        (a flaky filesystem, a peer restarting) are transient, as TF's ``MonitoredSession``
+        treated them when creating its session: the restore-or-init is retried under the
+        recovery policy (bounded count, backoff from ``recovery_wait_secs`` on the
+        session's clock); past it, the error propagates as itself. Nothing is set aside
+        for a transient error.
+        """
+        await self.step_thread.call(self._begin_startup)
+        failures = FailureWindow(_recovery.recovery_policy(self.config.recovery_wait_secs))
+        while True:
+            try:
+                restored: bool = await self.step_thread.call(self._restore_or_init)
+                break
+            except Exception as exc:
+                if not is_recoverable(exc):
+                    raise
+                now = self.clock.now()
+                attempt = failures.record(now)
+                if attempt > failures.policy.max_restarts:
+                    log.error("session.start_gave_up", error=f"{type(exc).__name__}: {exc}", retries=attempt - 1)
+                    raise
+                backoff = failures.policy.backoff_for(attempt)
+                log.warning(
+                    "session.start_retrying", error=f"{type(exc).__name__}: {exc}", attempt=attempt, backoff_secs=backoff
+                )
+                if backoff > 0:
+                    await self.clock.sleep_until(now + backoff)
+        await self.step_thread.call(self._finish_startup)
+        return restored
+
+    def _begin_startup(self) -> None:
+        """On the step thread: ``hook.begin()``, then the state built."""
         self.hooks.begin()
         self._build_state()
+
+    def _restore_or_init(self) -> bool:
+        """On the step thread: restore the latest good checkpoint, else ``init_fn``."""
         restored = self._restore()
-        if not restored and config.init_fn is not None:
-            config.init_fn()
+        if not restored and self.config.init_fn is not None:
+            self.config.init_fn()
+        return restored
+
+    def _finish_startup(self) -> None:
+        """On the step thread: ``local_init_fn``, the ``ready_fn`` check, the step count,
+        ``hook.after_create_session()``."""
+        config = self.config
         if config.local_init_fn is not None:
             config.local_init_fn()
         if config.ready_fn is not None:
@@ -178,7 +219,6 @@ class Runtime:
                 raise RuntimeError(f"the model is not ready after start-up: {', '.join(not_ready)}")
         self.step = int(self.global_step_var.numpy())
         self.hooks.after_create_session(self.session)
-        return restored
 
     def _build_state(self) -> None:
         """Create the global step variable if needed and the checkpoint holding it all."""
@@ -418,7 +458,7 @@ class Runtime:
         self.step_thread = self.new_thread("asv-step")
         self.summary_writer = SummaryWriter.open(self)
         try:
-            restored = await self.step_thread.call(self._startup)
+            restored = await self._start_up()
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
             for service in self._services():

@@ -1,0 +1,69 @@
+"""Field-test child: a Keras + Adam training run that checkpoints every 5 steps.
+
+Usage: damaged_train.py LOGDIR MAX_STEPS BACKEND [--hold]
+
+Prints ``start <step> <latest checkpoint at start>`` once the session is up, ``saved
+<step>`` after each checkpoint, ``end <step>`` at the end. With ``--hold`` it waits
+(without exiting) after the save at MAX_STEPS, for the test to kill it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import anyio  # noqa: E402
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import asupervisor as asv  # noqa: E402
+
+logdir, max_steps, backend = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+hold = "--hold" in sys.argv[4:]
+
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+opt = keras.optimizers.Adam(0.01)
+x = tf.random.stateless_normal((16, 4), (1, 2))
+y = tf.reduce_sum(x, 1, keepdims=True)
+
+
+@tf.function
+def train_step() -> dict[str, tf.Tensor]:
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((model(x) - y) ** 2)
+    opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return {"loss": loss}
+
+
+def init_fn() -> None:
+    print("init_fn", flush=True)
+
+
+sv = asv.Supervisor(
+    logdir,
+    state=tf.train.Checkpoint(model=model, optimizer=opt),
+    init_fn=init_fn,
+    save_model_secs=600,
+    save_summaries_secs=0,
+    handle_signals=False,
+)
+
+
+async def main() -> None:
+    async with sv.managed_session() as sess:
+        print("start", sess.global_step, tf.train.latest_checkpoint(logdir), flush=True)
+        while sess.global_step < max_steps:
+            await sess.run(train_step)
+            if sess.global_step % 5 == 0:
+                info = await sv.save_now()
+                print("saved", info.step if info is not None else None, flush=True)
+        if hold:
+            print("holding", flush=True)
+            await anyio.sleep_forever()
+    print("end", sv.global_step, flush=True)
+
+
+anyio.run(main, backend=backend)
