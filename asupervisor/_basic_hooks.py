@@ -574,9 +574,17 @@ class FinalOpsHook(SessionRunHook):
 class ProfilerHook(SessionRunHook):
     """Traces one step every N steps or secs with ``tf.profiler`` (TensorBoard's Profile tab).
 
-    Traces go to ``<output_dir>/plugins/profile/<run>/`` (``output_dir`` defaults to the
-    session's ``logdir``; without either, the hook does nothing). Tracing costs far more
-    than a step: use a large period.
+    TF1's timing: the session's first step arms the timer (it is never traced); then the
+    steps that complete global step ``first + N``, ``first + 2N``, ... (``save_steps``) or
+    the first step at least ``save_secs`` after the previous trace (or the arming step)
+    are traced, ``first`` being the global step the session started from. With
+    ``save_steps=2`` from step 0 that is steps 2, 4, 6, ...
+
+    Each trace gets its own directory, ``<output_dir>/plugins/profile/<time>_step_<N>/``
+    (``output_dir`` defaults to the session's ``logdir``; without either, the hook does
+    nothing), where TensorBoard's profile plugin finds it; two traces within one second
+    never share (and overwrite) a directory. Tracing costs far more than a step: use a
+    large period.
 
     Args:
         save_steps: steps between traced steps.
@@ -601,10 +609,13 @@ class ProfilerHook(SessionRunHook):
         self._dir: str | None = None
         self._rt: Runtime | None = None
         self._tracing = False
+        self._armed = False  # the session's first step armed the timer
+        self._staging: str | None = None  # where the running trace is written
 
     def begin(self) -> None:
-        """Reset the timer."""
+        """Reset the timer: the session's first step arms it again."""
         self._timer.reset()
+        self._armed = False
 
     def after_create_session(self, session: Session) -> None:
         """Work out where traces go; make sure no trace outlives the session."""
@@ -625,43 +636,105 @@ class ProfilerHook(SessionRunHook):
     def _asv_gate(self) -> Gate:
         if self._dir is None and not self._tracing:
             return NEVER, math.inf, None
+        if not self._armed:  # the first step arms the timer
+            return -NEVER, math.inf, None
         return _timer_gate(self._timer)
 
     def before_run(self, run_context: SessionRunContext) -> None:
-        """Start a trace if the coming step is one to trace."""
+        """Start a trace if the coming step is one to trace (never the session's first)."""
         rt = self._rt
         timer = self._timer
-        if rt is None or rt.step + 1 < timer.next_step or self._dir is None:
+        if rt is None or self._dir is None or not self._armed:
             return
-        if not timer.should_trigger_for_step(rt.step + 1):
+        step = rt.step + 1
+        if step < timer.next_step or not timer.should_trigger_for_step(step):
             return
+        import os
+        import tempfile
+
         from ._tf import tf
 
         try:
-            tf().profiler.experimental.start(self._dir)
-        except Exception as exc:  # another profiler session is running: skip this one
-            log.warning("profiler_hook.skipped", error=repr(exc))
-            self._timer.update_last_triggered_step(rt.step + 1)
+            os.makedirs(self._dir, exist_ok=True)
+            staging = tempfile.mkdtemp(prefix=".asv-profile-", dir=self._dir)
+        except OSError as exc:
+            log.warning("profiler_hook.skipped", global_step=step, error=f"{type(exc).__name__}: {exc}")
+            timer.update_last_triggered_step(step)
             return
+        try:
+            tf().profiler.experimental.start(staging)
+        except Exception as exc:  # another profiler session is running: skip this one
+            log.warning("profiler_hook.skipped", global_step=step, error=f"{type(exc).__name__}: {exc}")
+            _remove_tree(staging)
+            timer.update_last_triggered_step(step)
+            return
+        self._staging = staging
         self._tracing = True
 
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
-        """Stop the trace of the step just run and write it."""
+        """Arm the timer after the first step; stop the trace of a traced step and write it."""
         if self._tracing:
             self._stop(run_values.global_step)
+        elif not self._armed:
+            self._armed = True
+            # TF1 arms at the global step the first step started from
+            self._timer.update_last_triggered_step(run_values.global_step - 1)
 
     def _stop(self, step: int) -> None:
         from ._tf import tf
 
         self._tracing = False
         self._timer.update_last_triggered_step(step)
+        staging, self._staging = self._staging, None
         tf().profiler.experimental.stop()
-        log.info("profiler_hook.saved", global_step=step, logdir=self._dir)
+        assert staging is not None and self._dir is not None
+        path = _publish_trace(staging, self._dir, step)
+        log.info("profiler_hook.saved", global_step=step, path=path)
 
     def end(self, session: Session) -> None:
         """Close a trace still open."""
         if self._tracing:
             self._stop(session.global_step)
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _publish_trace(staging: str, output_dir: str, step: int) -> str | None:
+    """Move the trace the profiler wrote under ``staging`` to its own directory.
+
+    ``tf.profiler`` writes ``<logdir>/plugins/profile/<time to the second>/``; each trace
+    is written into a fresh staging logdir, then its run directory is renamed to
+    ``<output_dir>/plugins/profile/<time>_step_<step>/`` (a suffix is added if that exists).
+    Returns that path, or ``None`` when the profiler wrote nothing.
+    """
+    import os
+
+    root = os.path.join(staging, "plugins", "profile")
+    try:
+        runs = sorted(os.listdir(root))
+    except OSError:
+        runs = []
+    target_root = os.path.join(output_dir, "plugins", "profile")
+    published: str | None = None
+    try:
+        for run in runs:
+            os.makedirs(target_root, exist_ok=True)
+            target = os.path.join(target_root, f"{run}_step_{step}")
+            n = 1
+            while os.path.exists(target):
+                target = os.path.join(target_root, f"{run}_step_{step}.{n}")
+                n += 1
+            os.rename(os.path.join(root, run), target)
+            published = target
+    except OSError as exc:
+        log.warning("profiler_hook.not_published", global_step=step, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        _remove_tree(staging)
+    return published
 
 
 class CheckpointSaverListener:

@@ -520,9 +520,10 @@ async def test_final_ops_hook_reads_values_at_the_end() -> None:
 
 
 async def test_profiler_hook_writes_a_trace_tensorboard_reads(tmp_path: Path) -> None:
-    """A trace of the first step lands in ``<logdir>/plugins/profile/<run>/*.xplane.pb``
-    (where TensorBoard's profile plugin looks), an XSpace whose host plane holds the step's
-    function and ops."""
+    """A trace of step 2 (the first step only arms the timer, as in TF1) lands in
+    ``<logdir>/plugins/profile/<run>_step_2/*.xplane.pb`` (where TensorBoard's profile plugin
+    looks), an XSpace whose host plane holds the step's function and ops; nothing is left
+    of the staging directory it was written into."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     v = tf.Variable(0.0)
@@ -533,8 +534,12 @@ async def test_profiler_hook_writes_a_trace_tensorboard_reads(tmp_path: Path) ->
 
     async with make_sv([asv.ProfilerHook(save_steps=100)], tmp_path, state={"v": v}).managed_session() as sess:
         await sess.run_loop(profiled_step, max_steps=3)
+    assert not list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))  # 2..3 < 0 + 100
+    async with make_sv([asv.ProfilerHook(save_steps=2)], tmp_path, state={"v": v}).managed_session() as sess:
+        await sess.run_loop(profiled_step, max_steps=3)
     traces = list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))
-    assert len(traces) == 1
+    assert len(traces) == 1 and traces[0].parent.name.endswith("_step_2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins"]  # no staging directory left
     space = xplane_pb2.XSpace()
     space.ParseFromString(traces[0].read_bytes())
     host = [p for p in space.planes if p.name.startswith("/host:CPU")]
@@ -550,7 +555,19 @@ async def test_profiler_hook_closes_a_trace_left_open_by_an_error(tmp_path: Path
         raise ValueError("step failed")
 
     with pytest.raises(ValueError):
-        async with make_sv([asv.ProfilerHook(save_steps=10)], tmp_path).managed_session() as sess:
-            await sess.run(boom)
+        async with make_sv([asv.ProfilerHook(save_steps=1)], tmp_path).managed_session() as sess:
+            await sess.run(lambda: None)  # step 1 arms the timer
+            await sess.run(boom)  # step 2 is traced
     tf.profiler.experimental.start(str(tmp_path / "again"))  # raises if a session were still open
     tf.profiler.experimental.stop()
+
+
+async def test_profiler_hook_two_traces_within_one_second_get_their_own_directories(tmp_path: Path) -> None:
+    """Traces of steps 2, 3 and 4 taken within the same second (``tf.profiler`` names its run
+    directory after the second) land in three directories, one per traced step, each with
+    its own trace: none overwrites another."""
+    async with make_sv([asv.ProfilerHook(save_steps=1)], tmp_path).managed_session() as sess:
+        await sess.run_loop(lambda: None, max_steps=4)
+    runs = sorted((tmp_path / "plugins" / "profile").iterdir())
+    assert sorted(r.name.rsplit("_step_", 1)[1] for r in runs) == ["2", "3", "4"]
+    assert all(len(list(r.glob("*.xplane.pb"))) == 1 for r in runs)
