@@ -67,6 +67,20 @@ def _timer_gate(timer: SecondOrStepTimer) -> Gate:
     return step, at, timer.clock
 
 
+def _hook_timer(
+    secs_name: str, secs: float | None, steps_name: str, steps: int | None, clock: ThreadSafeClock | None
+) -> SecondOrStepTimer:
+    """A hook's timer; a bad period is an error naming the hook's own argument."""
+    if (secs is None) == (steps is None):
+        raise ValueError(
+            f"give exactly one of {steps_name} and {secs_name} "
+            f"(got {steps_name}={steps!r}, {secs_name}={secs!r})"
+        )
+    check_every(steps_name, steps, kind="steps")
+    check_every(secs_name, secs, kind="secs")
+    return SecondOrStepTimer(every_secs=secs, every_steps=steps, clock=clock)
+
+
 def _lookup(results: Any, key: str, hook: str) -> Any:
     if not isinstance(results, Mapping):
         raise TypeError(
@@ -150,7 +164,7 @@ class StepCounterHook(SessionRunHook):
         *,
         clock: ThreadSafeClock | None = None,
     ) -> None:
-        self._timer = SecondOrStepTimer(every_secs=every_n_secs, every_steps=every_n_steps, clock=clock)
+        self._timer = _hook_timer("every_n_secs", every_n_secs, "every_n_steps", every_n_steps, clock)
         self._writer: SummaryWriter | None = None
         self.steps_per_sec: float | None = None
 
@@ -214,7 +228,7 @@ class LoggingTensorHook(SessionRunHook):
         self._names = names
         self._only_at_end = at_end and every_n_iter is None and every_n_secs is None
         self._timer = (
-            None if self._only_at_end else SecondOrStepTimer(every_n_secs, every_n_iter, clock=clock)
+            None if self._only_at_end else _hook_timer("every_n_secs", every_n_secs, "every_n_iter", every_n_iter, clock)
         )
         self._at_end = at_end
         self._formatter = formatter
@@ -450,7 +464,7 @@ class SummarySaverHook(SessionRunHook):
         keys: Sequence[str] | None = None,
         clock: ThreadSafeClock | None = None,
     ) -> None:
-        self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps, clock=clock)
+        self._timer = _hook_timer("save_secs", save_secs, "save_steps", save_steps, clock)
         self._keys = None if keys is None else tuple(keys)
         self._writer: SummaryWriter | None = None
 
@@ -604,7 +618,7 @@ class ProfilerHook(SessionRunHook):
         *,
         clock: ThreadSafeClock | None = None,
     ) -> None:
-        self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps, clock=clock)
+        self._timer = _hook_timer("save_secs", save_secs, "save_steps", save_steps, clock)
         self._output_dir = output_dir
         self._dir: str | None = None
         self._rt: Runtime | None = None
@@ -789,7 +803,7 @@ class CheckpointSaverHook(SessionRunHook):
 
         if not isinstance(checkpoint_dir, (str, os.PathLike)):
             raise TypeError(f"checkpoint_dir must be a path, got {checkpoint_dir!r}")
-        self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps, clock=clock)
+        self._timer = _hook_timer("save_secs", save_secs, "save_steps", save_steps, clock)
         self._dir = os.fspath(checkpoint_dir)
         self._basename = checkpoint_basename
         self._listeners = tuple(listeners or ())
