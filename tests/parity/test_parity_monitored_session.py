@@ -157,6 +157,32 @@ async def test_summaries_secs(tmp_path: Path) -> None:
     assert "my_summary_tag" in tags and "global_step/sec" in tags
 
 
+async def test_save_checkpoint_steps(tmp_path: Path) -> None:
+    """monitored_session_test.py::MonitoredTrainingSessionTest::test_save_checkpoint_steps (TF's
+    current file): with ``save_checkpoint_steps=100``, 100 steps; a restart resumes at 100."""
+    async with mts(tmp_path, is_chief=True, save_checkpoint_steps=100, log_step_count_steps=10) as sess:
+        for _ in range(100):
+            await sess.run(noop)
+    async with mts(tmp_path, is_chief=True) as sess:
+        assert sess.global_step == 100
+
+
+async def test_save_checkpoint_secs(tmp_path: Path) -> None:
+    """monitored_session_test.py::MonitoredTrainingSessionTest::test_save_checkpoint_secs (TF's
+    current file): with ``save_checkpoint_secs=0.1``, a step, 0.2 s (an injected clock), 10
+    more steps; a restart resumes at 11."""
+    from asupervisor.testing import ManualClock
+
+    clock = ManualClock()
+    async with mts(tmp_path, is_chief=True, save_checkpoint_secs=0.1, log_step_count_steps=10, clock=clock) as sess:
+        await sess.run(noop)
+        clock.advance(0.2)
+        for _ in range(10):
+            await sess.run(noop)
+    async with mts(tmp_path, is_chief=True) as sess:
+        assert sess.global_step == 11
+
+
 async def test_custom_saving(tmp_path: Path) -> None:
     """monitored_session_test.py::MonitoredTrainingSessionTest::test_custom_saving: with
     ``save_checkpoint_secs=0`` no checkpoint is written; a chief-only hook is begun once; a
