@@ -640,6 +640,7 @@ class ProfilerHook(SessionRunHook):
             self._dir = str(rt.config.logdir)
         if self._dir is not None:
             rt.closers.append(self._aclose)
+            _remove_stale_staging(self._dir)
 
     async def _aclose(self) -> None:
         """A session closer: a trace still open after an error is stopped (on the step thread)."""
@@ -670,7 +671,7 @@ class ProfilerHook(SessionRunHook):
 
         try:
             os.makedirs(self._dir, exist_ok=True)
-            staging = tempfile.mkdtemp(prefix=".asv-profile-", dir=self._dir)
+            staging = tempfile.mkdtemp(prefix=f"{_STAGING}{os.getpid()}-", dir=self._dir)
         except OSError as exc:
             log.warning("profiler_hook.skipped", global_step=step, error=f"{type(exc).__name__}: {exc}")
             timer.update_last_triggered_step(step)
@@ -709,6 +710,30 @@ class ProfilerHook(SessionRunHook):
         """Close a trace still open."""
         if self._tracing:
             self._stop(session.global_step)
+
+
+_STAGING = ".asv-profile-"  # + "<pid>-<random>": where a trace is written before it is published
+
+
+def _remove_stale_staging(output_dir: str) -> None:
+    """Remove staging directories left by processes that died while tracing (SIGKILL)."""
+    import os
+
+    try:
+        entries = os.listdir(output_dir)
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry[len(_STAGING) :].split("-", 1)[0] if entry.startswith(_STAGING) else ""
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            log.info("profiler_hook.stale_trace_removed", path=os.path.join(output_dir, entry))
+            _remove_tree(os.path.join(output_dir, entry))
+        except OSError:
+            pass  # alive (another user's process), or cannot tell: leave it
 
 
 def _remove_tree(path: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -571,3 +572,30 @@ async def test_profiler_hook_two_traces_within_one_second_get_their_own_director
     runs = sorted((tmp_path / "plugins" / "profile").iterdir())
     assert sorted(r.name.rsplit("_step_", 1)[1] for r in runs) == ["2", "3", "4"]
     assert all(len(list(r.glob("*.xplane.pb"))) == 1 for r in runs)
+
+
+async def test_profiler_hook_traces_from_the_restored_step(tmp_path: Path) -> None:
+    """A session starting at global step 10 arms the timer there: ``save_steps=2`` traces 12
+    and 14, not 11 (TF1 arms at the step the first run started from)."""
+    hook = asv.ProfilerHook(save_steps=2, output_dir=str(tmp_path))
+    sv = make_sv([hook], global_step=tf.Variable(10, dtype=tf.int64))
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: None, max_steps=15)
+    runs = sorted(r.name.rsplit("_step_", 1)[1] for r in (tmp_path / "plugins" / "profile").iterdir())
+    assert runs == ["12", "14"]
+
+
+async def test_profiler_hook_removes_staging_left_by_a_dead_process(tmp_path: Path) -> None:
+    """A staging directory left by a process killed while tracing is removed at the next
+    session's start; one of a live process (or of this one) is left alone."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    stale = tmp_path / f".asv-profile-{int(dead.stdout)}-x" / "plugins" / "profile" / "run"
+    stale.mkdir(parents=True)
+    live = tmp_path / f".asv-profile-{os.getppid()}-y"
+    live.mkdir()
+    async with make_sv([asv.ProfilerHook(save_steps=100, output_dir=str(tmp_path))]).managed_session() as sess:
+        await sess.run(lambda: None)
+    assert not stale.parent.parent.parent.exists() and live.exists()
