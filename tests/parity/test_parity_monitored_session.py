@@ -198,7 +198,16 @@ async def test_custom_saving(tmp_path: Path) -> None:
         assert sess.global_step == 0
 
 
-# -- CoordinatedSessionTest -------------------------------------------------------------
+# -- WrappedSessionTest / CoordinatedSessionTest ----------------------------------------
+
+
+async def test_should_stop_on_close() -> None:
+    """monitored_session_test.py::WrappedSessionTest::test_should_stop_on_close and
+    ``CoordinatedSessionTest::test_should_stop_on_close``: ``should_stop()`` is false while the
+    session runs and true once it is closed (the ``async with`` block ended)."""
+    async with singular().managed_session() as sess:
+        assert not sess.should_stop()
+    assert sess.should_stop()
 
 
 async def test_coordinated_should_stop_on_coord_stop() -> None:
@@ -876,3 +885,23 @@ async def test_singular_do_not_handle_aborted_error() -> None:
         async with singular([RaiseAborted()]).managed_session() as sess:
             await sess.run(noop)
     assert sess.global_step == 0
+
+
+async def test_singular_do_not_handle_aborted_error_caught_in_body() -> None:
+    """monitored_session_test.py::SingularMonitoredSessionTest::test_do_not_handle_aborted_error,
+    first part: the ``AbortedError`` comes out of ``run``, where the body catches it. TF's
+    session then closes quietly. DESIGN differs: the error that stopped the session comes out
+    of the with block as itself even when the body caught it ("Errors propagate")."""
+
+    class RaiseAborted(asv.SessionRunHook):
+        def before_run(self, run_context: asv.SessionRunContext) -> None:
+            raise aborted()
+
+    caught: list[BaseException] = []
+    with pytest.raises(tf.errors.AbortedError) as raised:
+        async with singular([RaiseAborted()]).managed_session() as sess:
+            try:
+                await sess.run(noop)
+            except tf.errors.AbortedError as exc:
+                caught.append(exc)
+    assert caught == [raised.value] and sess.should_stop()
