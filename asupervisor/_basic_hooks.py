@@ -228,7 +228,9 @@ class LoggingTensorHook(SessionRunHook):
         self._names = names
         self._only_at_end = at_end and every_n_iter is None and every_n_secs is None
         self._timer = (
-            None if self._only_at_end else _hook_timer("every_n_secs", every_n_secs, "every_n_iter", every_n_iter, clock)
+            None
+            if self._only_at_end
+            else _hook_timer("every_n_secs", every_n_secs, "every_n_iter", every_n_iter, clock)
         )
         self._at_end = at_end
         self._formatter = formatter

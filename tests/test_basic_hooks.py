@@ -591,7 +591,9 @@ async def test_profiler_hook_removes_staging_left_by_a_dead_process(tmp_path: Pa
     import subprocess
     import sys
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     stale = tmp_path / f".asv-profile-{int(dead.stdout)}-x" / "plugins" / "profile" / "run"
     stale.mkdir(parents=True)
     live = tmp_path / f".asv-profile-{os.getppid()}-y"

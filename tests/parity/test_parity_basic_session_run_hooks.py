@@ -584,7 +584,9 @@ def summary_step(sess_box: list[asv.Session]) -> Any:
     return step
 
 
-async def summaries(tmp_path: Path, hook: asv.SummarySaverHook, steps: int, clock: ManualClock | None = None, advance: float = 0.0) -> dict[str, list[tuple[int, Any]]]:
+async def summaries(
+    tmp_path: Path, hook: asv.SummarySaverHook, steps: int, clock: ManualClock | None = None, advance: float = 0.0
+) -> dict[str, list[tuple[int, Any]]]:
     """Runs ``steps`` steps (moving ``clock`` ``advance`` s after each) and reads the event file."""
     box: list[asv.Session] = []
     async with make_sv([hook], tmp_path).managed_session() as sess:
