@@ -67,6 +67,20 @@ def _timer_gate(timer: SecondOrStepTimer) -> Gate:
     return step, at, timer.clock
 
 
+def _hook_timer(
+    secs_name: str, secs: float | None, steps_name: str, steps: int | None, clock: ThreadSafeClock | None
+) -> SecondOrStepTimer:
+    """A hook's timer; a bad period is an error naming the hook's own argument."""
+    if (secs is None) == (steps is None):
+        raise ValueError(
+            f"give exactly one of {steps_name} and {secs_name} "
+            f"(got {steps_name}={steps!r}, {secs_name}={secs!r})"
+        )
+    check_every(steps_name, steps, kind="steps")
+    check_every(secs_name, secs, kind="secs")
+    return SecondOrStepTimer(every_secs=secs, every_steps=steps, clock=clock)
+
+
 def _lookup(results: Any, key: str, hook: str) -> Any:
     if not isinstance(results, Mapping):
         raise TypeError(
@@ -150,7 +164,7 @@ class StepCounterHook(SessionRunHook):
         *,
         clock: ThreadSafeClock | None = None,
     ) -> None:
-        self._timer = SecondOrStepTimer(every_secs=every_n_secs, every_steps=every_n_steps, clock=clock)
+        self._timer = _hook_timer("every_n_secs", every_n_secs, "every_n_steps", every_n_steps, clock)
         self._writer: SummaryWriter | None = None
         self.steps_per_sec: float | None = None
 
@@ -214,7 +228,9 @@ class LoggingTensorHook(SessionRunHook):
         self._names = names
         self._only_at_end = at_end and every_n_iter is None and every_n_secs is None
         self._timer = (
-            None if self._only_at_end else SecondOrStepTimer(every_n_secs, every_n_iter, clock=clock)
+            None
+            if self._only_at_end
+            else _hook_timer("every_n_secs", every_n_secs, "every_n_iter", every_n_iter, clock)
         )
         self._at_end = at_end
         self._formatter = formatter
@@ -450,7 +466,7 @@ class SummarySaverHook(SessionRunHook):
         keys: Sequence[str] | None = None,
         clock: ThreadSafeClock | None = None,
     ) -> None:
-        self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps, clock=clock)
+        self._timer = _hook_timer("save_secs", save_secs, "save_steps", save_steps, clock)
         self._keys = None if keys is None else tuple(keys)
         self._writer: SummaryWriter | None = None
 
@@ -574,9 +590,17 @@ class FinalOpsHook(SessionRunHook):
 class ProfilerHook(SessionRunHook):
     """Traces one step every N steps or secs with ``tf.profiler`` (TensorBoard's Profile tab).
 
-    Traces go to ``<output_dir>/plugins/profile/<run>/`` (``output_dir`` defaults to the
-    session's ``logdir``; without either, the hook does nothing). Tracing costs far more
-    than a step: use a large period.
+    TF1's timing: the session's first step arms the timer (it is never traced); then the
+    steps that complete global step ``first + N``, ``first + 2N``, ... (``save_steps``) or
+    the first step at least ``save_secs`` after the previous trace (or the arming step)
+    are traced, ``first`` being the global step the session started from. With
+    ``save_steps=2`` from step 0 that is steps 2, 4, 6, ...
+
+    Each trace gets its own directory, ``<output_dir>/plugins/profile/<time>_step_<N>/``
+    (``output_dir`` defaults to the session's ``logdir``; without either, the hook does
+    nothing), where TensorBoard's profile plugin finds it; two traces within one second
+    never share (and overwrite) a directory. Tracing costs far more than a step: use a
+    large period.
 
     Args:
         save_steps: steps between traced steps.
@@ -596,15 +620,18 @@ class ProfilerHook(SessionRunHook):
         *,
         clock: ThreadSafeClock | None = None,
     ) -> None:
-        self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps, clock=clock)
+        self._timer = _hook_timer("save_secs", save_secs, "save_steps", save_steps, clock)
         self._output_dir = output_dir
         self._dir: str | None = None
         self._rt: Runtime | None = None
         self._tracing = False
+        self._armed = False  # the session's first step armed the timer
+        self._staging: str | None = None  # where the running trace is written
 
     def begin(self) -> None:
-        """Reset the timer."""
+        """Reset the timer: the session's first step arms it again."""
         self._timer.reset()
+        self._armed = False
 
     def after_create_session(self, session: Session) -> None:
         """Work out where traces go; make sure no trace outlives the session."""
@@ -615,6 +642,7 @@ class ProfilerHook(SessionRunHook):
             self._dir = str(rt.config.logdir)
         if self._dir is not None:
             rt.closers.append(self._aclose)
+            _remove_stale_staging(self._dir)
 
     async def _aclose(self) -> None:
         """A session closer: a trace still open after an error is stopped (on the step thread)."""
@@ -625,43 +653,129 @@ class ProfilerHook(SessionRunHook):
     def _asv_gate(self) -> Gate:
         if self._dir is None and not self._tracing:
             return NEVER, math.inf, None
+        if not self._armed:  # the first step arms the timer
+            return -NEVER, math.inf, None
         return _timer_gate(self._timer)
 
     def before_run(self, run_context: SessionRunContext) -> None:
-        """Start a trace if the coming step is one to trace."""
+        """Start a trace if the coming step is one to trace (never the session's first)."""
         rt = self._rt
         timer = self._timer
-        if rt is None or rt.step + 1 < timer.next_step or self._dir is None:
+        if rt is None or self._dir is None or not self._armed:
             return
-        if not timer.should_trigger_for_step(rt.step + 1):
+        step = rt.step + 1
+        if step < timer.next_step or not timer.should_trigger_for_step(step):
             return
+        import os
+        import tempfile
+
         from ._tf import tf
 
         try:
-            tf().profiler.experimental.start(self._dir)
-        except Exception as exc:  # another profiler session is running: skip this one
-            log.warning("profiler_hook.skipped", error=repr(exc))
-            self._timer.update_last_triggered_step(rt.step + 1)
+            os.makedirs(self._dir, exist_ok=True)
+            staging = tempfile.mkdtemp(prefix=f"{_STAGING}{os.getpid()}-", dir=self._dir)
+        except OSError as exc:
+            log.warning("profiler_hook.skipped", global_step=step, error=f"{type(exc).__name__}: {exc}")
+            timer.update_last_triggered_step(step)
             return
+        try:
+            tf().profiler.experimental.start(staging)
+        except Exception as exc:  # another profiler session is running: skip this one
+            log.warning("profiler_hook.skipped", global_step=step, error=f"{type(exc).__name__}: {exc}")
+            _remove_tree(staging)
+            timer.update_last_triggered_step(step)
+            return
+        self._staging = staging
         self._tracing = True
 
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
-        """Stop the trace of the step just run and write it."""
+        """Arm the timer after the first step; stop the trace of a traced step and write it."""
         if self._tracing:
             self._stop(run_values.global_step)
+        elif not self._armed:
+            self._armed = True
+            # TF1 arms at the global step the first step started from
+            self._timer.update_last_triggered_step(run_values.global_step - 1)
 
     def _stop(self, step: int) -> None:
         from ._tf import tf
 
         self._tracing = False
         self._timer.update_last_triggered_step(step)
+        staging, self._staging = self._staging, None
         tf().profiler.experimental.stop()
-        log.info("profiler_hook.saved", global_step=step, logdir=self._dir)
+        assert staging is not None and self._dir is not None
+        path = _publish_trace(staging, self._dir, step)
+        log.info("profiler_hook.saved", global_step=step, path=path)
 
     def end(self, session: Session) -> None:
         """Close a trace still open."""
         if self._tracing:
             self._stop(session.global_step)
+
+
+_STAGING = ".asv-profile-"  # + "<pid>-<random>": where a trace is written before it is published
+
+
+def _remove_stale_staging(output_dir: str) -> None:
+    """Remove staging directories left by processes that died while tracing (SIGKILL)."""
+    import os
+
+    try:
+        entries = os.listdir(output_dir)
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry[len(_STAGING) :].split("-", 1)[0] if entry.startswith(_STAGING) else ""
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            log.info("profiler_hook.stale_trace_removed", path=os.path.join(output_dir, entry))
+            _remove_tree(os.path.join(output_dir, entry))
+        except OSError:
+            pass  # alive (another user's process), or cannot tell: leave it
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _publish_trace(staging: str, output_dir: str, step: int) -> str | None:
+    """Move the trace the profiler wrote under ``staging`` to its own directory.
+
+    ``tf.profiler`` writes ``<logdir>/plugins/profile/<time to the second>/``; each trace
+    is written into a fresh staging logdir, then its run directory is renamed to
+    ``<output_dir>/plugins/profile/<time>_step_<step>/`` (a suffix is added if that exists).
+    Returns that path, or ``None`` when the profiler wrote nothing.
+    """
+    import os
+
+    root = os.path.join(staging, "plugins", "profile")
+    try:
+        runs = sorted(os.listdir(root))
+    except OSError:
+        runs = []
+    target_root = os.path.join(output_dir, "plugins", "profile")
+    published: str | None = None
+    try:
+        for run in runs:
+            os.makedirs(target_root, exist_ok=True)
+            target = os.path.join(target_root, f"{run}_step_{step}")
+            n = 1
+            while os.path.exists(target):
+                target = os.path.join(target_root, f"{run}_step_{step}.{n}")
+                n += 1
+            os.rename(os.path.join(root, run), target)
+            published = target
+    except OSError as exc:
+        log.warning("profiler_hook.not_published", global_step=step, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        _remove_tree(staging)
+    return published
 
 
 class CheckpointSaverListener:
@@ -716,7 +830,7 @@ class CheckpointSaverHook(SessionRunHook):
 
         if not isinstance(checkpoint_dir, (str, os.PathLike)):
             raise TypeError(f"checkpoint_dir must be a path, got {checkpoint_dir!r}")
-        self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps, clock=clock)
+        self._timer = _hook_timer("save_secs", save_secs, "save_steps", save_steps, clock)
         self._dir = os.fspath(checkpoint_dir)
         self._basename = checkpoint_basename
         self._listeners = tuple(listeners or ())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -520,9 +521,10 @@ async def test_final_ops_hook_reads_values_at_the_end() -> None:
 
 
 async def test_profiler_hook_writes_a_trace_tensorboard_reads(tmp_path: Path) -> None:
-    """A trace of the first step lands in ``<logdir>/plugins/profile/<run>/*.xplane.pb``
-    (where TensorBoard's profile plugin looks), an XSpace whose host plane holds the step's
-    function and ops."""
+    """A trace of step 2 (the first step only arms the timer, as in TF1) lands in
+    ``<logdir>/plugins/profile/<run>_step_2/*.xplane.pb`` (where TensorBoard's profile plugin
+    looks), an XSpace whose host plane holds the step's function and ops; nothing is left
+    of the staging directory it was written into."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     v = tf.Variable(0.0)
@@ -533,8 +535,12 @@ async def test_profiler_hook_writes_a_trace_tensorboard_reads(tmp_path: Path) ->
 
     async with make_sv([asv.ProfilerHook(save_steps=100)], tmp_path, state={"v": v}).managed_session() as sess:
         await sess.run_loop(profiled_step, max_steps=3)
+    assert not list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))  # 2..3 < 0 + 100
+    async with make_sv([asv.ProfilerHook(save_steps=2)], tmp_path, state={"v": v}).managed_session() as sess:
+        await sess.run_loop(profiled_step, max_steps=3)
     traces = list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))
-    assert len(traces) == 1
+    assert len(traces) == 1 and traces[0].parent.name.endswith("_step_2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins"]  # no staging directory left
     space = xplane_pb2.XSpace()
     space.ParseFromString(traces[0].read_bytes())
     host = [p for p in space.planes if p.name.startswith("/host:CPU")]
@@ -550,7 +556,48 @@ async def test_profiler_hook_closes_a_trace_left_open_by_an_error(tmp_path: Path
         raise ValueError("step failed")
 
     with pytest.raises(ValueError):
-        async with make_sv([asv.ProfilerHook(save_steps=10)], tmp_path).managed_session() as sess:
-            await sess.run(boom)
+        async with make_sv([asv.ProfilerHook(save_steps=1)], tmp_path).managed_session() as sess:
+            await sess.run(lambda: None)  # step 1 arms the timer
+            await sess.run(boom)  # step 2 is traced
     tf.profiler.experimental.start(str(tmp_path / "again"))  # raises if a session were still open
     tf.profiler.experimental.stop()
+
+
+async def test_profiler_hook_two_traces_within_one_second_get_their_own_directories(tmp_path: Path) -> None:
+    """Traces of steps 2, 3 and 4 taken within the same second (``tf.profiler`` names its run
+    directory after the second) land in three directories, one per traced step, each with
+    its own trace: none overwrites another."""
+    async with make_sv([asv.ProfilerHook(save_steps=1)], tmp_path).managed_session() as sess:
+        await sess.run_loop(lambda: None, max_steps=4)
+    runs = sorted((tmp_path / "plugins" / "profile").iterdir())
+    assert sorted(r.name.rsplit("_step_", 1)[1] for r in runs) == ["2", "3", "4"]
+    assert all(len(list(r.glob("*.xplane.pb"))) == 1 for r in runs)
+
+
+async def test_profiler_hook_traces_from_the_restored_step(tmp_path: Path) -> None:
+    """A session starting at global step 10 arms the timer there: ``save_steps=2`` traces 12
+    and 14, not 11 (TF1 arms at the step the first run started from)."""
+    hook = asv.ProfilerHook(save_steps=2, output_dir=str(tmp_path))
+    sv = make_sv([hook], global_step=tf.Variable(10, dtype=tf.int64))
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: None, max_steps=15)
+    runs = sorted(r.name.rsplit("_step_", 1)[1] for r in (tmp_path / "plugins" / "profile").iterdir())
+    assert runs == ["12", "14"]
+
+
+async def test_profiler_hook_removes_staging_left_by_a_dead_process(tmp_path: Path) -> None:
+    """A staging directory left by a process killed while tracing is removed at the next
+    session's start; one of a live process (or of this one) is left alone."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
+    stale = tmp_path / f".asv-profile-{int(dead.stdout)}-x" / "plugins" / "profile" / "run"
+    stale.mkdir(parents=True)
+    live = tmp_path / f".asv-profile-{os.getppid()}-y"
+    live.mkdir()
+    async with make_sv([asv.ProfilerHook(save_steps=100, output_dir=str(tmp_path))]).managed_session() as sess:
+        await sess.run(lambda: None)
+    assert not stale.parent.parent.parent.exists() and live.exists()
