@@ -110,10 +110,27 @@ async def test_managed_session_user_error(tmp_path: Path) -> None:
     assert last_step == 1
 
 
-async def test_managed_session_ignores_out_of_range(tmp_path: Path) -> None:
+async def test_managed_session_ignores_out_of_range_from_the_body(tmp_path: Path) -> None:
     """supervisor_test.py::SupervisorTest::testManagedSessionIgnoreOutOfRangeError —
-    a step raising OutOfRangeError (TF1's end of input) ends the session cleanly: no
-    error out of managed_session, the supervisor is stopped."""
+    OutOfRangeError raised in the body (as the TF test does) ends the session cleanly:
+    no error out of managed_session, the supervisor is stopped."""
+    sv = make_sv(tmp_path)
+    last_step = None
+    async with sv.managed_session() as sess:
+        for step in range(10):
+            last_step = step
+            if step == 3:
+                raise tf.errors.OutOfRangeError(None, None, "all done")
+            await sess.run(lambda: tf.constant(1.0))
+    assert sv.should_stop()
+    assert last_step == 3
+    assert sess.stop_reason == "end_of_data"
+
+
+async def test_managed_session_ignores_out_of_range_from_a_step(tmp_path: Path) -> None:
+    """supervisor_test.py::SupervisorTest::testManagedSessionIgnoreOutOfRangeError —
+    the TF2 form of the same case: a step raising OutOfRangeError (TF1's sess.run at the
+    end of input) ends the session cleanly and the body goes no further."""
     sv = make_sv(tmp_path)
     last_step = None
 
