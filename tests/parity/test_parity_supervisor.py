@@ -258,14 +258,16 @@ async def test_non_chief_cannot_write_events(tmp_path: Path) -> None:
     assert checkpoints(tmp_path) == []
 
 
-async def test_no_logdir_but_want_summary() -> None:
+async def test_no_logdir_but_want_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """supervisor_test.py::SupervisorTest::testNoLogdirButWantSummary —
-    without a logdir there is no summary writer. DESIGN differs: summary_computed then
-    does nothing instead of raising "requires a summary writer"."""
+    without a logdir there is no summary writer. DESIGN differs (logdir=None: no
+    summary services): summary_computed then writes nothing, anywhere, instead of
+    raising "requires a summary writer"."""
+    monkeypatch.chdir(tmp_path)
     sv = make_sv(None)
     async with sv.managed_session():
         sv.summary_computed(C123)
-    assert sv.status().last_checkpoint is None
+    assert os.listdir(tmp_path) == []
 
 
 async def test_logdir_but_no_summaries_still_checkpoints(tmp_path: Path) -> None:
