@@ -345,6 +345,20 @@ async def test_custom_checkpoint_prefix(tmp_path: Path) -> None:
         assert os.path.basename(path) == f"{basename or 'model.ckpt'}-5"
 
 
+@pytest.mark.xfail(strict=True, reason=POINT_8)
+async def test_two_prefixes_in_one_directory(tmp_path: Path) -> None:
+    """checkpoint_management_test.py::CheckpointManagerTest::testCustomCheckpointPrefix,
+    as TF runs it (two prefixes in one directory) — a supervisor with the default
+    basename, resuming from the other prefix's checkpoint, saves under its own name;
+    its retention (max_to_keep=1) leaves the other prefix's checkpoint alone (DESIGN:
+    retention deletes only what it manages)."""
+    (other,) = await save_steps(make_sv(tmp_path, checkpoint_basename="ckpt_name", max_to_keep=2), 1, every=5)
+    paths = await save_steps(make_sv(tmp_path, max_to_keep=1), 2)
+    assert [os.path.basename(p) for p in paths] == ["model.ckpt-6", "model.ckpt-7"]
+    assert exists(other)
+    assert not exists(paths[0]) and exists(paths[1])
+
+
 async def test_restore_or_initialize(tmp_path: Path) -> None:
     """checkpoint_management_test.py::CheckpointManagerTest::testRestoreOrInitialize —
     the first session calls init_fn (here: restore a warm-start checkpoint elsewhere,
