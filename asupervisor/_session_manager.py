@@ -75,7 +75,9 @@ class SessionManager:
 
     Raises:
         TypeError: ``state`` is not a checkpoint or dict, or a function is not callable.
-        ValueError: ``recovery_wait_secs`` is not a positive number.
+        ValueError: ``recovery_wait_secs`` is not a positive number, or
+            ``ready_for_local_init_fn`` is given without ``local_init_fn`` (as TF's
+            ``ready_for_local_init_op`` without ``local_init_op``).
     """
 
     def __init__(
@@ -99,6 +101,11 @@ class SessionManager:
         ):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable or None, got {fn!r}")
+        if ready_for_local_init_fn is not None and local_init_fn is None:
+            raise ValueError(
+                "ready_for_local_init_fn was given without local_init_fn: it checks whether "
+                "local_init_fn may run, so pass a local_init_fn too (or drop ready_for_local_init_fn)"
+            )
         _check_wait("recovery_wait_secs", recovery_wait_secs, positive=True)
         if clock is not None and not isinstance(clock, Clock):
             raise TypeError(f"clock must have now() and sleep_until(), got {clock!r}")
@@ -152,6 +159,15 @@ class SessionManager:
             log.info("session_manager.not_ready", not_ready=pending)
             return False
         return True
+
+    def _local_init_only(self) -> None:
+        """``local_init_fn`` when nothing was restored (``recover_session``): gated by
+        ``ready_for_local_init_fn``, with no ``ready_fn`` check (nothing was restored)."""
+        pending = _not_ready(self.ready_for_local_init_fn)
+        if pending:
+            log.info("session_manager.not_ready_for_local_init", not_ready=pending)
+        elif self.local_init_fn is not None:
+            self.local_init_fn()
 
     # -- on the event loop -----------------------------------------------------------
 
@@ -247,6 +263,10 @@ class SessionManager:
     ) -> bool:
         """Restore a checkpoint if there is one (never initialise).
 
+        ``local_init_fn`` runs exactly once whether or not a checkpoint was restored (as
+        TF's ``recover_session`` runs ``local_init_op``), unless ``ready_for_local_init_fn``
+        reports something not ready; ``ready_fn`` is checked only after a restore.
+
         Returns:
             Whether a checkpoint was restored and the model is then ready (after
             ``local_init_fn``).
@@ -257,12 +277,22 @@ class SessionManager:
         """
         ckpt_dir, path = self._check_args(checkpoint_dir, checkpoint_filename_with_path, max_wait_secs)
         async with self._worker() as call:
-            return await self._recover(call, ckpt_dir, path, wait_for_checkpoint, max_wait_secs)
+            return await self._recover(call, ckpt_dir, path, wait_for_checkpoint, max_wait_secs, always_local_init=True)
 
     async def _recover(
-        self, call: _Call, ckpt_dir: Path | None, path: str | None, wait: bool, max_wait_secs: float
+        self,
+        call: _Call,
+        ckpt_dir: Path | None,
+        path: str | None,
+        wait: bool,
+        max_wait_secs: float,
+        *,
+        always_local_init: bool = False,
     ) -> bool:
-        if not await self._restore_waiting(call, ckpt_dir, path, wait, max_wait_secs):
+        restored = await self._restore_waiting(call, ckpt_dir, path, wait, max_wait_secs)
+        if not restored:
+            if always_local_init:
+                await call(self._local_init_only)
             return False
         return bool(await call(self._local_init, raise_if_not_ready=False))
 

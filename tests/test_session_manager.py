@@ -103,7 +103,7 @@ async def test_prepare_session_not_ready_is_a_runtime_error(tmp_path: Path) -> N
     sm = asv.SessionManager(state=make_state(), ready_fn=lambda: ["embedding_table"])
     with pytest.raises(RuntimeError, match="embedding_table"):
         await sm.prepare_session(tmp_path, init_fn=lambda: None)
-    sm = asv.SessionManager(state=make_state(), ready_for_local_init_fn=lambda: ["vocab"])
+    sm = asv.SessionManager(state=make_state(), local_init_fn=lambda: None, ready_for_local_init_fn=lambda: ["vocab"])
     with pytest.raises(RuntimeError, match="vocab"):
         await sm.prepare_session(tmp_path, init_fn=lambda: None)
 
@@ -206,3 +206,29 @@ def test_constructor_rejects_bad_values() -> None:
         asv.SessionManager(state=make_state(), recovery_wait_secs=0)
     with pytest.raises(TypeError, match="ready_fn"):
         asv.SessionManager(state=make_state(), ready_fn="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_recover_session_runs_local_init_fn_once_even_without_a_restore(tmp_path: Path) -> None:
+    """recover_session runs local_init_fn exactly once whether or not it restored (TF1's
+    recover_session always runs local_init_op), gated by ready_for_local_init_fn."""
+    calls: list[str] = []
+    sm = asv.SessionManager(state=make_state(), local_init_fn=lambda: calls.append("local"))
+    assert await sm.recover_session(tmp_path) is False
+    assert calls == ["local"]
+    assert await sm.recover_session() is False
+    assert calls == ["local", "local"]
+    write_checkpoint(tmp_path, 2.0)
+    assert await sm.recover_session(tmp_path) is True
+    assert calls == ["local"] * 3
+    gated = asv.SessionManager(
+        state=make_state(), local_init_fn=lambda: calls.append("gated"), ready_for_local_init_fn=lambda: ["w"]
+    )
+    assert await gated.recover_session(tmp_path / "empty") is False
+    assert "gated" not in calls
+
+
+def test_ready_for_local_init_fn_needs_local_init_fn() -> None:
+    """ready_for_local_init_fn without local_init_fn is a ValueError naming both."""
+    with pytest.raises(ValueError, match="ready_for_local_init_fn.*local_init_fn"):
+        asv.SessionManager(state=make_state(), ready_for_local_init_fn=lambda: [])
