@@ -405,6 +405,207 @@ def test_docs_runner_reports_the_failing_block(tmp_path: Path) -> None:
     assert 'x.md", line 10' in records[2]["traceback"] and "AssertionError: 42" in records[2]["traceback"]
 
 
+# ---------------------------------------------------------------------------------------
+# docs/api.md: the API reference names exactly the public API, with true signatures
+
+API_PAGE = ROOT / "docs" / "api.md"
+_ENTRY = re.compile(r"^### `(?P<qual>(?:asupervisor\.testing\.)?\w+)`\s*$")
+_DEFINITION = re.compile(
+    r"^`(?P<cls>class )?(?P<mod>asv|asupervisor\.testing)\.(?P<name>\w+)(?P<sig>\(.*?\))?`"
+)
+_MEMBER = re.compile(r"^- `(?:await |async with |async for )?(?P<name>\w+)(?P<sig>\(.*?\))?`")
+
+
+class _Text:
+    """A default value shown as given text in a rendered signature."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _default_text(value: Any) -> str:
+    import math
+
+    if isinstance(value, float) and math.isinf(value):
+        return "math.inf" if value > 0 else "-math.inf"
+    if callable(value) and hasattr(value, "__qualname__") and hasattr(value, "__module__"):
+        return f"{value.__module__}.{value.__qualname__}"
+    return repr(value)
+
+
+def render_signature(fn: Any, *, drop_first: bool = False) -> str:
+    """``fn``'s parameters as the reference shows them: no annotations, ``(a, *, b=1)``."""
+    import inspect
+
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())[1 if drop_first else 0 :]
+    shown = [
+        p.replace(annotation=p.empty, default=p.default if p.default is p.empty else _Text(_default_text(p.default)))
+        for p in params
+    ]
+    return str(sig.replace(parameters=shown, return_annotation=sig.empty))
+
+
+@dataclass
+class ApiEntry:
+    """One ``### `Name``` entry of docs/api.md."""
+
+    qual: str  # "Supervisor" or "asupervisor.testing.ManualClock"
+    line: int
+    definition: re.Match[str] | None
+    members: list[tuple[int, re.Match[str]]]
+
+
+def api_entries(text: str) -> list[ApiEntry]:
+    """The entries of the API page, each with its definition line and member lines."""
+    entries: list[ApiEntry] = []
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced:
+            continue
+        entry = _ENTRY.match(line)
+        if entry:
+            entries.append(ApiEntry(entry["qual"], number, None, []))
+        elif line.startswith("#"):
+            continue
+        elif entries and entries[-1].definition is None and _DEFINITION.match(line):
+            entries[-1].definition = _DEFINITION.match(line)
+        elif entries and _MEMBER.match(line):
+            entries[-1].members.append((number, _MEMBER.match(line)))  # type: ignore[arg-type]
+    return entries
+
+
+def _public_objects() -> dict[str, Any]:
+    import asupervisor
+    import asupervisor.testing
+
+    objects = {name: getattr(asupervisor, name) for name in asupervisor.__all__}
+    objects.update({f"asupervisor.testing.{n}": getattr(asupervisor.testing, n) for n in asupervisor.testing.__all__})
+    return objects
+
+
+def _has_member(cls: type, name: str) -> bool:
+    import dataclasses
+    import inspect
+
+    if hasattr(cls, name):
+        return True
+    if dataclasses.is_dataclass(cls) and name in {f.name for f in dataclasses.fields(cls)}:
+        return True
+    if name in inspect.signature(cls.__init__).parameters:
+        return True
+    # an instance attribute its methods set (``self.service = ...``)
+    return re.search(rf"\bself\.{name}\s*(:[^=]*)?=[^=]", inspect.getsource(cls)) is not None
+
+
+def _required_members(cls: type, public: set[type]) -> set[str]:
+    """Public methods and properties a class defines itself, except overrides of a
+    public base's member (a stock hook's ``after_run`` is ``SessionRunHook.after_run``)."""
+    import inspect
+
+    names = set()
+    for attr, member in vars(cls).items():
+        if attr.startswith("_"):
+            continue
+        fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+        if not (inspect.isfunction(fn) or isinstance(fn, property)):
+            continue
+        if any(attr in vars(base) for base in cls.__mro__[1:] if base in public):
+            continue
+        names.add(attr)
+    return names
+
+
+def _check_api_page(text: str) -> list[str]:
+    """Every problem of the API page against the real API (empty: the page is right)."""
+    import inspect
+
+    objects = _public_objects()
+    public_classes = {o for o in objects.values() if inspect.isclass(o)}
+    entries = api_entries(text)
+    problems = []
+    documented = [e.qual for e in entries]
+    for qual in sorted(set(objects) - set(documented)):
+        problems.append(f"{qual}: public, but docs/api.md has no `### `{qual}`` entry")
+    for qual in sorted({q for q in documented if documented.count(q) > 1}):
+        problems.append(f"{qual}: documented more than once")
+    for e in entries:
+        where = f"docs/api.md:{e.line}"
+        if e.qual not in objects:
+            problems.append(f"{where}: {e.qual} is not a public name (not in __all__)")
+            continue
+        obj = objects[e.qual]
+        d = e.definition
+        if d is None:
+            problems.append(f"{where}: {e.qual} has no definition line (`asv.Name(...)` or `class asv.Name`)")
+            continue
+        expected_mod = "asupervisor.testing" if e.qual.startswith("asupervisor.testing.") else "asv"
+        if d["mod"] != expected_mod or d["name"] != e.qual.rsplit(".", 1)[-1]:
+            problems.append(f"{where}: the definition line names {d['mod']}.{d['name']}, not {e.qual}")
+        if d["sig"] is not None:
+            if d["cls"]:
+                real = "(" + ", ".join(b.__name__ for b in obj.__bases__) + ")"
+            else:
+                real = render_signature(obj)
+            if d["sig"] != real:
+                problems.append(f"{where}: {e.qual} documented as {d['sig']}, but it is {real}")
+        if not inspect.isclass(obj):
+            continue
+        listed = set()
+        for number, m in e.members:
+            name = m["name"]
+            listed.add(name)
+            if not _has_member(obj, name):
+                problems.append(f"docs/api.md:{number}: {e.qual} has no member {name!r}")
+                continue
+            member = inspect.getattr_static(obj, name, None)
+            if m["sig"] is not None:
+                fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+                if not callable(fn):
+                    problems.append(f"docs/api.md:{number}: {e.qual}.{name} is not a method")
+                    continue
+                real = render_signature(fn, drop_first=not isinstance(member, staticmethod))
+                if m["sig"] != real:
+                    problems.append(f"docs/api.md:{number}: {e.qual}.{name} documented as {m['sig']}, but it is {real}")
+        for name in sorted(_required_members(obj, public_classes) - listed):
+            problems.append(f"{where}: {e.qual}.{name} is public but not listed under {e.qual}")
+    return problems
+
+
+def test_api_reference_matches_the_public_api() -> None:
+    """docs/api.md has an entry for every name in ``asupervisor.__all__`` and
+    ``asupervisor.testing.__all__`` and for each public method and property; every name it
+    documents exists; every signature it shows is the real one."""
+    problems = _check_api_page(API_PAGE.read_text(encoding="utf-8"))
+    assert not problems, "docs/api.md is out of date:\n" + "\n".join(problems)
+
+
+def test_api_check_catches_missing_wrong_and_unknown_entries() -> None:
+    """The API page check fails on a missing name, a wrong signature, an unknown name and
+    an unknown member, so its silence means something."""
+    text = API_PAGE.read_text(encoding="utf-8")
+    entries = {e.qual: e for e in api_entries(text)}
+    lines = text.splitlines()
+    # drop the cluster_info entry's heading
+    broken = [ln for ln in lines if ln != "### `cluster_info`"]
+    assert any("cluster_info: public, but" in p for p in _check_api_page("\n".join(broken)))
+    sv_def = entries["Supervisor"].definition
+    assert sv_def is not None
+    wrong = text.replace(sv_def.group(0), "`asv.Supervisor(logdir)`", 1)
+    assert any("Supervisor documented as (logdir)" in p for p in _check_api_page(wrong))
+    extra = text + "\n### `Nonexistent`\n\n`asv.Nonexistent()`\n\n- `frobnicate()` — no.\n"
+    assert any("Nonexistent is not a public name" in p for p in _check_api_page(extra))
+    member = text.replace("- `await save_now()`", "- `await save_later()`", 1)
+    found = _check_api_page(member)
+    assert any("no member 'save_later'" in p for p in found)
+    assert any("Supervisor.save_now is public but not listed" in p for p in found)
+
+
 def _main(argv: list[str]) -> int:
     if argv[:1] == ["--spec"]:
         return _run_spec(argv[1], argv[2])
