@@ -245,12 +245,10 @@ class DocsRun:
     ended: str  # how the subprocess ended
 
 
-@pytest.fixture(scope="session")
-def docs_run(tmp_path_factory: pytest.TempPathFactory) -> DocsRun:
-    """Runs every non-pending page's blocks in one subprocess (one TensorFlow import)."""
-    workdir = tmp_path_factory.mktemp("docs-run")
+def run_docs(runs: list[dict[str, Any]], workdir: Path, timeout: float = RUN_TIMEOUT_SECS) -> DocsRun:
+    """Runs ``runs`` (see ``_runs``) in one subprocess in ``workdir``, bounded by ``timeout``."""
     spec = workdir / "spec.json"
-    spec.write_text(json.dumps(_runs()))
+    spec.write_text(json.dumps(runs))
     results = workdir / "results.jsonl"
     results.touch()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
@@ -263,16 +261,40 @@ def docs_run(tmp_path_factory: pytest.TempPathFactory) -> DocsRun:
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                timeout=RUN_TIMEOUT_SECS,
+                timeout=timeout,
             )
             ended = f"exit status {proc.returncode}"
         except subprocess.TimeoutExpired:
-            ended = f"killed after {RUN_TIMEOUT_SECS} s"
+            ended = f"killed after {timeout} s"
     records: dict[str, list[dict[str, Any]]] = {}
     for line in results.read_text().splitlines():
         record = json.loads(line)
         records.setdefault(record["id"], []).append(record)
     return DocsRun(records, log.read_text(errors="replace"), ended)
+
+
+def page_problems(result: DocsRun, runs: list[dict[str, Any]]) -> list[str]:
+    """What went wrong in ``runs``, each naming the page, the block line and the cause."""
+    problems = []
+    for r in runs:
+        records = result.records.get(r["id"], [])
+        if any(rec["event"] == "ok" for rec in records):
+            continue
+        fail = next((rec for rec in records if rec["event"] == "fail"), None)
+        if fail is not None:
+            problems.append(f"{r['id']}: the block at {fail['where']} failed:\n{fail['traceback']}")
+        else:
+            started = [rec["where"] for rec in records if rec["event"] == "start"]
+            at = f"while the block at {started[-1]} ran" if started else "before the page started"
+            problems.append(f"{r['id']}: the docs run ended ({result.ended}) {at}")
+        problems.append(f"output of {r['id']}:\n{_output_of(result, r['id'])}")
+    return problems
+
+
+@pytest.fixture(scope="session")
+def docs_run(tmp_path_factory: pytest.TempPathFactory) -> DocsRun:
+    """Runs every non-pending page's blocks in one subprocess (one TensorFlow import)."""
+    return run_docs(_runs(), tmp_path_factory.mktemp("docs-run"))
 
 
 def _output_of(run: DocsRun, run_id: str) -> str:
@@ -299,19 +321,7 @@ def test_page_code_blocks_run(page: str, request: pytest.FixtureRequest) -> None
     if not runs:
         return  # no Python on this page
     result: DocsRun = request.getfixturevalue("docs_run")
-    problems = []
-    for r in runs:
-        records = result.records.get(r["id"], [])
-        if any(rec["event"] == "ok" for rec in records):
-            continue
-        fail = next((rec for rec in records if rec["event"] == "fail"), None)
-        if fail is not None:
-            problems.append(f"{r['id']}: the block at {fail['where']} failed:\n{fail['traceback']}")
-        else:
-            started = [rec["where"] for rec in records if rec["event"] == "start"]
-            at = f"while the block at {started[-1]} ran" if started else "before the page started"
-            problems.append(f"{r['id']}: the docs run ended ({result.ended}) {at}")
-        problems.append(f"output of {r['id']}:\n{_output_of(result, r['id'])}")
+    problems = page_problems(result, runs)
     assert not problems, "\n\n".join(problems)
 
 
@@ -497,7 +507,7 @@ def _has_member(cls: type, name: str) -> bool:
         return True
     if dataclasses.is_dataclass(cls) and name in {f.name for f in dataclasses.fields(cls)}:
         return True
-    if name in inspect.signature(cls.__init__).parameters:
+    if name in inspect.signature(cls).parameters:
         return True
     # an instance attribute its methods set (``self.service = ...``)
     return re.search(rf"\bself\.{name}\s*(:[^=]*)?=[^=]", inspect.getsource(cls)) is not None
@@ -604,6 +614,24 @@ def test_api_check_catches_missing_wrong_and_unknown_entries() -> None:
     found = _check_api_page(member)
     assert any("no member 'save_later'" in p for p in found)
     assert any("Supervisor.save_now is public but not listed" in p for p in found)
+
+
+def test_docs_run_names_the_block_that_hangs(tmp_path: Path) -> None:
+    """A block that never returns is reported, once the run's time is up, with the line
+    of the block that was running (and pages after it as not run)."""
+    runs = [
+        {"id": "a", "page": "docs/a.md", "backend": "asyncio", "blocks": [{"line": 1, "source": "x = 1\n"}]},
+        {
+            "id": "b",
+            "page": "docs/b.md",
+            "backend": "asyncio",
+            "blocks": [{"line": 4, "source": "import threading\n"}, {"line": 8, "source": "threading.Event().wait()\n"}],
+        },
+        {"id": "c", "page": "docs/c.md", "backend": "asyncio", "blocks": [{"line": 1, "source": "y = 2\n"}]},
+    ]
+    problems = page_problems(run_docs(runs, tmp_path, timeout=5), runs)
+    assert problems[0] == "b: the docs run ended (killed after 5 s) while the block at docs/b.md:8 ran", problems
+    assert problems[2] == "c: the docs run ended (killed after 5 s) before the page started", problems
 
 
 def _main(argv: list[str]) -> int:
