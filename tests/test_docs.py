@@ -634,6 +634,33 @@ def test_docs_run_names_the_block_that_hangs(tmp_path: Path) -> None:
     assert problems[2] == "c: the docs run ended (killed after 5 s) before the page started", problems
 
 
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_relative_links_resolve() -> None:
+    """Every relative link of the docs and README points to a file that exists and, with a
+    ``#fragment``, to a heading of that page."""
+    broken = []
+    for page in PAGES:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):
+                continue  # http(s):, mailto:
+            path, _, fragment = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+                continue
+            if fragment and dest.suffix == ".md":
+                slugs = {_slug(h) for h in re.findall(r"^#+\s+(.*)$", dest.read_text(encoding="utf-8"), flags=re.M)}
+                if fragment not in slugs:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
 def _main(argv: list[str]) -> int:
     if argv[:1] == ["--spec"]:
         return _run_spec(argv[1], argv[2])
