@@ -27,8 +27,6 @@ from asupervisor.testing import ManualClock
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_new_threads")]
 
 HOUR = 3600.0
-POINT_8 = "issue 10 point 8: fixed on another branch"
-POINT_4 = "issue 10 point 4: fixed on another branch"
 
 
 def make_sv(logdir: Any, **kwargs: Any) -> asv.Supervisor:
@@ -157,7 +155,6 @@ async def test_pathlib_logdir(tmp_path: Path) -> None:
     assert sv.status().last_checkpoint.path == str(directory / "ckpt_name-1")
 
 
-@pytest.mark.xfail(strict=True, reason=POINT_4)
 async def test_empty_state_file_never_restarts_training(tmp_path: Path) -> None:
     """checkpoint_management_test.py::CheckpointStateTest::testCheckPointStateFailsWhenIncomplete —
     TF's get_checkpoint_state refuses an empty state file (ValueError). DESIGN differs
@@ -203,7 +200,6 @@ async def test_deletion(tmp_path: Path) -> None:
     assert managed(tmp_path) == [second, third, fourth]
 
 
-@pytest.mark.xfail(strict=True, reason=POINT_8)
 async def test_keep_all(tmp_path: Path) -> None:
     """checkpoint_management_test.py::CheckpointManagerTest::testKeepAll —
     max_to_keep=None keeps every checkpoint, across a restart; a later supervisor with
@@ -267,7 +263,6 @@ async def test_save_restore_state_keep_every_n_hours(tmp_path: Path) -> None:
     assert all(exists(p) for p in (fourth, fifth, sixth))
 
 
-@pytest.mark.xfail(strict=True, reason=POINT_8)
 async def test_continue_from_unmanaged(tmp_path: Path) -> None:
     """checkpoint_management_test.py::CheckpointManagerTest::testContinueFromUnmanaged —
     checkpoints written by plain tf.train.Checkpoint.save under another prefix are
@@ -293,7 +288,6 @@ async def test_continue_from_unmanaged(tmp_path: Path) -> None:
     assert exists(fourth) and exists(fifth)
 
 
-@pytest.mark.xfail(strict=True, reason=POINT_8)
 async def test_clock_reset_keeps_future_stamped_checkpoints(tmp_path: Path) -> None:
     """checkpoint_management_test.py::CheckpointManagerTest::testClockReset —
     max_to_keep=1 and keep_checkpoint_every_n_hours=1, saves an hour apart: the first
@@ -345,7 +339,6 @@ async def test_custom_checkpoint_prefix(tmp_path: Path) -> None:
         assert os.path.basename(path) == f"{basename or 'model.ckpt'}-5"
 
 
-@pytest.mark.xfail(strict=True, reason=POINT_8)
 async def test_two_prefixes_in_one_directory(tmp_path: Path) -> None:
     """checkpoint_management_test.py::CheckpointManagerTest::testCustomCheckpointPrefix,
     as TF runs it (two prefixes in one directory) — a supervisor with the default
@@ -401,7 +394,6 @@ async def test_checkpoint_interval(tmp_path: Path) -> None:
     assert [os.path.basename(p) for p in managed(tmp_path)] == ["model.ckpt-0", "model.ckpt-2", "model.ckpt-3"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 point 2: fixed on another branch")
 async def test_checkpoint_interval_with_fast_steps(tmp_path: Path) -> None:
     """checkpoint_management_test.py::CheckpointManagerTest::testCheckpointInterval, with
     DESIGN's cadence promise — steps faster than the disk still get a checkpoint at

@@ -488,8 +488,6 @@ async def test_recovery(tmp_path: Path) -> None:
     assert int(gstep.numpy()) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an AbortedError raised by init_fn at start-up fails the session at "
-                   "once instead of being retried (DESIGN 'Transient is not corrupt'; issue 10 point 6)")
 async def test_retry_initialization_on_aborted_error(tmp_path: Path) -> None:
     """monitored_session_test.py::MonitoredSessionTest::test_retry_initialization_on_aborted_error:
     an ``AbortedError`` raised by ``init_fn`` is retried silently at start-up (DESIGN,
