@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from ._exceptions import NanLossDuringTrainingError
 from ._hooks import NEVER, Gate, SessionRunContext, SessionRunHook, SessionRunValues
+from ._logging import describe, get_logger
 from ._summary import scalar_entries
 from ._timer import SecondOrStepTimer, ThreadSafeClock, check_every
 
@@ -43,7 +42,7 @@ __all__ = [
     "SummarySaverHook",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def _runtime(session: Session) -> Runtime:
@@ -640,7 +639,7 @@ class ProfilerHook(SessionRunHook):
         try:
             tf().profiler.experimental.start(self._dir)
         except Exception as exc:  # another profiler session is running: skip this one
-            log.warning("profiler_hook.skipped", error=repr(exc))
+            log.warning("profiler_hook.skipped", error=describe(exc))
             self._timer.update_last_triggered_step(rt.step + 1)
             return
         self._tracing = True

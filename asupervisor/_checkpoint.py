@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from . import _bundle
 from . import _checkpoint_files as files
 from ._exceptions import CheckpointError
+from ._logging import get_logger
 from ._status import CheckpointInfo
 from ._tf import tf
 from ._walk_cache import WalkCache, plain_variable
@@ -49,7 +48,7 @@ __all__ = [
     "write_checkpoint_now",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: keys a checkpoint may lack without being "another model"
 _OPTIONAL_KEYS = ("save_counter/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE")

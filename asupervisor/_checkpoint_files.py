@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import structlog
+from ._logging import describe, get_logger
 
 __all__ = [
     "CheckpointState",
@@ -57,7 +57,7 @@ __all__ = [
     "write_state",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 STATE_FILE = "checkpoint"
 TMP_MARKER = ".asv-tmp-"
@@ -150,7 +150,7 @@ def read_state(logdir: Path) -> CheckpointState | None:
         try:
             text_format.Merge(text, proto)
         except text_format.ParseError as exc:
-            log.error("checkpoint.state_corrupt", path=str(path), reason=str(exc))
+            log.error("checkpoint.state_corrupt", path=str(path), reason=describe(exc))
             return None
         fields = {
             "model_checkpoint_path": [proto.model_checkpoint_path],
@@ -229,7 +229,7 @@ def _start_writeback(watch: list[tuple[Path, str]], stop: threading.Event) -> No
                     _sync_file_range(fd, done, size - done, _SYNC_FILE_RANGE_WRITE)
                     started[fd] = size
     except OSError as exc:  # only a speed-up: the fsync of publish() still makes it durable
-        log.debug("checkpoint.writeback_stopped", error=repr(exc))
+        log.debug("checkpoint.writeback_stopped", error=describe(exc))
     finally:
         for fd in fds.values():
             os.close(fd)
@@ -476,7 +476,7 @@ def _finish_pending(prefix: Path, named: set[str | None]) -> list[str]:
             delete_checkpoint(prefix)
         marker.unlink(missing_ok=True)
     except OSError as exc:  # the marker stays: the next start tries again
-        log.error("checkpoint.cleanup_failed", path=str(prefix), error=repr(exc))
+        log.error("checkpoint.cleanup_failed", path=str(prefix), error=describe(exc))
         return []
     return [*gone, marker.name]
 

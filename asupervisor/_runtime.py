@@ -26,11 +26,11 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import structlog
 
 from . import _checkpoint_service, _recovery
 from ._handoff import LoopHandle
 from ._hooks import HookRunner
+from ._logging import describe, get_logger
 from ._services import FailureWindow, Service, supervise
 from ._session import Session
 from ._signals import SignalService
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Runtime"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def _add_note(exc: BaseException, note: str) -> None:
@@ -444,7 +444,7 @@ class Runtime:
                 await self._stop_services()
             await self._close_threads()
         self.closed = True
-        log.error("session.start_failed", error=repr(exc))
+        log.error("session.start_failed", error=describe(exc))
 
     async def __aexit__(
         self,
