@@ -119,6 +119,8 @@ class _SafeBoundLogger(structlog.stdlib.BoundLogger):
     """structlog's stdlib bound logger whose calls never raise into the caller."""
 
     def _proxy_to_logger(self, method_name: str, event: str | None = None, *event_args: str, **event_kw: Any) -> Any:
+        if event_args:
+            event_kw["positional_args"] = event_args
         try:
             logger: logging.Logger = self._logger
             level = _LEVELS.get(method_name, logging.INFO)
@@ -143,18 +145,14 @@ _PROCESSORS: list[structlog.typing.Processor] = [
 ]
 
 
-def get_logger(name: str) -> Any:
+def get_logger(name: str) -> structlog.stdlib.BoundLogger:
     """The logger for module ``name`` (``asupervisor._x``), routed to stdlib ``logging``.
 
-    Independent of ``structlog.configure``: the chain is fixed here, so an application's
-    structlog set-up neither reroutes nor breaks the library's events.
+    Built here, not through ``structlog.get_logger`` or ``wrap_logger``: its processors,
+    wrapper and context class are fixed, so an application's ``structlog.configure``
+    neither reroutes nor breaks the library's events.
     """
-    return structlog.wrap_logger(
-        logging.getLogger(name),
-        processors=_PROCESSORS,
-        wrapper_class=_SafeBoundLogger,
-        cache_logger_on_first_use=True,
-    )
+    return _SafeBoundLogger(logging.getLogger(name), _PROCESSORS, {})
 
 
 # --- configure_logging: printing for applications that want it -------------------------

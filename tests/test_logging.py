@@ -278,6 +278,34 @@ def test_unconfigured_only_warnings_and_errors_reach_stderr_and_nothing_stdout()
     assert "session.started" not in proc.stderr and "session.stopped" not in proc.stderr
 
 
+def test_basic_config_warning_filters_info_and_formats_errors() -> None:
+    """An application's ``logging.basicConfig(level=WARNING)`` keeps info events out and
+    prints errors in its own format, on standard error."""
+    code = """if True:
+        import logging, anyio, asupervisor as asv
+        logging.basicConfig(level=logging.WARNING)
+
+        async def broken():
+            raise ArithmeticError("bad sum")
+
+        async def main():
+            sv = asv.Supervisor(None, handle_signals=False)
+            sv.loop(5, broken, name="adder")
+            try:
+                async with sv.managed_session():
+                    await anyio.sleep_forever()
+            except ArithmeticError:
+                pass
+
+        anyio.run(main)
+    """
+    proc = _run_unconfigured(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    assert "ERROR:asupervisor._services:service.failed service=adder error='ArithmeticError: bad sum'" in proc.stderr
+    assert "session.started" not in proc.stderr
+
+
 # --- configure_logging ----------------------------------------------------------------
 
 
@@ -323,6 +351,21 @@ def test_configure_logging_twice_does_not_duplicate_lines(asv_logger: logging.Lo
 
 
 # --- never a failure -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_configured_renderer_failure_falls_back_to_a_plain_line(asv_logger: logging.Logger, as_json: bool) -> None:
+    """A value the renderer cannot handle (its ``repr`` raises) gives a plain line with a
+    placeholder instead of an exception, on the console and the JSON renderer alike."""
+
+    class BadRepr:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    stream = io.StringIO()
+    asv.configure_logging(json=as_json, stream=stream)
+    get_logger("asupervisor.t").error("odd.value", value=BadRepr(), step=3)
+    assert stream.getvalue() == "error odd.value value=<unrepresentable BadRepr> step=3\n"
 
 
 @pytest.mark.anyio
