@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 import structlog
@@ -127,8 +127,11 @@ class _SafeBoundLogger(structlog.stdlib.BoundLogger):
             if not logger.isEnabledFor(level):
                 return None
             args, kwargs = self._process_event(method_name, event, event_kw)
-            # 3 = this frame, the BoundLogger method (``info``...), then the caller.
-            logger.log(level, *args, stacklevel=3, **kwargs)
+            if _stdlib_last_resort_would_print(logger):
+                _last_resort(logger, level, args, kwargs)
+            else:
+                # 3 = this frame, the BoundLogger method (``info``...), then the caller.
+                logger.log(level, *args, stacklevel=3, **kwargs)
         except structlog.DropEvent:
             pass
         except Exception:
@@ -137,6 +140,32 @@ class _SafeBoundLogger(structlog.stdlib.BoundLogger):
             # from a signal handler: drop the line, never fail the save or stop logging it.
             pass
         return None
+
+
+def _stdlib_last_resort_would_print(logger: logging.Logger) -> bool:
+    """Whether stdlib would hand a record of ``logger`` to its own ``logging.lastResort``:
+    no handler anywhere up the hierarchy, and the application left lastResort alone."""
+    return type(logging.lastResort) is _STDLIB_LAST_RESORT_TYPE and not logger.hasHandlers()
+
+
+def _last_resort(logger: logging.Logger, level: int, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """What stdlib's last resort does (warnings and errors, the bare message, on the
+    current standard error), through a handler that a dead stderr cannot fail: stdlib's
+    lets ``ValueError`` out of a closed stderr, and leaves the line of a broken pipe in
+    stderr's buffer, to fail again at exit and turn the exit status into 120."""
+    if level < _LAST_RESORT.level:
+        return
+    exc_info = kwargs.get("exc_info")
+    if isinstance(exc_info, BaseException):
+        exc_info = (type(exc_info), exc_info, exc_info.__traceback__)
+    elif exc_info and not isinstance(exc_info, tuple):
+        exc_info = sys.exc_info()
+    msg, *rest = args
+    record = logger.makeRecord(
+        logger.name, level, "(unknown file)", 0, msg, tuple(rest), exc_info or None, extra=kwargs.get("extra")
+    )
+    if logger.filter(record):
+        _LAST_RESORT.handle(record)
 
 
 _PROCESSORS: list[structlog.typing.Processor] = [
@@ -227,6 +256,11 @@ class _Handler(logging.StreamHandler):
             super().handleError(record)
         except Exception:
             pass
+
+
+_STDLIB_LAST_RESORT_TYPE = getattr(logging, "_StderrHandler", type(logging.lastResort))
+_LAST_RESORT = _Handler(None)
+_LAST_RESORT.setLevel(logging.WARNING)
 
 
 class _LineLogger:

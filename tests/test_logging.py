@@ -251,27 +251,29 @@ def _run_unconfigured(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
 
 
+FAILING_SERVICE = """if True:
+    import anyio, asupervisor as asv
+
+    async def broken():
+        raise ArithmeticError("bad sum")
+
+    async def main():
+        sv = asv.Supervisor(None, handle_signals=False)
+        sv.loop(5, broken, name="adder")
+        try:
+            async with sv.managed_session():
+                await anyio.sleep_forever()
+        except ArithmeticError:
+            pass
+
+    anyio.run(main)
+"""
+
+
 def test_unconfigured_only_warnings_and_errors_reach_stderr_and_nothing_stdout() -> None:
     """With no logging set up by the application, info events print nowhere, a service's
     error reaches standard error (stdlib's last resort), standard output stays empty."""
-    code = """if True:
-        import anyio, asupervisor as asv
-
-        async def broken():
-            raise ArithmeticError("bad sum")
-
-        async def main():
-            sv = asv.Supervisor(None, handle_signals=False)
-            sv.loop(5, broken, name="adder")
-            try:
-                async with sv.managed_session():
-                    await anyio.sleep_forever()
-            except ArithmeticError:
-                pass
-
-        anyio.run(main)
-    """
-    proc = _run_unconfigured(code)
+    proc = _run_unconfigured(FAILING_SERVICE)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""
     assert "service.failed" in proc.stderr and "ArithmeticError: bad sum" in proc.stderr
@@ -281,29 +283,32 @@ def test_unconfigured_only_warnings_and_errors_reach_stderr_and_nothing_stdout()
 def test_basic_config_warning_filters_info_and_formats_errors() -> None:
     """An application's ``logging.basicConfig(level=WARNING)`` keeps info events out and
     prints errors in its own format, on standard error."""
-    code = """if True:
-        import logging, anyio, asupervisor as asv
-        logging.basicConfig(level=logging.WARNING)
-
-        async def broken():
-            raise ArithmeticError("bad sum")
-
-        async def main():
-            sv = asv.Supervisor(None, handle_signals=False)
-            sv.loop(5, broken, name="adder")
-            try:
-                async with sv.managed_session():
-                    await anyio.sleep_forever()
-            except ArithmeticError:
-                pass
-
-        anyio.run(main)
-    """
+    code = "import logging; logging.basicConfig(level=logging.WARNING)\n" + FAILING_SERVICE
     proc = _run_unconfigured(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""
     assert "ERROR:asupervisor._services:service.failed service=adder error='ArithmeticError: bad sum'" in proc.stderr
     assert "session.started" not in proc.stderr
+
+
+@pytest.mark.parametrize("dead", ["broken-pipe", "closed"])
+def test_unconfigured_errors_into_a_dead_stderr_cost_nothing(dead: str) -> None:
+    """Unconfigured, an error event written to a standard error that is a pipe without
+    reader, or closed: the process ends normally with status 0 (stdlib's own last resort
+    would leave the line buffered and Python's exit would turn the status into 120)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("PYTHONUNBUFFERED", None)  # buffered standard streams, as a user's run has them
+    if dead == "broken-pipe":
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            proc = subprocess.run([sys.executable, "-c", FAILING_SERVICE], stdout=write_end, stderr=write_end, env=env, timeout=120)
+        finally:
+            os.close(write_end)
+    else:
+        code = "import sys; sys.stderr.close()\n" + FAILING_SERVICE
+        proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.DEVNULL, env=env, timeout=120)
+    assert proc.returncode == 0
 
 
 # --- configure_logging ----------------------------------------------------------------
