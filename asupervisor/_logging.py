@@ -4,8 +4,10 @@ Every module logs through ``log = get_logger(__name__)``: a structlog logger wit
 processor chain, independent of the application's structlog configuration, that hands
 each event to the stdlib logger ``asupervisor.<module>`` (children of ``asupervisor``).
 The application routes and filters them like any other library's events
-(``logging.getLogger("asupervisor").setLevel(...)``); unconfigured, stdlib's last-resort
-handler prints warnings and errors on standard error, and nothing reaches standard output.
+(``logging.getLogger("asupervisor").setLevel(...)``). Unconfigured (no handler anywhere),
+warnings and errors are printed on standard error as stdlib's ``logging.lastResort``
+would print them, by a handler of this module that a dead stream cannot fail; nothing
+ever reaches standard output.
 
 A record carries the event three ways: its message (``"checkpoint.saved step=1200 ..."``,
 formatted only when a handler asks), ``record.event`` and one attribute per key-value
