@@ -215,7 +215,8 @@ async def test_application_structlog_config_neither_reroutes_nor_breaks_events(
     finally:
         structlog.reset_defaults()
     assert app_events == []
-    assert [r.step for r in caplog.records if getattr(r, "event", None) == "checkpoint.saved"] == [0, 1, 2]  # type: ignore[attr-defined]
+    saved = [getattr(r, "event_dict", {}) for r in caplog.records if getattr(r, "event", None) == "checkpoint.saved"]
+    assert [event["step"] for event in saved] == [0, 1, 2]
 
 
 def test_record_attributes_never_clash_and_odd_values_render() -> None:
@@ -302,7 +303,9 @@ def test_unconfigured_errors_into_a_dead_stderr_cost_nothing(dead: str) -> None:
         read_end, write_end = os.pipe()
         os.close(read_end)
         try:
-            proc = subprocess.run([sys.executable, "-c", FAILING_SERVICE], stdout=write_end, stderr=write_end, env=env, timeout=120)
+            proc = subprocess.run(
+                [sys.executable, "-c", FAILING_SERVICE], stdout=write_end, stderr=write_end, env=env, timeout=120
+            )
         finally:
             os.close(write_end)
     else:

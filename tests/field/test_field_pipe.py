@@ -118,7 +118,9 @@ def test_dead_reader_then_sigint_commits_final_checkpoint(
     of a save is left over, and the exit status is 0."""
     logdir, outcome_file = tmp_path / "run", tmp_path / "outcome.json"
     command = [sys.executable, str(SCRIPTS / "pipe_train.py"), backend, str(logdir), str(outcome_file)]
-    returncode, _ = _piped_then_interrupted(command, tmp_path, logdir, wait_for_save_after_death=wait_for_save_after_death)
+    returncode, _ = _piped_then_interrupted(
+        command, tmp_path, logdir, wait_for_save_after_death=wait_for_save_after_death
+    )
     assert outcome_file.exists(), f"the run died (exit {returncode}) before its session ended"
     outcome = json.loads(outcome_file.read_text())
     assert outcome["error"] is None, outcome
