@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from ._exceptions import NanLossDuringTrainingError
 from ._hooks import NEVER, Gate, SessionRunContext, SessionRunHook, SessionRunValues
+from ._logging import describe, get_logger
 from ._summary import scalar_entries
 from ._timer import SecondOrStepTimer, ThreadSafeClock, check_every
 
@@ -43,7 +42,7 @@ __all__ = [
     "SummarySaverHook",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def _runtime(session: Session) -> Runtime:
@@ -675,13 +674,13 @@ class ProfilerHook(SessionRunHook):
             os.makedirs(self._dir, exist_ok=True)
             staging = tempfile.mkdtemp(prefix=f"{_STAGING}{os.getpid()}-", dir=self._dir)
         except OSError as exc:
-            log.warning("profiler_hook.skipped", global_step=step, error=f"{type(exc).__name__}: {exc}")
+            log.warning("profiler_hook.skipped", global_step=step, error=describe(exc))
             timer.update_last_triggered_step(step)
             return
         try:
             tf().profiler.experimental.start(staging)
         except Exception as exc:  # another profiler session is running: skip this one
-            log.warning("profiler_hook.skipped", global_step=step, error=f"{type(exc).__name__}: {exc}")
+            log.warning("profiler_hook.skipped", global_step=step, error=describe(exc))
             _remove_tree(staging)
             timer.update_last_triggered_step(step)
             return
@@ -772,7 +771,7 @@ def _publish_trace(staging: str, output_dir: str, step: int) -> str | None:
             os.rename(os.path.join(root, run), target)
             published = target
     except OSError as exc:
-        log.warning("profiler_hook.not_published", global_step=step, error=f"{type(exc).__name__}: {exc}")
+        log.warning("profiler_hook.not_published", global_step=step, error=describe(exc))
     finally:
         _remove_tree(staging)
     return published

@@ -39,11 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from . import _bundle
 from . import _checkpoint_files as files
 from ._exceptions import CheckpointError
+from ._logging import describe, get_logger
 from ._status import CheckpointInfo
 from ._tf import tf
 from ._walk_cache import WalkCache, plain_variable
@@ -61,7 +60,7 @@ __all__ = [
     "write_checkpoint_now",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: keys a checkpoint may lack without being "another model"
 _OPTIONAL_KEYS = ("save_counter/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE")
@@ -547,7 +546,7 @@ def _forget_deferred(checkpoint: Any, path: str) -> None:
     try:
         objects, _ = checkpoint._saver._graph_view._breadth_first_traversal()
     except Exception as exc:  # another TF: nothing more can be done here
-        log.debug("checkpoint.deferred_not_cleared", path=path, error=repr(exc))
+        log.debug("checkpoint.deferred_not_cleared", path=path, error=describe(exc))
         return
     for obj in objects:
         deferred = getattr(obj, "_self_unconditional_deferred_dependencies", None)
@@ -961,7 +960,7 @@ class Checkpointer:
             try:
                 files.retire_checkpoint(self.logdir / old)
             except OSError as exc:  # marked pending: the next start removes it
-                log.error("checkpoint.cleanup_failed", path=str(self.logdir / old), error=str(exc))
+                log.error("checkpoint.cleanup_failed", path=str(self.logdir / old), error=describe(exc))
         with self._lock:
             self.last = info
         log.info(

@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import structlog
+from ._logging import describe, get_logger
 
 __all__ = [
     "CheckpointState",
@@ -68,7 +68,7 @@ __all__ = [
     "write_state",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 STATE_FILE = "checkpoint"
 TMP_MARKER = ".asv-tmp-"
@@ -282,7 +282,7 @@ def _start_writeback(watch: list[tuple[Path, str]], stop: threading.Event) -> No
                     _sync_file_range(fd, done, size - done, _SYNC_FILE_RANGE_WRITE)
                     started[fd] = size
     except OSError as exc:  # only a speed-up: the fsync of publish() still makes it durable
-        log.debug("checkpoint.writeback_stopped", error=repr(exc))
+        log.debug("checkpoint.writeback_stopped", error=describe(exc))
     finally:
         for fd in fds.values():
             os.close(fd)
@@ -578,7 +578,7 @@ def remove_partial(prefix: Path) -> None:
             except FileNotFoundError:
                 continue
             except OSError as exc:  # left for clean_leftovers at the next start
-                log.error("checkpoint.cleanup_failed", path=str(path), error=str(exc))
+                log.error("checkpoint.cleanup_failed", path=str(path), error=describe(exc))
 
 
 def retire_checkpoint(prefix: Path) -> None:
@@ -609,7 +609,7 @@ def _finish_pending(prefix: Path, named: set[str | None]) -> list[str]:
             delete_checkpoint(prefix)
         marker.unlink(missing_ok=True)
     except OSError as exc:  # the marker stays: the next start tries again
-        log.error("checkpoint.cleanup_failed", path=str(prefix), error=repr(exc))
+        log.error("checkpoint.cleanup_failed", path=str(prefix), error=describe(exc))
         return []
     return [*gone, marker.name]
 

@@ -41,10 +41,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from ._checkpoint import Checkpointer, SaveAbandoned, Snapshot
 from ._clock import interval_ticks
+from ._logging import describe, get_logger
 from ._multi_worker import AGREED_STOP_REASONS, WorkerTempWriter
 from ._services import Service
 from ._threads import ThreadClosedError
@@ -60,7 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CheckpointSaver", "CheckpointService", "restore_on_startup", "services_for"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def _noop() -> None:
@@ -178,7 +177,7 @@ class CheckpointSaver:
         except Exception as exc:  # e.g. a NaN loss not read yet: the state is not saved
             rt.control.state_suspect = True
             rt.control.request_stop(exc)
-            log.error("checkpoint.skipped", reason=reason, step=rt.step, why=repr(exc))
+            log.error("checkpoint.skipped", reason=reason, step=rt.step, why=describe(exc))
             return None
         rt.sync_global_step()
         snap = self.checkpointer.snapshot(rt.step)
@@ -201,7 +200,7 @@ class CheckpointSaver:
             log.warning("checkpoint.abandoned", step=snap.step, why=str(exc))
             return None
         except Exception as exc:
-            log.error("checkpoint.failed", step=snap.step, error=str(exc) or repr(exc))
+            log.error("checkpoint.failed", step=snap.step, error=describe(exc))
             with self._lock:
                 if self._error is None:
                     self._error = exc
@@ -222,7 +221,7 @@ class CheckpointSaver:
                 self._writer = self.rt.new_thread("asv-checkpoint")
             waiter = self._writer.submit(self._write, snap)
         except ThreadClosedError as exc:  # the session is already closing its threads
-            log.error("checkpoint.failed", step=snap.step, error=repr(exc))
+            log.error("checkpoint.failed", step=snap.step, error=describe(exc))
             with self._lock:
                 self._in_flight -= 1
                 self._idle.notify_all()

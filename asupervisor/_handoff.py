@@ -19,13 +19,14 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 import anyio.lowlevel
-import structlog
+
+from ._logging import get_logger
 
 __all__ = ["LoopHandle", "Waiter"]
 
 T = TypeVar("T")
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class LoopHandle:

@@ -1,47 +1,355 @@
-"""structlog set-up for applications that want it; asupervisor never configures logging itself.
+"""asupervisor's events, routed through the standard library's ``logging``; never a failure.
 
-Library modules only call ``structlog.get_logger(__name__)``. Whether events are printed,
-as JSON or for a console, is the application's choice, made by calling
-:func:`configure_logging` (or configuring structlog itself). Importing this module must
-not configure anything.
+Every module logs through ``log = get_logger(__name__)``: a structlog logger with a fixed
+processor chain, independent of the application's structlog configuration, that hands
+each event to the stdlib logger ``asupervisor.<module>`` (children of ``asupervisor``).
+The application routes and filters them like any other library's events
+(``logging.getLogger("asupervisor").setLevel(...)``). Unconfigured (no handler anywhere),
+warnings and errors are printed on standard error as stdlib's ``logging.lastResort``
+would print them, by a handler of this module that a dead stream cannot fail; nothing
+ever reaches standard output.
+
+A record carries the event three ways: its message (``"checkpoint.saved step=1200 ..."``,
+formatted only when a handler asks), ``record.event`` and one attribute per key-value
+(``record.step == 1200``, when the name is free on a ``LogRecord``), and the whole event
+dictionary as ``record.event_dict`` (what :func:`configure_logging`'s formatter renders).
+
+What this module must never do: configure anything at import, or let a log call raise
+into its caller. Events are logged on save and stop paths; a closed or broken stream
+(``| tee`` whose reader died), a failing handler or a value whose ``repr`` raises drops
+the line, never the save.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from typing import TextIO
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
 
 import structlog
 
-__all__ = ["configure_logging"]
+__all__ = ["configure_logging", "describe", "get_logger"]
+
+LOGGER_NAME = "asupervisor"
+
+# Attributes a LogRecord already has (``extra`` may not overwrite them) and the two names
+# ``Logger.makeRecord`` refuses.
+_RECORD_ATTRIBUTES = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "exception": logging.ERROR,
+    "critical": logging.CRITICAL,
+    "fatal": logging.CRITICAL,
+    "msg": logging.INFO,
+}
+
+
+def describe(exc: BaseException) -> str:
+    """``"FailedPreconditionError: <message>"``: an error's type and message, for a log line.
+
+    ``repr`` of a TensorFlow error is an empty ``FailedPreconditionError()``; its message is
+    only in ``str``. Never raises, even for an exception whose ``__str__`` does.
+    """
+    name = type(exc).__name__
+    try:
+        message = str(exc)
+    except Exception:
+        return f"{name}: <unprintable message>"
+    return f"{name}: {message}" if message else name
+
+
+def _safe_repr(value: object) -> str:
+    """``repr(value)``, or a placeholder when that raises."""
+    try:
+        return repr(value)
+    except Exception:
+        return f"<unrepresentable {type(value).__name__}>"
+
+
+def _render_value(value: object) -> str:
+    """A key-value's value for a text line: plain strings bare, others as ``repr``."""
+    if isinstance(value, str):
+        if value and not any(c.isspace() or c in "\"'=" for c in value):
+            return value
+        return _safe_repr(value)
+    if isinstance(value, BaseException):
+        return _safe_repr(describe(value))
+    return _safe_repr(value)
+
+
+class _KeyValues:
+    """The ``key=value ...`` part of a message, rendered only when a handler formats it."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: Mapping[str, Any]) -> None:
+        self.items = items
+
+    def __str__(self) -> str:
+        return " ".join(f"{key}={_render_value(value)}" for key, value in self.items.items())
+
+
+def _to_stdlib(_: Any, __: str, event_dict: structlog.typing.EventDict) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Last processor: the stdlib call's arguments (message, key-values as ``extra``)."""
+    event = str(event_dict.get("event"))
+    kwargs: dict[str, Any] = {}
+    for name in ("exc_info", "stack_info"):
+        if name in event_dict:
+            kwargs[name] = event_dict.pop(name)
+    items = {key: value for key, value in event_dict.items() if key != "event"}
+    extra = {key: value for key, value in items.items() if key not in _RECORD_ATTRIBUTES}
+    extra["event"] = event
+    extra["event_dict"] = {"event": event, **items}
+    message = event.replace("%", "%%")
+    args: tuple[Any, ...] = ()
+    if items:
+        message += " %s"
+        args = (_KeyValues(items),)
+    kwargs["extra"] = extra
+    return (message, *args), kwargs
+
+
+class _SafeBoundLogger(structlog.stdlib.BoundLogger):
+    """structlog's stdlib bound logger whose calls never raise into the caller."""
+
+    def _proxy_to_logger(self, method_name: str, event: str | None = None, *event_args: str, **event_kw: Any) -> Any:
+        if event_args:
+            event_kw["positional_args"] = event_args
+        try:
+            logger: logging.Logger = self._logger
+            level = _LEVELS.get(method_name, logging.INFO)
+            if not logger.isEnabledFor(level):
+                return None
+            args, kwargs = self._process_event(method_name, event, event_kw)
+            if _stdlib_last_resort_would_print(logger):
+                _last_resort(logger, level, args, kwargs)
+            else:
+                # 3 = this frame, the BoundLogger method (``info``...), then the caller.
+                logger.log(level, *args, stacklevel=3, **kwargs)
+        except structlog.DropEvent:
+            pass
+        except Exception:
+            # A broken stream (the lastResort handler lets ``ValueError: I/O operation on
+            # closed file`` out of ``handleError``), a handler's error, a re-entrant write
+            # from a signal handler: drop the line, never fail the save or stop logging it.
+            pass
+        return None
+
+
+def _stdlib_last_resort_would_print(logger: logging.Logger) -> bool:
+    """Whether stdlib would hand a record of ``logger`` to its own ``logging.lastResort``:
+    no handler anywhere up the hierarchy, and the application left lastResort alone."""
+    return type(logging.lastResort) is _STDLIB_LAST_RESORT_TYPE and not logger.hasHandlers()
+
+
+def _last_resort(logger: logging.Logger, level: int, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """What stdlib's last resort does (warnings and errors, the bare message, on the
+    current standard error), through a handler that a dead stderr cannot fail: stdlib's
+    lets ``ValueError`` out of a closed stderr, and leaves the line of a broken pipe in
+    stderr's buffer, to fail again at exit and turn the exit status into 120."""
+    if level < _LAST_RESORT.level:
+        return
+    exc_info = kwargs.get("exc_info")
+    if isinstance(exc_info, BaseException):
+        exc_info = (type(exc_info), exc_info, exc_info.__traceback__)
+    elif exc_info and not isinstance(exc_info, tuple):
+        exc_info = sys.exc_info()
+    msg, *rest = args
+    record = logger.makeRecord(
+        logger.name, level, "(unknown file)", 0, msg, tuple(rest), exc_info or None, extra=kwargs.get("extra")
+    )
+    if logger.filter(record):
+        _LAST_RESORT.handle(record)
+
+
+_PROCESSORS: list[structlog.typing.Processor] = [
+    structlog.contextvars.merge_contextvars,
+    _to_stdlib,
+]
+
+
+def get_logger(name: str) -> structlog.stdlib.BoundLogger:
+    """The logger for module ``name`` (``asupervisor._x``), routed to stdlib ``logging``.
+
+    Built here, not through ``structlog.get_logger`` or ``wrap_logger``: its processors,
+    wrapper and context class are fixed, so an application's ``structlog.configure``
+    neither reroutes nor breaks the library's events.
+    """
+    return _SafeBoundLogger(logging.getLogger(name), _PROCESSORS, {})
+
+
+# --- configure_logging: printing for applications that want it -------------------------
+
+
+def _event_from_record(_: Any, __: str, event_dict: structlog.typing.EventDict) -> structlog.typing.EventDict:
+    """ProcessorFormatter pre-chain: asupervisor's records carry their event dictionary."""
+    record = event_dict.get("_record")
+    carried = getattr(record, "event_dict", None)
+    if not isinstance(carried, dict):
+        return event_dict
+    rebuilt = dict(carried)
+    for key in ("_record", "_from_structlog", "exc_info", "stack_info"):
+        if key in event_dict:
+            rebuilt[key] = event_dict[key]
+    return rebuilt
+
+
+def _discard_dead_pipe(stream: TextIO) -> None:
+    """Point a stream whose pipe broke at ``os.devnull``, as Python's documentation
+    recommends after a ``BrokenPipeError``: a pipe whose readers are gone never gets one
+    back, and what stays in the stream's buffer would otherwise fail again at every write
+    and at interpreter exit (which turns the process's exit status into 120)."""
+    try:
+        fd = stream.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+    except Exception:
+        pass  # not backed by a file descriptor: nothing is buffered below Python
+
+
+class _SafeFormatter(structlog.stdlib.ProcessorFormatter):
+    """A ProcessorFormatter whose failures (a renderer, a value) fall back to a plain line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        try:
+            return super().format(record)
+        except Exception:
+            try:
+                return f"{record.levelname.lower()} {record.getMessage()}"
+            except Exception:
+                return f"{record.levelname.lower()} {_safe_repr(getattr(record, 'event', record.msg))}"
+
+
+class _Handler(logging.StreamHandler):
+    """configure_logging's handler: writes to ``stream`` (standard error, looked up at each
+    line, when none was given); a dead stream drops the line quietly."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        super().__init__()
+        self._fixed = stream
+
+    @property
+    def stream(self) -> TextIO:
+        return self._fixed if self._fixed is not None else sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        # StreamHandler.__init__ assigns the stream; ours is chosen by the property.
+        pass
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, BrokenPipeError):
+            _discard_dead_pipe(self.stream)
+        if isinstance(error, (OSError, ValueError)):
+            return  # closed or broken stream (a reader that died): the line is dropped
+        try:
+            super().handleError(record)
+        except Exception:
+            pass
+
+
+_STDLIB_LAST_RESORT_TYPE = getattr(logging, "_StderrHandler", type(logging.lastResort))
+_LAST_RESORT = _Handler(None)
+_LAST_RESORT.setLevel(logging.WARNING)
+
+
+class _LineLogger:
+    """structlog's final logger for the application's own events: one line per event,
+    write errors dropped (the same stream as asupervisor's lines, the same promise)."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def msg(self, message: str) -> None:
+        stream = self._stream if self._stream is not None else sys.stderr
+        try:
+            with self._lock:
+                stream.write(message + "\n")
+                stream.flush()
+        except BrokenPipeError:
+            _discard_dead_pipe(stream)
+        except Exception:
+            pass
+
+    log = debug = info = warn = warning = error = critical = exception = fatal = failure = msg
+
+
+def _level_number(level: str | int) -> int:
+    if isinstance(level, bool) or not isinstance(level, (str, int)):
+        raise ValueError(f"level must be a level name or number, not {level!r}")
+    if isinstance(level, int):
+        return level
+    number = logging.getLevelName(level.upper())
+    if not isinstance(number, int):
+        raise ValueError(f"unknown log level {level!r}; use debug, info, warning or error")
+    return number
 
 
 def configure_logging(
     *, json: bool = False, level: str | int = "info", stream: TextIO | None = None
 ) -> None:
-    """Configure structlog to print asupervisor's (and the application's) events.
+    """Print asupervisor's (and the application's structlog) events on ``stream``.
+
+    Installs one handler on the ``asupervisor`` logger (not the root logger), replacing the
+    one an earlier call installed, and sets that logger's level. asupervisor's events then
+    stop propagating to the root logger, so an application that also configured root
+    logging does not see them twice. Also configures structlog (``structlog.configure``)
+    so the application's own structlog events print the same way. Lines that cannot be
+    written (a closed stream, a pipe whose reader died) are dropped.
 
     Args:
         json: ``True`` renders one JSON object per line (for log collectors), ``False``
             a human-readable console line.
         level: the lowest level printed, a name (``"debug"``, ``"info"``, ...) or a
             ``logging`` number.
-        stream: where lines go; standard error by default.
+        stream: where lines go; standard error (as it is when each line is written) by
+            default.
 
     Raises:
         ValueError: ``level`` is not a known level name.
     """
-    if isinstance(level, str):
-        number = logging.getLevelName(level.upper())
-        if not isinstance(number, int):
-            raise ValueError(f"unknown log level {level!r}; use debug, info, warning or error")
-        level = number
+    number = _level_number(level)
     renderer: structlog.typing.Processor
     if json:
         renderer = structlog.processors.JSONRenderer()
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=False)
+
+    handler = _Handler(stream)
+    handler.setFormatter(
+        _SafeFormatter(
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+            foreign_pre_chain=[
+                _event_from_record,
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+            ],
+        )
+    )
+    logger = logging.getLogger(LOGGER_NAME)
+    for old in [h for h in logger.handlers if isinstance(h, _Handler)]:
+        logger.removeHandler(old)
+    logger.addHandler(handler)
+    logger.setLevel(number)
+    logger.propagate = False
+
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -50,7 +358,7 @@ def configure_logging(
             structlog.processors.format_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(number),
+        logger_factory=lambda *_: _LineLogger(stream),
         cache_logger_on_first_use=False,
     )

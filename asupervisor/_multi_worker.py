@@ -38,14 +38,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import structlog
-
 from ._checkpoint import Snapshot, write_snapshot
 from ._cluster import ClusterInfo
+from ._logging import describe, get_logger
 
 __all__ = ["AGREED_STOP_REASONS", "WorkerTempWriter"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: stop reasons every worker reaches at the same step: a final save is taken on them
 AGREED_STOP_REASONS = frozenset({"completed", "max_steps", "end_of_data", "hook"})
@@ -96,7 +95,7 @@ class WorkerTempWriter:
             try:
                 shutil.rmtree(tmp)
             except OSError as exc:  # left for the next start-up's clean-up
-                log.error("checkpoint.worker_tmp_not_removed", tmp=str(tmp), error=repr(exc))
+                log.error("checkpoint.worker_tmp_not_removed", tmp=str(tmp), error=describe(exc))
         log.info(
             "checkpoint.worker_saved",
             step=snapshot.step,

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
-import structlog
 
+from ._logging import describe, get_logger
 from ._queue import END, BoundedQueue, PutResult
 from ._services import Service, ServiceContext
 from ._tf import is_end_of_data, tf
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = ["QueueRunner", "QueueStatistics"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _names = itertools.count()
 
@@ -343,7 +343,7 @@ class _QueueRunnerService(Service):
         # Record the cause before the consumer is released, so the session's stop
         # reason is this error and not the end of data the consumer then sees.
         log.error(
-            "queue_runner.producer_failed", service=self.name, queue=self.qr.name, error=repr(exc)
+            "queue_runner.producer_failed", service=self.name, queue=self.qr.name, error=describe(exc)
         )
         ctx.control.request_stop(exc, reason=f"service:{self.name}")
         # The stop may cancel this service before the error reaches supervise(): record

@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import anyio
-import structlog
 
+from ._logging import describe, get_logger
 from ._services import FailureWindow, RestartPolicy
 from ._tf import is_recoverable
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["recover", "recovery_policy"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def recovery_policy(recovery_wait_secs: float) -> RestartPolicy:
@@ -66,13 +66,13 @@ async def recover(rt: Runtime, failures: FailureWindow, exc: BaseException) -> b
     if rt.checkpointer is None or attempt > failures.policy.max_restarts:
         log.error(
             "session.recovery_gave_up",
-            error=repr(exc),
+            error=describe(exc),
             retries=attempt - 1,
             why="no checkpoint directory" if rt.checkpointer is None else "retry limit reached",
         )
         return False
     backoff = failures.policy.backoff_for(attempt)
-    log.warning("session.recovering", error=repr(exc), attempt=attempt, backoff_secs=backoff)
+    log.warning("session.recovering", error=describe(exc), attempt=attempt, backoff_secs=backoff)
     try:
         while True:
             if backoff > 0:
@@ -92,12 +92,12 @@ async def recover(rt: Runtime, failures: FailureWindow, exc: BaseException) -> b
                 if attempt > failures.policy.max_restarts:
                     raise
                 backoff = failures.policy.backoff_for(attempt)
-                log.warning("session.recovering", error=repr(err), attempt=attempt, backoff_secs=backoff)
+                log.warning("session.recovering", error=describe(err), attempt=attempt, backoff_secs=backoff)
     except anyio.get_cancelled_exc_class():
         rt.control.state_suspect = True  # stopped before the state was restored
         raise
     if path is None:
-        log.error("session.recovery_gave_up", error=repr(exc), why="no checkpoint to restore")
+        log.error("session.recovery_gave_up", error=describe(exc), why="no checkpoint to restore")
         return False
     log.info("session.recovered", step=rt.step, path=path)
     return True

@@ -29,11 +29,11 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import structlog
 
 from . import _checkpoint_service, _recovery
 from ._handoff import LoopHandle
 from ._hooks import HookRunner
+from ._logging import describe, get_logger
 from ._services import FailureWindow, Service, supervise
 from ._session import Session
 from ._signals import SignalService
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Runtime"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: once the stop's grace has run out: the most the closers and thread joins get together
 #: (an abandoned save removing its files, event files flushed)
@@ -491,7 +491,7 @@ class Runtime:
                 await self._stop_services()
             await self._close_threads()
         self.closed = True
-        log.error("session.start_failed", error=repr(exc))
+        log.error("session.start_failed", error=describe(exc))
 
     async def __aexit__(
         self,

@@ -31,6 +31,7 @@ from anyio.abc import TaskStatus
 
 from ._clock import interval_ticks
 from ._exceptions import ServiceError
+from ._logging import describe, get_logger
 
 if TYPE_CHECKING:
     from ._clock import Clock
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FailureWindow", "LoopedService", "RestartPolicy", "Service", "ServiceContext"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,7 +159,7 @@ async def supervise(
                 failed = window.record(ctx.clock.now()) if window is not None else 1
                 if policy is None or failed > policy.max_restarts:
                     ctx.set_service_state(name, "failed")
-                    log.error("service.failed", service=name, error=repr(exc), action="stop")
+                    log.error("service.failed", service=name, error=describe(exc), action="stop")
                     cause: BaseException = exc
                     if policy is not None:
                         cause = ServiceError(
@@ -172,7 +173,7 @@ async def supervise(
                     return
                 backoff = policy.backoff_for(failed)
                 log.warning(
-                    "service.failed", service=name, error=repr(exc), action="restart", backoff_secs=backoff
+                    "service.failed", service=name, error=describe(exc), action="restart", backoff_secs=backoff
                 )
                 ctx.set_service_state(name, "backoff")
                 await ctx.clock.sleep_until(ctx.clock.now() + backoff)

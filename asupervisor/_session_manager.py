@@ -25,19 +25,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from ._checkpoint import restore_latest, restore_path
 from ._clock import Clock, MonotonicClock
 from ._checkpoint_files import missing_files
 from ._exceptions import CheckpointError, DeadlineExceededError
 from ._handoff import LoopHandle
+from ._logging import get_logger
 from ._tf import tf
 from ._threads import DedicatedThread
 
 __all__ = ["SessionManager"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _Call = Callable[..., Any]
 

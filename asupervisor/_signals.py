@@ -13,8 +13,8 @@ import threading
 from typing import TYPE_CHECKING
 
 import anyio
-import structlog
 
+from ._logging import get_logger
 from ._services import Service
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SignalService"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class SignalService(Service):

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import structlog
-
 from ._clock import interval_ticks
+from ._logging import get_logger
 from ._services import Service
 
 if TYPE_CHECKING:
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["StepCounterService"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class StepCounterService(Service):

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import structlog
+from ._logging import describe, get_logger
 
 if TYPE_CHECKING:
     import anyio
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["StopControl"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def error_reason(exc: BaseException) -> str:
@@ -95,7 +95,7 @@ class StopControl:
 
     def record_secondary(self, exc: BaseException, *, where: str) -> None:
         """Keep an error raised while stopping; it is logged and attached as a note."""
-        log.error("session.secondary_error", where=where, error=repr(exc))
+        log.error("session.secondary_error", where=where, error=describe(exc))
         with self._lock:
             if not any(e is exc for e in self.errors):
                 self.errors.append(exc)

@@ -37,9 +37,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from ._clock import interval_ticks
+from ._logging import describe, get_logger
 from ._services import Service
 from ._tf import tf
 
@@ -53,7 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SummaryService", "SummaryWriter", "scalar_entries"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def _is_variable(value: Any) -> bool:
@@ -264,7 +263,7 @@ class SummaryWriter:
                 summary.value.extend(_summary_value(name, value).value)
             self._record(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
         except Exception as exc:
-            log.error("summary.write_failed", step=step, error=repr(exc))
+            log.error("summary.write_failed", step=step, error=describe(exc))
             self._rt.control.request_stop(exc, reason="service:summary")
             raise
 

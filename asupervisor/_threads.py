@@ -25,14 +25,14 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-import structlog
 
 from ._exceptions import EndOfData
 from ._handoff import LoopHandle, Waiter
+from ._logging import get_logger
 
 __all__ = ["DedicatedThread", "ThreadClosedError"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _STOP = object()
 _WAKE = object()

@@ -19,16 +19,15 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-import structlog
-
 from ._checkpoint_files import read_state, step_of
 from ._clock import Clock, MonotonicClock
 from ._handoff import LoopHandle
+from ._logging import get_logger
 from ._threads import DedicatedThread
 
 __all__ = ["CheckpointWatcher", "watch_checkpoints"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def _committed(logdir: Path) -> list[str]:

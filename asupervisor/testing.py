@@ -1,15 +1,62 @@
-"""Helpers for testing code that uses asupervisor: a clock you move by hand.
+"""Helpers for testing code that uses asupervisor: a clock you move by hand, captured events.
 
 Use :class:`ManualClock` as ``Supervisor(..., clock=ManualClock())`` (or for any service
 that takes a clock) so that "every 600 s" runs the moment the test calls ``advance(600)``.
+Use :func:`capture_logs` to assert on the events asupervisor logs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
 import anyio
 import anyio.lowlevel
 
-__all__ = ["ManualClock"]
+__all__ = ["ManualClock", "capture_logs"]
+
+
+class _Collector(logging.Handler):
+    """Appends each record's event (with its level) to a list."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        super().__init__(logging.DEBUG)
+        self.events = events
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = dict(getattr(record, "event_dict", None) or {"event": record.getMessage()})
+        event["log_level"] = record.levelname.lower()
+        self.events.append(event)
+
+
+@contextlib.contextmanager
+def capture_logs() -> Iterator[list[dict[str, Any]]]:
+    """Collect every event the ``asupervisor`` logger emits, at every level, while inside.
+
+    Each event is a dict as ``structlog.testing.capture_logs`` gives: ``event`` (the
+    dotted name), its key-values (numbers as numbers) and ``log_level``. asupervisor logs
+    through the standard library logger ``asupervisor``, not through structlog's global
+    configuration, so structlog's own ``capture_logs`` does not see its events.
+
+    Example::
+
+        with capture_logs() as events:
+            ...
+        assert any(e["event"] == "checkpoint.saved" for e in events)
+    """
+    events: list[dict[str, Any]] = []
+    logger = logging.getLogger("asupervisor")
+    handler = _Collector(events)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield events
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 class ManualClock:

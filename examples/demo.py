@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -36,6 +37,22 @@ def spirals(n_per_class: int = 2000, classes: int = 3, seed: int = 0) -> tuple[n
         xs.append(np.stack([r * np.sin(t), r * np.cos(t)], axis=1))
         ys.append(np.full(n_per_class, c))
     return np.concatenate(xs).astype("float32"), np.concatenate(ys).astype("int32")
+
+
+def say(line: str) -> None:
+    """Print a line of progress. When standard output is a pipe whose reader died
+    (``demo.py | tee log`` and tee was killed), point it at ``os.devnull`` instead of
+    failing, as Python's documentation advises: losing the output must not stop training
+    (asupervisor's own log lines on stderr are dropped the same way)."""
+    try:
+        print(line, flush=True)
+    except (BrokenPipeError, ValueError):
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -80,7 +97,7 @@ async def main(args: argparse.Namespace) -> None:
     def progress() -> None:  # a sync looped service: runs on its own thread
         status = sv.status()
         rate = f"{status.steps_per_sec:.0f}" if status.steps_per_sec else "-"
-        print(f"progress: step {status.global_step}/{target}  steps/sec {rate}", flush=True)
+        say(f"progress: step {status.global_step}/{target}  steps/sec {rate}")
 
     sv.loop(args.progress_secs, progress, name="progress")
 
@@ -88,16 +105,15 @@ async def main(args: argparse.Namespace) -> None:
     async with sv.managed_session() as sess:
         start = sess.global_step
         if start:
-            print(f"resumed at step {start}", flush=True)
+            say(f"resumed at step {start}")
         target = args.max_steps if args.max_steps is not None else start + args.steps
         await sess.run_loop(train_step, data=data, max_steps=target)
 
     logits = model(x, training=False)
     accuracy = float(np.mean(np.argmax(logits.numpy(), 1) == y))
-    print(
+    say(
         f"done: step {sv.global_step}, stop reason {sv.status().stop_reason}, "
-        f"training-set accuracy {accuracy:.3f}, logdir {args.logdir}",
-        flush=True,
+        f"training-set accuracy {accuracy:.3f}, logdir {args.logdir}"
     )
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-import structlog
 import tensorflow as tf
 from eventfiles import read_events, steps_of
+from asupervisor.testing import capture_logs
 
 import asupervisor as asv
 from asupervisor.testing import ManualClock
@@ -274,7 +274,7 @@ async def test_logging_tensor_hook_logs_every_n_iter_and_reads_only_then() -> No
         return {"loss": CountingTensor(float(v.assign_add(1.0).numpy()), reads), "other": 1}
 
     hook = asv.LoggingTensorHook(["loss"], every_n_iter=2, at_end=True)
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         async with make_sv([hook], state={"v": v}).managed_session() as sess:
             await sess.run_loop(step, max_steps=5)
     logged = [(e["global_step"], e["loss"]) for e in logs if e["event"] == "tensors.logged"]
@@ -286,7 +286,7 @@ async def test_logging_tensor_hook_formatter_and_secs() -> None:
     """``every_n_secs`` uses the injected clock; a formatter makes the message."""
     clock = ManualClock()
     hook = asv.LoggingTensorHook({"L": "loss"}, every_n_secs=10, formatter=lambda d: f"L={d['L']}", clock=clock)
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         async with make_sv([hook]).managed_session() as sess:
             for i in range(4):
                 await sess.run(lambda i=i: {"loss": tf.constant(i)})
@@ -449,7 +449,7 @@ async def test_checkpoint_saver_hook_into_the_logdir_spelled_differently_saves_e
     v = tf.Variable(0.0)
     hook = asv.CheckpointSaverHook(hook_dir, save_steps=2)
     sv = make_sv([hook], logdir, state={"v": v}, save_model_steps=2)
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         async with sv.managed_session() as sess:
             await sess.run_loop(lambda: v.assign_add(1.0), max_steps=5)
     saved = sorted(e["step"] for e in logs if e["event"] == "checkpoint.saved")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import tensorflow as tf
-from structlog.testing import capture_logs
+from asupervisor.testing import capture_logs
 
 import asupervisor as asv
 from asupervisor._hooks import HookRunner

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from structlog.testing import capture_logs
+from asupervisor.testing import capture_logs
 
 import asupervisor as asv
 from asupervisor import _checkpoint_files as files

@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 import tensorflow as tf
-from structlog.testing import capture_logs
+from asupervisor.testing import capture_logs
 
 import asupervisor as asv
 from asupervisor import _checkpoint_files as files

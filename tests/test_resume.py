@@ -82,20 +82,25 @@ def _forkserver() -> Iterator[Any]:
 def _child(logdir: str, steps: int, save_steps: int, width: int, events: Any, write_secs: Any, tracked: bool) -> None:
     """In a forked child: train, reporting ``START``, ``STEP`` and the ``checkpoint.saved``
     log events (step, and the write's duration) in the shared ``events`` / ``write_secs``."""
-    import resume_train
-    import structlog
+    import logging
 
-    def on_log(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-        if event.get("event") == "checkpoint.saved":  # logged once committed
-            write_secs.value = event["secs"]
-            events[SAVED] = event["step"]
-            events[SAVES] += 1
-        raise structlog.DropEvent
+    import resume_train
+
+    class OnSaved(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            event: MutableMapping[str, Any] = getattr(record, "event_dict", {})
+            if event.get("event") == "checkpoint.saved":  # logged once committed
+                write_secs.value = event["secs"]
+                events[SAVED] = event["step"]
+                events[SAVES] += 1
 
     def report(kind: str, step: int) -> None:
         events[START if kind == "START" else STEP] = step
 
-    structlog.configure(processors=[on_log])
+    logger = logging.getLogger("asupervisor")
+    logger.addHandler(OnSaved())
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
     resume_train.train(logdir, steps, save_steps, width, report=report, tracked_data=tracked)
 
 

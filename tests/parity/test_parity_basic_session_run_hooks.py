@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 import tensorflow as tf
 from eventfiles import read_events, steps_of
 
 import asupervisor as asv
-from asupervisor.testing import ManualClock
+from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_new_threads")]
 
@@ -220,7 +219,7 @@ async def test_logging_tensor_hook_print_at_end_only() -> None:
     """basic_session_run_hooks_test.py::LoggingTensorHookTest::test_print_at_end_only: with only
     ``at_end``, nothing is logged during the steps and the value is logged at the end."""
     hook = asv.LoggingTensorHook(["foo"], at_end=True)
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         async with make_sv([hook]).managed_session() as sess:
             for _ in range(3):
                 await sess.run(foo_step)
@@ -236,7 +235,7 @@ async def test_logging_tensor_hook_print_every_n_steps(at_end: bool) -> None:
     twice with fresh hooks, as TF does to check the reset."""
     for _ in range(2):
         hook = asv.LoggingTensorHook(["foo"], every_n_iter=10, at_end=at_end)
-        with structlog.testing.capture_logs() as logs:
+        with capture_logs() as logs:
             async with make_sv([hook]).managed_session() as sess:
                 await sess.run(foo_step)
                 assert len(logged(logs)) == 1
@@ -257,7 +256,7 @@ async def test_logging_tensor_hook_print_first_step() -> None:
     """basic_session_run_hooks_test.py::LoggingTensorHookTest::test_print_first_step: with
     ``every_n_iter=1`` and a mapping of names, the first step is logged without a duration."""
     hook = asv.LoggingTensorHook({"foo": "foo"}, every_n_iter=1)
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         async with make_sv([hook]).managed_session() as sess:
             await sess.run(foo_step)
     (line,) = logged(logs)
@@ -273,7 +272,7 @@ async def test_logging_tensor_hook_print_every_n_secs(at_end: bool) -> None:
     for _ in range(2):
         clock = ManualClock(1484695987.209386)
         hook = asv.LoggingTensorHook(["foo"], every_n_secs=1.0, at_end=at_end, clock=clock)
-        with structlog.testing.capture_logs() as logs:
+        with capture_logs() as logs:
             async with make_sv([hook]).managed_session() as sess:
                 await sess.run(foo_step)
                 assert len(logged(logs)) == 1
@@ -291,7 +290,7 @@ async def test_logging_tensor_hook_print_formatter() -> None:
     """basic_session_run_hooks_test.py::LoggingTensorHookTest::test_print_formatter: a formatter
     makes the logged line, from the values by name."""
     hook = asv.LoggingTensorHook(["foo"], every_n_iter=10, formatter=lambda items: f"qqq={items['foo']}")
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         async with make_sv([hook]).managed_session() as sess:
             await sess.run(foo_step)
     assert [e["message"] for e in logged(logs)] == ["qqq=42.0"]
@@ -515,7 +514,7 @@ async def test_step_counter_every_n_steps(tmp_path: Path) -> None:
     steps 11 and 21 (the first firing, step 1, only starts the measure), and log no warning."""
     clock = ManualClock(1484695987.209386)
     hook = asv.StepCounterHook(every_n_steps=10, clock=clock)
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         async with make_sv([hook], tmp_path).managed_session() as sess:
             for _ in range(30):
                 clock.advance(0.01)

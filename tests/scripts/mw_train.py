@@ -13,8 +13,10 @@ weights, metric and counter go to OUT.npz.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -22,7 +24,6 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 import anyio
 import numpy as np
 import tensorflow as tf
-from structlog.testing import capture_logs
 
 import asupervisor as asv
 
@@ -60,10 +61,17 @@ async def main(logdir: str, max_steps: int, save_steps: int, out: str) -> None:
         save_model_steps=save_steps,  # save_model_secs keeps its default: not used here
         handle_signals=False,
     )
-    with capture_logs() as events:
-        async with sv.managed_session() as sess:
-            print(f"RESTORED {sv.global_step} {sv.status().last_checkpoint}", flush=True)
-            await sess.run_loop(train_step, max_steps=max_steps)
+    events: list[dict[str, Any]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            events.append({**getattr(record, "event_dict", {}), "log_level": record.levelname.lower()})
+
+    logging.getLogger("asupervisor").addHandler(Collect())
+    logging.getLogger("asupervisor").setLevel(logging.DEBUG)
+    async with sv.managed_session() as sess:
+        print(f"RESTORED {sv.global_step} {sv.status().last_checkpoint}", flush=True)
+        await sess.run_loop(train_step, max_steps=max_steps)
     for event in events:
         if event["event"] == "checkpoint.saved":
             print(f"SAVED {event['step']}", flush=True)
