@@ -27,6 +27,7 @@ from typing import Any
 
 import structlog
 
+from . import _config
 from ._checkpoint import restore_latest, restore_path
 from ._clock import Clock, MonotonicClock
 from ._checkpoint_files import missing_files
@@ -92,6 +93,7 @@ class SessionManager:
             raise TypeError(
                 f"state must be a tf.train.Checkpoint or a dict of trackables, got {type(state).__name__}"
             )
+        _config.check_state_values(state)  # a value TF would accept and silently not save
         for name, fn in (
             ("local_init_fn", local_init_fn),
             ("ready_fn", ready_fn),

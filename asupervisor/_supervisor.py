@@ -201,11 +201,14 @@ class Supervisor:
         Args:
             exc: an error to raise out of ``managed_session()`` (the first one wins).
 
+        Idempotent, like TF1's ``Coordinator.request_stop``: after the session has
+        ended it does nothing.
+
         Raises:
-            RuntimeError: no session is running.
+            RuntimeError: no session was ever started.
         """
         rt = self._runtime
-        if rt is None or not rt._entered or rt.closed:
+        if rt is None or not rt._entered:
             raise RuntimeError("request_stop() needs a running managed_session()")
         rt.control.request_stop(exc)
 
