@@ -507,6 +507,7 @@ class Checkpointer:
         self._iterator_checked = False
         self._iterator_logged: Any = None  # the iterator whose skip was logged
         self._iterator_share_pending = False  # an iterator was attached; its share not yet logged
+        self._iterator_share_logged = False  # once per session
         self._lock = threading.Lock()
         self._owner = False  # whether this process writes the directory (prepare() was called)
         self._walks = WalkCache()  # step thread only
@@ -605,7 +606,7 @@ class Checkpointer:
         if track:
             if getattr(self.checkpoint, _ITERATOR_ATTR, None) is not iterator:
                 setattr(self.checkpoint, _ITERATOR_ATTR, iterator)  # restores a deferred position
-                self._iterator_share_pending = True
+                self._iterator_share_pending = not self._iterator_share_logged
         elif getattr(self.checkpoint, _ITERATOR_ATTR, None) is not None:
             delattr(self.checkpoint, _ITERATOR_ATTR)  # an earlier run_loop's iterator
         return iterator
@@ -616,7 +617,7 @@ class Checkpointer:
         warning when it is most of it (a large shuffle buffer). Never fails a save."""
         if not self._iterator_share_pending:
             return
-        from ._iterator_state import DOMINANT_SHARE, iterator_share
+        from ._iterator_state import DOMINANT_BYTES, DOMINANT_SHARE, iterator_share
 
         try:
             share = iterator_share(prefix)
@@ -627,9 +628,10 @@ class Checkpointer:
         if share is None:  # taken before the iterator was attached: the next one will tell
             return
         self._iterator_share_pending = False
+        self._iterator_share_logged = True
         mine, total = share
         ratio = round(mine / total, 3) if total else 0.0
-        if ratio > DOMINANT_SHARE:
+        if ratio > DOMINANT_SHARE and mine >= DOMINANT_BYTES:
             log.warning(
                 "checkpoint.iterator_state",
                 bytes=mine,

@@ -35,8 +35,10 @@ __all__ = ["iterator_share", "serialisation_problem", "untrackable_error"]
 ITERATOR_ATTR = "asv_data_iterator"
 
 #: an iterator's share of a checkpoint's bytes above which ``checkpoint.iterator_state``
-#: is a warning rather than information
+#: is a warning rather than information (when it is also at least ``DOMINANT_BYTES``:
+#: a small model's checkpoint is mostly a small iterator's few hundred bytes)
 DOMINANT_SHARE = 0.5
+DOMINANT_BYTES = 1 << 20
 
 
 def serialisation_problem(iterator: Any) -> str | None:

@@ -215,9 +215,9 @@ async def test_a_bad_checkpoint_iterator_is_a_value_error_naming_it(value: objec
 async def test_the_iterator_share_of_a_checkpoint_is_logged_once(tmp_path: Path) -> None:
     """A shuffle buffer dominating the checkpoint: ``checkpoint.iterator_state`` is logged
     once per session, a warning, with the bytes the index gives the iterator."""
-    images = np.random.default_rng(0).random((600, 8, 8, 3), dtype=np.float32)
+    images = np.random.default_rng(0).random((600, 16, 16, 3), dtype=np.float32)  # 1.5 MB buffered
     data = tf.data.Dataset.from_tensor_slices(images).shuffle(500, seed=1).batch(4).repeat()
-    v = tf.Variable(tf.zeros((8, 8, 3)))
+    v = tf.Variable(tf.zeros((16, 16, 3)))
     # synchronous saves at 3, 6, 9 (through the session's checkpointer), then the final one
     saver = asv.CheckpointSaverHook(str(tmp_path), save_steps=3)
     sv = _supervisor(tmp_path, {"v": v}, max_to_keep=10, hooks=[saver])
@@ -234,6 +234,18 @@ async def test_the_iterator_share_of_a_checkpoint_is_logged_once(tmp_path: Path)
     assert report["bytes"] == sizes[ITERATOR_KEY]
     assert report["checkpoint_bytes"] == sum(sizes.values())
     assert len([p for p in _checkpoints(tmp_path) if ITERATOR_KEY in _keys(p)]) >= 3
+
+
+@pytest.mark.anyio
+async def test_a_small_iterator_share_is_information(tmp_path: Path) -> None:
+    """A small iterator (a few hundred bytes) in a tiny model's checkpoint is reported as
+    information, not a warning, whatever its share."""
+    sv = _supervisor(tmp_path, {"v": tf.Variable(0, dtype=tf.int64)})
+    with structlog.testing.capture_logs() as logs:
+        async with sv.managed_session() as sess:
+            await sess.run_loop(lambda b: None, data=tf.data.Dataset.range(5))
+    (report,) = _events(logs, "checkpoint.iterator_state")
+    assert report["log_level"] == "info" and report["bytes"] < 4096
 
 
 def test_entry_sizes_reads_every_key_of_a_plain_tf_checkpoint(tmp_path: Path) -> None:
