@@ -609,6 +609,7 @@ class Checkpointer:
                 self._iterator_share_pending = not self._iterator_share_logged
         elif getattr(self.checkpoint, _ITERATOR_ATTR, None) is not None:
             delattr(self.checkpoint, _ITERATOR_ATTR)  # an earlier run_loop's iterator
+            self._iterator_share_pending = False
         return iterator
 
     def _report_iterator_share(self, prefix: str) -> None:
@@ -617,11 +618,17 @@ class Checkpointer:
         warning when it is most of it (a large shuffle buffer). Never fails a save."""
         if not self._iterator_share_pending:
             return
+        try:
+            self._log_iterator_share(prefix)
+        except Exception:  # a report only: the checkpoint is committed, never fail the save
+            self._iterator_share_pending = False
+
+    def _log_iterator_share(self, prefix: str) -> None:
         from ._iterator_state import DOMINANT_BYTES, DOMINANT_SHARE, iterator_share
 
         try:
             share = iterator_share(prefix)
-        except Exception as exc:  # a report only: never fail the save
+        except Exception as exc:  # an index this reader does not know (compressed, ...)
             self._iterator_share_pending = False
             log.debug("checkpoint.iterator_state_unknown", path=prefix, error=f"{type(exc).__name__}: {exc}")
             return
