@@ -165,6 +165,21 @@ async def test_checkpoint_iterator_true_keeps_a_serialisable_iterator(tmp_path: 
 
 
 @pytest.mark.anyio
+async def test_an_external_state_policy_of_ignore_makes_a_generator_pipeline_checkpointed(tmp_path: Path) -> None:
+    """A dataset whose options say ``experimental_external_state_policy=IGNORE`` serialises
+    (TF leaves the generator's state out itself): auto and True keep its iterator."""
+    options = tf.data.Options()
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    data = _generator_dataset(4).with_options(options)
+    sv = _supervisor(tmp_path, {"v": tf.Variable(0)})
+    with structlog.testing.capture_logs() as logs:
+        async with sv.managed_session() as sess:
+            assert await sess.run_loop(lambda b: None, data=data, checkpoint_iterator=True) == 4
+    assert not _events(logs, "checkpoint.iterator_skipped")
+    assert ITERATOR_KEY in _keys(tf.train.latest_checkpoint(str(tmp_path)))
+
+
+@pytest.mark.anyio
 async def test_checkpoint_iterator_false_restarts_the_data_on_resume(tmp_path: Path) -> None:
     """``checkpoint_iterator=False``: a serialisable iterator stays out of checkpoints,
     and a resumed run goes on from the saved step with the data from its start."""
