@@ -198,11 +198,11 @@ class Supervisor:
     def request_stop(self, exc: BaseException | None = None) -> None:
         """Ask the running session to stop; callable from any thread.
 
-        Args:
-            exc: an error to raise out of ``managed_session()`` (the first one wins).
-
         Idempotent, like TF1's ``Coordinator.request_stop``: after the session has
         ended it does nothing.
+
+        Args:
+            exc: an error to raise out of ``managed_session()`` (the first one wins).
 
         Raises:
             RuntimeError: no session was ever started.
