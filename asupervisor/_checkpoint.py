@@ -605,10 +605,17 @@ class Checkpointer:
             track = False
         if track:
             if getattr(self.checkpoint, _ITERATOR_ATTR, None) is not iterator:
-                setattr(self.checkpoint, _ITERATOR_ATTR, iterator)  # restores a deferred position
+                try:
+                    setattr(self.checkpoint, _ITERATOR_ATTR, iterator)  # restores a deferred position
+                except tf().errors.OpError as exc:
+                    from ._iterator_state import restore_mismatch_error
+
+                    _untrack(self.checkpoint, _ITERATOR_ATTR)
+                    self._iterator_source = self._iterator = None
+                    raise restore_mismatch_error(exc, self.last.path if self.last else None) from exc
                 self._iterator_share_pending = not self._iterator_share_logged
         elif getattr(self.checkpoint, _ITERATOR_ATTR, None) is not None:
-            delattr(self.checkpoint, _ITERATOR_ATTR)  # an earlier run_loop's iterator
+            _untrack(self.checkpoint, _ITERATOR_ATTR)  # an earlier run_loop's iterator
             self._iterator_share_pending = False
         return iterator
 
@@ -714,6 +721,15 @@ class Checkpointer:
             state, max_to_keep=max(self.max_to_keep, min_keep), keep_every_secs=self.keep_every_secs
         )
         return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), state, delete
+
+
+def _untrack(checkpoint: Any, name: str) -> None:
+    """Remove attribute ``name`` from ``checkpoint`` and from what it saves."""
+    if name in vars(checkpoint):
+        delattr(checkpoint, name)
+    delete = getattr(checkpoint, "_delete_tracking", None)
+    if delete is not None and any(ref.name == name for ref in checkpoint._checkpoint_dependencies):
+        delete(name)
 
 
 def write_checkpoint_now(

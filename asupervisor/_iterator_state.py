@@ -29,7 +29,7 @@ from typing import Any
 from ._exceptions import CheckpointError
 from ._tf import tf
 
-__all__ = ["iterator_share", "serialisation_problem", "untrackable_error"]
+__all__ = ["iterator_share", "restore_mismatch_error", "serialisation_problem", "untrackable_error"]
 
 #: the checkpoint attribute holding ``run_loop``'s iterator (``<attr>/.ATTRIBUTES/ITERATOR_STATE``)
 ITERATOR_ATTR = "asv_data_iterator"
@@ -76,6 +76,18 @@ def untrackable_error(reason: str) -> CheckpointError:
         "make the pipeline serialisable (tf.data ops only, stateless random ops), set "
         "tf.data.Options().experimental_external_state_policy to IGNORE or WARN, or pass "
         "checkpoint_iterator=None (leave it out, logged) or False (a resumed run restarts the data)"
+    )
+
+
+def restore_mismatch_error(exc: BaseException, path: str | None) -> CheckpointError:
+    """The error when the restored checkpoint's iterator position does not fit the
+    pipeline given now (its definition changed since the checkpoint was written)."""
+    where = f" in {path}" if path else ""
+    return CheckpointError(
+        f"the data iterator's position{where} cannot be restored into this pipeline ({_reason(exc)}); "
+        "the dataset's definition changed since that checkpoint was written. Pass "
+        "run_loop(..., checkpoint_iterator=False) to resume the model with the data from its start "
+        "(later checkpoints then hold no iterator), or use the pipeline that wrote the checkpoint"
     )
 
 

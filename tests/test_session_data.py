@@ -217,6 +217,28 @@ async def test_auto_resumes_from_a_checkpoint_without_an_iterator(tmp_path: Path
 
 
 @pytest.mark.anyio
+async def test_a_changed_pipeline_is_a_clear_error_and_false_resumes_it(tmp_path: Path) -> None:
+    """A checkpoint's iterator position that does not fit the pipeline given now (its
+    definition changed) is a CheckpointError naming the checkpoint and
+    ``checkpoint_iterator=False``, before any step; with False the run resumes, the data
+    from its start."""
+    v = tf.Variable(0, dtype=tf.int64)
+    async with _supervisor(tmp_path, {"v": v}).managed_session() as sess:
+        await sess.run_loop(lambda b: None, data=tf.data.Dataset.range(10).batch(2), max_steps=2)
+    changed = tf.data.Dataset.range(10).shuffle(4, seed=1).batch(3)
+    calls: list[Any] = []
+    with pytest.raises(asv.CheckpointError, match=r"model\.ckpt-2.*checkpoint_iterator=False") as info:
+        async with _supervisor(tmp_path, {"v": tf.Variable(0, dtype=tf.int64)}).managed_session() as sess:
+            await sess.run_loop(calls.append, data=changed)
+    assert calls == [] and isinstance(info.value.__cause__, tf.errors.OpError)
+    seen: list[list[int]] = []
+    async with _supervisor(tmp_path, {"v": tf.Variable(0, dtype=tf.int64)}).managed_session() as sess:
+        assert sess.global_step == 2
+        await sess.run_loop(lambda b: seen.append(b.numpy().tolist()), data=tf.data.Dataset.range(3).batch(3), checkpoint_iterator=False)
+    assert seen == [[0, 1, 2]] and sess.global_step == 3
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("value", ["yes", 1, 0, "auto"])
 async def test_a_bad_checkpoint_iterator_is_a_value_error_naming_it(value: object) -> None:
     """``checkpoint_iterator`` accepts None, True and False only."""
