@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,7 @@ class SupervisorConfig:
                     f"(models, optimizers, variables), got {type(self.state).__name__}; "
                     "wrap a single object in a dict, e.g. state={'model': model}"
                 )
+        check_state_values(self.state)
         if self.is_chief is not None and not isinstance(self.is_chief, bool):
             raise TypeError(f"is_chief must be True, False or None, got {self.is_chief!r}")
         for name in ("init_fn", "local_init_fn", "ready_fn"):
@@ -134,4 +136,67 @@ class SupervisorConfig:
                 f"training (TF_CONFIG names {self.cluster.num_workers} workers) every worker must "
                 "snapshot at the same steps, which a timer cannot promise; set save_model_steps "
                 "(the timer is then not used) or save_model_secs=0 to disable saving"
+            )
+
+
+def _trackable(value: object) -> bool:
+    # Duck-typed (this module must not import TensorFlow): every TF trackable (variables,
+    # Keras 3 models, layers, optimizers and variables, tf.Module, iterators, ...) has it.
+    return callable(getattr(type(value), "_trackable_children", None))
+
+
+def _silently_unsaved(value: object, where: str) -> str | None:
+    """What in ``value`` (named ``where``) a ``tf.train.Checkpoint`` would not save, or ``None``.
+
+    TF wraps a list or dict attribute (``ListWrapper``, ``_DictWrapper``) and saves only
+    its trackable items: ``[1, 2, 3]`` or ``{"lr": 0.1}`` are accepted and silently
+    dropped. A ``tf.data.Dataset`` is trackable and saves nothing either.
+    """
+    tf_ = sys.modules.get("tensorflow")
+    if isinstance(value, (list, tuple)):
+        items: Iterable[tuple[str, object]] = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+    elif isinstance(value, Mapping):
+        items = ((f"{where}[{k!r}]", v) for k, v in value.items())
+    elif tf_ is not None and isinstance(value, tf_.data.Dataset):
+        return (
+            f"{where} is a tf.data.Dataset, whose position a checkpoint does not hold (pass it "
+            "as run_loop(fn, data=dataset) to checkpoint its iterator)"
+        )
+    elif not _trackable(value):
+        return f"{where} is a value of type {type(value).__name__} ({value!r:.60})"
+    else:
+        return None
+    for name, item in items:
+        problem = _silently_unsaved(item, name)
+        if problem is not None:
+            return problem
+    return None
+
+
+def check_state_values(state: object) -> None:
+    """Raise ``TypeError`` naming the key when ``state`` holds what a checkpoint would not save.
+
+    For a dict state, every value; for a ``tf.train.Checkpoint``, the lists and dicts it
+    holds. A plain Python value (``[1, 2, 3]``, a number, a string, an array) is not
+    trackable: TensorFlow either refuses it or, inside a list or dict, silently leaves it
+    out of every checkpoint, so a resumed run would not get it back.
+    """
+    if isinstance(state, dict):
+        values: Iterable[tuple[str, object]] = state.items()
+    elif state is not None and _trackable(state):
+        try:
+            children = state._trackable_children()  # type: ignore[attr-defined]
+        except Exception:  # best effort: TF itself reports what it refuses
+            return
+        values = ((k, v) for k, v in children.items() if isinstance(v, (list, tuple, Mapping)))
+    else:
+        return
+    for key, value in values:
+        problem = _silently_unsaved(value, f"state[{key!r}]")
+        if problem is not None:
+            raise TypeError(
+                f"{problem}: it would not be saved in checkpoints (TensorFlow saves only "
+                "trackable objects: tf.Variable, Keras models, layers, optimizers and "
+                "variables, tf.Module, ...); keep such a value in a tf.Variable "
+                "(e.g. tf.Variable([1, 2, 3])) or out of state"
             )

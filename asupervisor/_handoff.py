@@ -78,6 +78,18 @@ class LoopHandle:
         else:
             self.call_soon(fn)
 
+    def call_if_running(self, fn: Callable[[], object]) -> bool:
+        """:meth:`call_from_any_thread`, except that a loop that has finished is not an
+        error: ``fn`` is then dropped and ``False`` returned (a late stop request)."""
+        if threading.get_ident() == self.thread_id:
+            fn()
+            return True
+        try:
+            self.call_soon(fn)
+        except RuntimeError:  # asyncio: "Event loop is closed"; trio: RunFinishedError
+            return False
+        return True
+
     def waiter(self) -> Waiter[Any]:
         """A new one-shot result slot bound to this loop (call on the loop thread)."""
         return Waiter(self)

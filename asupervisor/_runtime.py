@@ -184,11 +184,11 @@ class Runtime:
                 now = self.clock.now()
                 attempt = failures.record(now)
                 if attempt > failures.policy.max_restarts:
-                    log.error("session.start_gave_up", error=f"{type(exc).__name__}: {exc}", retries=attempt - 1)
+                    log.error("session.start_gave_up", error=describe(exc), retries=attempt - 1)
                     raise
                 backoff = failures.policy.backoff_for(attempt)
                 log.warning(
-                    "session.start_retrying", error=f"{type(exc).__name__}: {exc}", attempt=attempt, backoff_secs=backoff
+                    "session.start_retrying", error=describe(exc), attempt=attempt, backoff_secs=backoff
                 )
                 if backoff > 0:
                     await self.clock.sleep_until(now + backoff)
@@ -315,7 +315,14 @@ class Runtime:
             self.saver.on_step()  # type: ignore[union-attr]
         return results
 
-    def loop_job(self, fn: Callable[..., Any], data: Iterable[Any] | None, max_steps: int | None, halt: Any) -> tuple[int, str | None]:
+    def loop_job(
+        self,
+        fn: Callable[..., Any],
+        data: Iterable[Any] | None,
+        max_steps: int | None,
+        halt: Any,
+        checkpoint_iterator: bool | None = None,
+    ) -> tuple[int, str | None]:
         """On the step thread: the step loop of ``Session.run_loop``.
 
         Returns ``(steps run, stop reason or None)``. Checks, at every boundary, the stop
@@ -331,8 +338,16 @@ class Runtime:
         n = 0
         reason: str | None = None
         iterator = None
+        if data is not None:
+            try:
+                iterator = self.make_iterator(data, checkpoint_iterator)
+            except Exception as exc:
+                # No step ran: the state is sound (the final checkpoint is still taken),
+                # but the error stops the session.
+                if not is_end_of_data(exc):
+                    control.record_error(exc)
+                raise
         try:
-            iterator = None if data is None else self.make_iterator(data)
             while not (control.stopping or halt.halted):
                 if boundary:
                     run_boundary()
@@ -365,17 +380,34 @@ class Runtime:
             self.sync_global_step()
             if iterator is not None:
                 self._spent_iterators.append(iterator)
+        halt.finished = True  # ended at a step boundary, without an error
         return n, reason
 
-    def make_iterator(self, data: Iterable[Any]) -> Any:
+    def make_iterator(self, data: Iterable[Any], checkpoint_iterator: bool | None = None) -> Any:
         """On the step thread: an iterator over ``data`` (``iter(data)``).
 
         The iterator of a ``tf.data.Dataset`` is tracked in the checkpoint (and resumes
-        from it) when there is a logdir.
+        from it) when there is a logdir, as ``checkpoint_iterator`` says (see
+        ``Session.run_loop`` and :meth:`Checkpointer.track_iterator`).
+
+        Raises:
+            CheckpointError: ``checkpoint_iterator=True`` and the position of ``data``
+                cannot be checkpointed.
         """
-        if self.checkpointer is not None and isinstance(data, tf().data.Dataset):
-            return self.checkpointer.track_iterator(data)
-        return iter(data)
+        from ._iterator_state import serialisation_problem, untrackable_error
+
+        if not isinstance(data, tf().data.Dataset):
+            if checkpoint_iterator:
+                raise untrackable_error(f"data is a {type(data).__name__}, not a tf.data.Dataset")
+            return iter(data)
+        if self.checkpointer is not None:
+            return self.checkpointer.track_iterator(data, checkpoint_iterator)
+        iterator = iter(data)
+        if checkpoint_iterator:  # no checkpoints here, but the same pipeline fails with them
+            problem = serialisation_problem(iterator)
+            if problem is not None:
+                raise untrackable_error(problem)
+        return iterator
 
     def _note_step_error(self, exc: BaseException, *, recoverable: bool = True) -> None:
         # On the step thread: keep the error (never lost), mark the state suspect and

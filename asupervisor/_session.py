@@ -133,6 +133,7 @@ class Session:
         data: Iterable[Any] | None = None,
         *,
         max_steps: int | None = None,
+        checkpoint_iterator: bool | None = None,
     ) -> int:
         """Run steps on the step thread until a stop, ``max_steps`` or the end of ``data``.
 
@@ -142,25 +143,56 @@ class Session:
                 it is iterated on the step thread. Its end is a clean stop.
             max_steps: stop once the *global* step reaches this (absolute, so a resumed
                 run stops at the same step); reaching it is a clean stop.
+            checkpoint_iterator: whether the position of a ``tf.data.Dataset``'s iterator
+                goes into checkpoints. ``None`` (auto): yes when TensorFlow can serialise
+                it; a pipeline it cannot (``from_generator``, ``py_function``, stateful
+                ops in ``map``) is found before the first step, logged once
+                (``checkpoint.iterator_skipped reason=...``) and left out, so a resumed
+                run restarts the data. ``True``: required; such a pipeline (or ``data``
+                that is not a ``tf.data.Dataset``) is a :class:`~asupervisor.CheckpointError`
+                before the first step. ``False``: never; a resumed run restarts the data.
 
         Returns:
-            The number of steps this call ran, over all its legs when aborted steps
-            were recovered (steps redone after a restore count again).
+            The number of steps this call ran, whatever ended it at a step boundary (a
+            stop requested from any thread, a hook or a signal, ``max_steps``, the end
+            of ``data``), over all its legs when aborted steps were recovered (steps
+            redone after a restore count again). After a stop the body's next ``await``
+            is cancelled.
+
+        Raises:
+            TypeError: ``fn`` is not callable or ``data`` is not iterable.
+            ValueError: a bad ``max_steps`` or ``checkpoint_iterator``.
         """
         if max_steps is not None and (
             isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0
         ):
             raise ValueError(f"max_steps must be an int >= 0 or None, got {max_steps!r}")
+        if checkpoint_iterator is not None and not isinstance(checkpoint_iterator, bool):
+            raise ValueError(f"checkpoint_iterator must be None, True or False, got {checkpoint_iterator!r}")
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
+        if data is not None and not _iterable(data):
+            raise TypeError(
+                f"data must be an iterable (a tf.data.Dataset, a generator, a queue runner, ...) "
+                f"or None, got {type(data).__name__}: {data!r}"
+            )
         rt = self._rt
         total = 0  # steps run by the legs before recoveries
+        cancelled = anyio.get_cancelled_exc_class()
         while True:  # a new leg after each successful recovery, from the restored step
             await self._check_running()
             halt = _Halt(rt.wake_step_thread)
-            waiter = rt.step_thread.submit(rt.loop_job, fn, data, max_steps, halt)
+            waiter = rt.step_thread.submit(rt.loop_job, fn, data, max_steps, halt, checkpoint_iterator)
             try:
                 steps, reason = await waiter.wait(halt.set, grace_secs=rt.config.stop_grace_secs)
+            except cancelled:
+                # The loop ended at a step boundary while this task was being cancelled.
+                # A stop of the session (from any thread, a hook, a signal) returns the
+                # count: the session scope stays cancelled, so the body's next await ends
+                # it. Another scope's cancellation (one around this call) propagates.
+                if not (rt.control.stopping and waiter.done and halt.finished):
+                    raise
+                return total + halt.steps_run
             except Exception as exc:
                 if await rt.recover(exc):  # restored the latest checkpoint: go on from there
                     total += halt.steps_run
@@ -171,10 +203,10 @@ class Session:
             break
         if reason is not None:
             rt.control.request_stop(reason=reason)
-        elif rt.control.stopping:
+        elif rt.control.stopping and rt.control.scope is not None:
             # Ended by a stop whose cancellation may still be on its way from another
-            # thread: end the body here, as if it had arrived first.
-            await self._check_running()
+            # thread: cancel the scope now, so the body's next await ends the session.
+            rt.control.scope.cancel()
         return total + steps
 
     async def run_step_fn(self, step_fn: Callable[[StepContext], Any]) -> Any:
@@ -223,15 +255,22 @@ class Session:
         )
 
 
+def _iterable(data: object) -> bool:
+    """Whether ``iter(data)`` can work, without calling it (that is the step thread's job)."""
+    return isinstance(data, Iterable) or hasattr(type(data), "__getitem__")
+
+
 class _Halt:
     """Tells one running ``run_loop`` to end at the next step boundary; the loop leaves
-    the number of steps it ran in ``steps_run``."""
+    the number of steps it ran in ``steps_run`` and sets ``finished`` when it ended
+    without an error."""
 
-    __slots__ = ("halted", "steps_run", "_wake")
+    __slots__ = ("halted", "steps_run", "finished", "_wake")
 
     def __init__(self, wake: Callable[[], None] | None = None) -> None:
         self.halted = False
         self.steps_run = 0
+        self.finished = False
         self._wake = wake
 
     def set(self) -> None:

@@ -25,6 +25,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from . import _config
 from ._checkpoint import restore_latest, restore_path
 from ._clock import Clock, MonotonicClock
 from ._checkpoint_files import missing_files
@@ -93,6 +94,7 @@ class SessionManager:
             raise TypeError(
                 f"state must be a tf.train.Checkpoint or a dict of trackables, got {type(state).__name__}"
             )
+        _config.check_state_values(state)  # a value TF would accept and silently not save
         for name, fn in (
             ("local_init_fn", local_init_fn),
             ("ready_fn", ready_fn),

@@ -59,6 +59,9 @@ class StopControl:
     def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
         """Ask the session to stop; callable from any thread, any number of times.
 
+        Idempotent, like TF1's ``Coordinator.request_stop``: after the session (or its
+        event loop) has ended it does nothing, and it never raises.
+
         Args:
             exc: the error that caused the stop; ``managed_session()`` raises the first.
             reason: why, for ``stop_reason`` and logs; derived from ``exc`` by default.
@@ -72,7 +75,7 @@ class StopControl:
             self.stopping = True
         if self._on_stop is not None:
             self._on_stop()
-        self._loop.call_from_any_thread(self._cancel_scope)
+        self._loop.call_if_running(self._cancel_scope)  # a finished loop: nothing left to cancel
         if first:
             log.info("session.stop_requested", reason=self.reason)
 

@@ -208,14 +208,17 @@ class Supervisor:
     def request_stop(self, exc: BaseException | None = None) -> None:
         """Ask the running session to stop; callable from any thread.
 
+        Idempotent, like TF1's ``Coordinator.request_stop``: after the session has
+        ended it does nothing.
+
         Args:
             exc: an error to raise out of ``managed_session()`` (the first one wins).
 
         Raises:
-            RuntimeError: no session is running.
+            RuntimeError: no session was ever started.
         """
         rt = self._runtime
-        if rt is None or not rt._entered or rt.closed:
+        if rt is None or not rt._entered:
             raise RuntimeError("request_stop() needs a running managed_session()")
         rt.control.request_stop(exc)
 
