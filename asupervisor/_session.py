@@ -8,6 +8,8 @@ requested, the body's next ``await`` is cancelled, and a step in flight still fi
 
 from __future__ import annotations
 
+import inspect
+
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -222,7 +224,14 @@ class Session:
 
         Returns:
             What ``step_fn`` returned.
+
+        Raises:
+            ValueError: ``step_fn`` cannot be called with the one ``step_context``
+                argument (checked before anything runs, as TF's ``run_step_fn`` does).
         """
+        if step_fn is not self._checked_step_fn:
+            _check_step_fn(step_fn)
+            self._checked_step_fn = step_fn
         rt = self._rt
         while True:  # once more after each successful recovery
             await self._check_running()
@@ -240,6 +249,8 @@ class Session:
         if ctx._stop:
             rt.control.request_stop(reason="requested")
         return result
+
+    _checked_step_fn: Any = None  # the last step_fn whose signature was checked
 
     async def _check_running(self) -> None:
         # A stopped session has a cancelled scope: this checkpoint ends the body here.
@@ -277,3 +288,18 @@ class _Halt:
         self.halted = True
         if self._wake is not None:  # release a wait for input (a queue runner's)
             self._wake()
+
+
+def _check_step_fn(step_fn: Callable[..., Any]) -> None:
+    """A ``ValueError`` unless ``step_fn`` takes exactly one argument, ``step_context``."""
+    try:
+        signature = inspect.signature(step_fn)
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: let it run
+        return
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        raise ValueError(
+            f"step_fn={step_fn!r} must take one argument, step_context (or self and step_context "
+            f"for a method), to be called as step_fn(step_context); its signature is {signature} ({exc})"
+        ) from None

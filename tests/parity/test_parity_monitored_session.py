@@ -697,9 +697,6 @@ async def test_step_request_stop_with_returning_a_type() -> None:
         assert await sess.run_step_fn(lambda step_context: "a type") == "a type"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: run_step_fn does not check step_fn's signature; a step_fn taking "
-                   "more than step_context fails on the step thread with a TypeError that stops the session, "
-                   "not with TF's ValueError before anything runs")
 @pytest.mark.parametrize("bound", [False, True], ids=["function", "method"])
 async def test_step_with_extra_arguments(bound: bool) -> None:
     """monitored_session_test.py::MonitoredSessionTest::test_step_with_extra_arguments and
