@@ -4,7 +4,7 @@ Each test names its origin (``basic_session_run_hooks_test.py::Class::method``).
 drive hooks through ``_HookedSession`` with a graph whose train op increments the global
 step; here a real session runs steps (each step adds one to the global step). TF mocks
 ``time.time``; here the hooks get a :class:`~asupervisor.testing.ManualClock`. Cases that
-have no meaning in eager TF2 are listed, with the reason, in ``tests/parity/README.hooks.md``.
+have no meaning in eager TF2 are listed, with the reason, in ``tests/parity/README.md``.
 
 Where TF's test calls ``hook.begin()`` but skips ``hook.after_create_session`` (so its
 ``CheckpointSaverHook`` never saves the starting state), the port runs a real session,

@@ -6,7 +6,7 @@ Each test names its origin (``monitored_session_test.py::Class::method``). TF's
 global step is read from ``sess.global_step``; TF's ``SingularMonitoredSession`` (no
 recovery) maps to a session without a checkpoint directory, where nothing can be restored.
 The ``run_step_fn`` cases come from TF's current version of the file. Cases with no meaning
-in eager TF2 are listed, with the reason, in ``tests/parity/README.hooks.md``.
+in eager TF2 are listed, with the reason, in ``tests/parity/README.md``.
 
 A stop in asupervisor is cancellation: the body of ``async with`` ends at its next
 ``await`` once a stop is requested (DESIGN, "After a stop, the body's next ``await`` is
