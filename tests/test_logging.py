@@ -23,11 +23,10 @@ import anyio
 import pytest
 import structlog
 import tensorflow as tf
-from asupervisor.testing import capture_logs
 
 import asupervisor as asv
 from asupervisor._logging import describe, get_logger
-from asupervisor.testing import ManualClock
+from asupervisor.testing import ManualClock, capture_logs
 
 
 @pytest.fixture
@@ -210,7 +209,7 @@ async def test_application_structlog_config_neither_reroutes_nor_breaks_events(
     caplog.set_level(logging.INFO, logger="asupervisor")
     structlog.configure(processors=[explode])
     try:
-        with capture_logs() as app_events:
+        with structlog.testing.capture_logs() as app_events:
             await save_then_stop(tmp_path)
     finally:
         structlog.reset_defaults()

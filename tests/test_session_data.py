@@ -18,10 +18,10 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-import structlog
 import tensorflow as tf
 
 import asupervisor as asv
+from asupervisor.testing import capture_logs
 
 ITERATOR_KEY = "asv_data_iterator/.ATTRIBUTES/ITERATOR_STATE"
 
@@ -74,7 +74,7 @@ async def test_from_generator_trains_through_periodic_checkpoints(tmp_path: Path
         seen.append(int(batch))
         total.assign_add(batch)
 
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         async with sv.managed_session() as sess:
             ran = await sess.run_loop(step, data=_generator_dataset(23))
     assert ran == 23 and seen == list(range(23))
@@ -115,7 +115,7 @@ async def test_stateful_map_functions_are_left_out_before_the_first_step(
     def step(batch: tf.Tensor) -> None:
         skips_seen_by_steps.append(len(_events(logs, "checkpoint.iterator_skipped")))
 
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         async with sv.managed_session() as sess:
             assert await sess.run_loop(step, data=data) == 6
     skipped = _events(logs, "checkpoint.iterator_skipped")
@@ -172,7 +172,7 @@ async def test_an_external_state_policy_of_ignore_makes_a_generator_pipeline_che
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
     data = _generator_dataset(4).with_options(options)
     sv = _supervisor(tmp_path, {"v": tf.Variable(0)})
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         async with sv.managed_session() as sess:
             assert await sess.run_loop(lambda b: None, data=data, checkpoint_iterator=True) == 4
     assert not _events(logs, "checkpoint.iterator_skipped")
@@ -258,7 +258,7 @@ async def test_the_iterator_share_of_a_checkpoint_is_logged_once(tmp_path: Path)
     # synchronous saves at 3, 6, 9 (through the session's checkpointer), then the final one
     saver = asv.CheckpointSaverHook(str(tmp_path), save_steps=3)
     sv = _supervisor(tmp_path, {"v": v}, max_to_keep=10, hooks=[saver])
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         async with sv.managed_session() as sess:
             await sess.run_loop(lambda b: v.assign(tf.reduce_mean(b, 0)), data=data, max_steps=10)
     from asupervisor._iterator_state import entry_sizes
@@ -278,7 +278,7 @@ async def test_a_small_iterator_share_is_information(tmp_path: Path) -> None:
     """A small iterator (a few hundred bytes) in a tiny model's checkpoint is reported as
     information, not a warning, whatever its share."""
     sv = _supervisor(tmp_path, {"v": tf.Variable(0, dtype=tf.int64)})
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         async with sv.managed_session() as sess:
             await sess.run_loop(lambda b: None, data=tf.data.Dataset.range(5))
     (report,) = _events(logs, "checkpoint.iterator_state")
