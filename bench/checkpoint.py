@@ -34,6 +34,7 @@ is written, the step thread waits for the writer) and with ``"skip"``, the ratio
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import shutil
 import statistics
@@ -46,10 +47,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
-import structlog  # noqa: E402
+import logging  # noqa: E402
+
 import tensorflow as tf  # noqa: E402
 
 from asupervisor._checkpoint import Checkpointer, restore_latest  # noqa: E402
+from asupervisor.testing import capture_logs  # noqa: E402
 
 MB = 1 << 20
 
@@ -155,18 +158,6 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
     }
 
 
-class _Counter:
-    """A structlog processor counting checkpoint events (then dropping them)."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-
-    def __call__(self, logger: object, name: str, event: dict[str, object]) -> dict[str, object]:
-        key = str(event.get("event"))
-        self.counts[key] = self.counts.get(key, 0) + 1
-        raise structlog.DropEvent
-
-
 def bench_backpressure(size_mb: int, every: int, steps: int, root: Path) -> dict[str, dict[str, float]]:
     """steps/sec and save counts with no checkpointing, back-pressure ("wait") and "skip"."""
     import anyio
@@ -183,8 +174,6 @@ def bench_backpressure(size_mb: int, every: int, steps: int, root: Path) -> dict
             x.assign(tf.tanh(tf.matmul(x, x) * 0.01))  # ~1 ms of CPU work
 
         logdir = None if mode == "none" else root / f"bp-{mode}"
-        counter = _Counter()
-        structlog.configure(processors=[counter], wrapper_class=structlog.make_filtering_bound_logger(20))
         sv = asv.Supervisor(
             logdir,
             state=ckpt,
@@ -203,9 +192,9 @@ def bench_backpressure(size_mb: int, every: int, steps: int, root: Path) -> dict
                 await sess.run_loop(step, max_steps=steps + 1)
                 elapsed.append(time.perf_counter() - t0)
 
-        anyio.run(run)
-        structlog.configure(processors=[counter], wrapper_class=structlog.make_filtering_bound_logger(40))
-        c = counter.counts
+        with capture_logs() as events:
+            anyio.run(run)
+        c = collections.Counter(str(e.get("event")) for e in events)
         out[mode] = {
             "steps_per_sec": steps / elapsed[0],
             "saved": c.get("checkpoint.saved", 0),
@@ -230,7 +219,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = args.sizes or ([16, 128] if args.quick else [16, 128, 512])
     repeats = args.repeats or (3 if args.quick else 7)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))  # quiet
+    logging.getLogger("asupervisor").propagate = False  # quiet: events are counted, not printed
     root = Path(tempfile.mkdtemp(prefix="asv-bench-", dir=args.dir))
     try:
         print(f"tensorflow {tf.__version__}; medians of {repeats} (steady state excludes the first save); ms")

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import anyio  # noqa: E402
-import structlog  # noqa: E402
+import logging  # noqa: E402
 
 import asupervisor as asv  # noqa: E402
 from asupervisor._hooks import HookRunner  # noqa: E402
@@ -78,7 +78,7 @@ def _timed_loop(rt: Any, runner: HookRunner, step: Callable[[], Any], n: int) ->
 
 
 async def main(kind: str, rounds: int, chunk: int) -> None:
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    logging.getLogger("asupervisor").setLevel(logging.WARNING)  # quiet
     step, state, probe = {"tiny": tiny_step, "mlp": mlp_step, "python": python_step}[kind]()
     for _ in range(20):
         step()

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
 import anyio  # noqa: E402
-import structlog  # noqa: E402
+import logging  # noqa: E402
 
 import asupervisor as asv  # noqa: E402
 
@@ -130,7 +130,7 @@ async def ratio(name: str, make: Callable[[], Any], n: int, reps: int) -> float:
 async def main(quick: bool) -> None:
     import tensorflow as tf
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    logging.getLogger("asupervisor").setLevel(logging.WARNING)  # quiet
     cpu = platform.processor() or platform.machine()
     skipped = f" (without {', '.join(sorted(SKIP))})" if SKIP else ""
     print(f"hooks overhead{skipped}: {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, TF {tf.__version__}")

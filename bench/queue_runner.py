@@ -34,7 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import anyio  # noqa: E402
-import structlog  # noqa: E402
+import logging  # noqa: E402
 
 import asupervisor as asv  # noqa: E402
 
@@ -106,7 +106,7 @@ async def fed_step_loop(items: int, capacity: int, step_us: float) -> asv.QueueS
 
 
 async def main(args: argparse.Namespace) -> None:
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    logging.getLogger("asupervisor").setLevel(logging.ERROR)  # quiet
     await queue_runner_rate(1000, args.capacity)  # warm up: TensorFlow import, first session
     base: list[float] = []
     ours: list[float] = []
