@@ -31,8 +31,8 @@ from ._clock import Clock, MonotonicClock
 from ._checkpoint_files import missing_files
 from ._exceptions import CheckpointError, DeadlineExceededError
 from ._handoff import LoopHandle
-from ._logging import get_logger
-from ._tf import tf
+from ._logging import describe, get_logger
+from ._tf import is_recoverable, tf
 from ._threads import DedicatedThread
 
 __all__ = ["SessionManager"]
@@ -135,7 +135,9 @@ class SessionManager:
                 except CheckpointError:
                     raise
                 except (tf().errors.OpError, IndexError, ValueError, OSError) as exc:
-                    reason = f"{type(exc).__name__}: {exc}"
+                    if is_recoverable(exc):  # transient (a flaky filesystem): not this checkpoint's fault
+                        raise
+                    reason = describe(exc)
                 else:
                     return path
             raise CheckpointError(f"checkpoint_filename_with_path {path!r} cannot be restored: {reason}")

@@ -326,6 +326,28 @@ async def test_transient_error_in_restore_is_retried_not_set_aside(tmp_path: Pat
 
 
 @pytest.mark.anyio
+async def test_session_manager_lets_a_transient_error_of_an_explicit_path_through(tmp_path: Path) -> None:
+    """``SessionManager.prepare_session(checkpoint_filename_with_path=...)`` whose restore
+    raises UnavailableError (a flaky filesystem) raises that error as itself, to be retried
+    by the caller; it is not reported as a damaged checkpoint and nothing is set aside. A
+    data error in the same place stays a ``CheckpointError``."""
+    await flaky_checkpoint(tmp_path)
+    path = tf.train.latest_checkpoint(str(tmp_path))
+    assert path is not None
+    before = sorted(os.listdir(tmp_path))
+    flaky = FlakyValue([tf.errors.UnavailableError(None, None, "nfs gone")])
+    sm = asv.SessionManager(state={"flaky": flaky, "global_step": tf.Variable(0, dtype=tf.int64)})
+    with pytest.raises(tf.errors.UnavailableError, match="nfs gone"):
+        await sm.prepare_session(checkpoint_filename_with_path=path)
+    assert sorted(os.listdir(tmp_path)) == before
+    flaky.errors = [tf.errors.DataLossError(None, None, "checksum mismatch")]
+    with pytest.raises(asv.CheckpointError, match="checksum mismatch"):
+        await sm.prepare_session(checkpoint_filename_with_path=path)
+    await sm.prepare_session(checkpoint_filename_with_path=path)
+    assert float(flaky.value) == 4.0
+
+
+@pytest.mark.anyio
 async def test_transient_error_in_init_fn_is_retried_with_backoff(tmp_path: Path) -> None:
     """init_fn raising UnavailableError is retried after the recovery backoff (on the
     session's clock); the session starts once it succeeds, and hooks see one start-up."""
