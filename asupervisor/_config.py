@@ -22,13 +22,15 @@ from ._hooks import SessionRunHook
 __all__ = ["SupervisorConfig"]
 
 
-def _check_secs(name: str, value: object, *, allow_none: bool = False, allow_inf: bool = False) -> None:
+def _check_secs(
+    name: str, value: object, *, allow_none: bool = False, allow_inf: bool = False, unit: str = "seconds"
+) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+        raise TypeError(f"{name} must be a number of {unit}, got {value!r}")
     if math.isnan(value) or value < 0 or (math.isinf(value) and not allow_inf):
-        raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        raise ValueError(f"{name} must be a number of {unit} >= 0, got {value!r}")
 
 
 def _check_callable(name: str, value: object) -> None:
@@ -104,7 +106,7 @@ class SupervisorConfig:
         _check_secs("save_summaries_secs", self.save_summaries_secs)
         _check_secs("recovery_wait_secs", self.recovery_wait_secs)
         _check_secs("stop_grace_secs", self.stop_grace_secs, allow_inf=True)
-        _check_secs("keep_checkpoint_every_n_hours", self.keep_checkpoint_every_n_hours, allow_none=True)
+        _check_secs("keep_checkpoint_every_n_hours", self.keep_checkpoint_every_n_hours, allow_none=True, unit="hours")
         if self.save_model_steps is not None and (
             isinstance(self.save_model_steps, bool)
             or not isinstance(self.save_model_steps, int)

@@ -112,9 +112,12 @@ class Session:
             What ``fn`` returned.
 
         Raises:
+            TypeError: ``fn`` is not callable (before anything runs; the session goes on).
             RuntimeError: the session has stopped.
             Exception: whatever ``fn`` or a hook raised (the session stops too).
         """
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
         rt = self._rt
         while True:  # once more after each successful recovery
             if rt.control.stopping or rt.closed:  # inline: this is the per-call hot path
@@ -226,6 +229,7 @@ class Session:
             What ``step_fn`` returned.
 
         Raises:
+            TypeError: ``step_fn`` is not callable.
             ValueError: ``step_fn`` cannot be called with the one ``step_context``
                 argument (checked before anything runs, as TF's ``run_step_fn`` does).
         """
@@ -292,6 +296,8 @@ class _Halt:
 
 def _check_step_fn(step_fn: Callable[..., Any]) -> None:
     """A ``ValueError`` unless ``step_fn`` takes exactly one argument, ``step_context``."""
+    if not callable(step_fn):
+        raise TypeError(f"step_fn must be callable, got {step_fn!r}")
     try:
         signature = inspect.signature(step_fn)
     except (TypeError, ValueError):  # a builtin or C callable without a signature: let it run

@@ -459,6 +459,23 @@ async def test_data_that_is_not_iterable_is_a_type_error_naming_data(data: objec
     assert sess.global_step == 0
 
 
+@pytest.mark.anyio
+async def test_a_step_that_is_not_callable_is_refused_and_nothing_is_lost(tmp_path: Path) -> None:
+    """``sess.run(5)``, ``sess.run_loop(5)`` and ``sess.run_step_fn(5)``: a TypeError naming
+    the value before anything runs; the session goes on, and its final checkpoint is written
+    (a bad argument is not a failed step whose state would be suspect)."""
+    v = tf.Variable(0)
+    sv = _supervisor(tmp_path, {"v": v})
+    async with sv.managed_session() as sess:
+        await sess.run(lambda: v.assign_add(1))
+        for call in (sess.run, sess.run_loop, sess.run_step_fn):
+            with pytest.raises(TypeError, match="must be callable, got 5"):
+                await call(5)  # type: ignore[operator]
+        assert not sess.should_stop()
+        await sess.run(lambda: v.assign_add(1))
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("-2")
+
+
 @pytest.mark.parametrize(
     ("state", "named"),
     [
