@@ -40,18 +40,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 PAGE_NAMES = [p.relative_to(ROOT).as_posix() for p in PAGES]
 
-#: Pages being edited on other branches right now; the lead converts them after merging
-#: and empties this set.
-PENDING_PAGES = {
-    "docs/checkpoints.md",
-    "docs/hooks.md",
-    "docs/logging.md",
-    "docs/migration.md",
-    "docs/monitored-training-session.md",
-    "docs/sessions.md",
-}
-PENDING_REASON = "pending: being edited on another branch (lead converts after merge)"
-
 #: anyio backends a page's top-level awaits run on (default: asyncio). A page listed
 #: with two backends runs twice, each run in a fresh namespace and directory.
 BACKENDS: dict[str, tuple[str, ...]] = {
@@ -219,8 +207,6 @@ def _run_spec(spec_path: str, results_path: str) -> int:
 def _runs() -> list[dict[str, Any]]:
     runs = []
     for page in PAGE_NAMES:
-        if page in PENDING_PAGES:
-            continue
         blocks = [b for b in page_blocks(page) if b.kind != "tf1"]
         if not blocks:
             continue
@@ -293,7 +279,7 @@ def page_problems(result: DocsRun, runs: list[dict[str, Any]]) -> list[str]:
 
 @pytest.fixture(scope="session")
 def docs_run(tmp_path_factory: pytest.TempPathFactory) -> DocsRun:
-    """Runs every non-pending page's blocks in one subprocess (one TensorFlow import)."""
+    """Runs every page's blocks in one subprocess (one TensorFlow import)."""
     return run_docs(_runs(), tmp_path_factory.mktemp("docs-run"))
 
 
@@ -315,8 +301,6 @@ def _output_of(run: DocsRun, run_id: str) -> str:
 def test_page_code_blocks_run(page: str, request: pytest.FixtureRequest) -> None:
     """Every ```python block of the page (with its hidden setup/check blocks) runs, in
     order, in one namespace, on the page's backend(s)."""
-    if page in PENDING_PAGES:
-        pytest.skip(PENDING_REASON)
     runs = [r for r in _runs() if r["page"] == page]
     if not runs:
         return  # no Python on this page
@@ -328,8 +312,6 @@ def test_page_code_blocks_run(page: str, request: pytest.FixtureRequest) -> None
 @pytest.mark.parametrize("page", PAGE_NAMES)
 def test_page_blocks_have_no_placeholders(page: str) -> None:
     """A block that is run is complete: no ``...`` standing for code or values."""
-    if page in PENDING_PAGES:
-        pytest.skip(PENDING_REASON)
     found = [f"{page}:{line}" for b in page_blocks(page) if b.kind != "tf1" for line in placeholders(b)]
     assert not found, f"placeholders (...) left in blocks that run: {found}"
 
