@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ._logging import describe, get_logger
 
@@ -95,7 +96,7 @@ class CheckpointState:
     last_preserved: float = 0.0
 
 
-def _state_proto() -> type:
+def _state_proto() -> Any:
     from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState as Proto
 
     return Proto

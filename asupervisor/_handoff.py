@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
@@ -145,7 +145,7 @@ class Waiter(Generic[T]):
                 raise error
             finally:
                 del error
-        return self._value
+        return cast("T", self._value)
 
     async def _wait_once(self) -> None:
         if self._event is not None:

@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import structlog
 
@@ -231,7 +231,13 @@ class _SafeFormatter(structlog.stdlib.ProcessorFormatter):
                 return f"{record.levelname.lower()} {_safe_repr(getattr(record, 'event', record.msg))}"
 
 
-class _Handler(logging.StreamHandler):
+if TYPE_CHECKING:
+    _StreamHandler = logging.StreamHandler[TextIO]
+else:  # not subscriptable at run time before Python 3.11
+    _StreamHandler = logging.StreamHandler
+
+
+class _Handler(_StreamHandler):
     """configure_logging's handler: writes to ``stream`` (standard error, looked up at each
     line, when none was given); a dead stream drops the line quietly."""
 

@@ -185,6 +185,8 @@ class Session:
             await self._check_running()
             halt = _Halt(rt.wake_step_thread)
             waiter = rt.step_thread.submit(rt.loop_job, fn, data, max_steps, halt, checkpoint_iterator)
+            steps: int
+            reason: str | None
             try:
                 steps, reason = await waiter.wait(halt.set, grace_secs=rt.config.stop_grace_secs)
             except cancelled:
