@@ -45,9 +45,9 @@ from typing import Any
 from ._logging import describe, get_logger
 
 __all__ = [
-    "CheckpointState",
     "PENDING",
     "TMP_MARKER",
+    "CheckpointState",
     "clean_leftovers",
     "commit",
     "delete_checkpoint",
@@ -58,8 +58,8 @@ __all__ = [
     "probe_writable",
     "publish",
     "read_own_state",
-    "remove_partial",
     "read_state",
+    "remove_partial",
     "retire_checkpoint",
     "scan_checkpoints",
     "select_retention",
@@ -670,7 +670,7 @@ def set_aside(prefix: Path, tag: str) -> list[str]:
 
 def step_of(name: str) -> int | None:
     """The step in a checkpoint name ``<basename>-<step>``, or ``None``."""
-    head, sep, tail = name.rpartition("-")
+    _, sep, tail = name.rpartition("-")
     return int(tail) if sep and tail.isdigit() else None
 
 

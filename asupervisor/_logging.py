@@ -295,12 +295,12 @@ class _LineLogger:
 
 def _level_number(level: str | int) -> int:
     if isinstance(level, bool) or not isinstance(level, (str, int)):
-        raise ValueError(f"level must be a level name or number, not {level!r}")
+        raise ValueError(f"level must be a level name or number, not {level!r}")  # noqa: TRY004 - documented
     if isinstance(level, int):
         return level
     number = logging.getLevelName(level.upper())
     if not isinstance(number, int):
-        raise ValueError(f"unknown log level {level!r}; use debug, info, warning or error")
+        raise ValueError(f"unknown log level {level!r}; use debug, info, warning or error")  # noqa: TRY004
     return number
 
 

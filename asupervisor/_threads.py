@@ -43,7 +43,7 @@ class ThreadClosedError(RuntimeError):
 
 
 class _Job:
-    __slots__ = ("fn", "args", "kwargs", "waiter")
+    __slots__ = ("args", "fn", "kwargs", "waiter")
 
     def __init__(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], waiter: Waiter[Any] | None

@@ -45,11 +45,10 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
-import structlog  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import structlog
+import tensorflow as tf
 
-from asupervisor._checkpoint import Checkpointer, restore_latest  # noqa: E402
+from asupervisor._checkpoint import Checkpointer, restore_latest
 
 MB = 1 << 20
 

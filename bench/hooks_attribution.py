@@ -36,12 +36,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import anyio  # noqa: E402
-import structlog  # noqa: E402
+import anyio
+import structlog
+from hooks_overhead import mlp_step, stock_hooks, tiny_step
 
-import asupervisor as asv  # noqa: E402
-from asupervisor._hooks import HookRunner  # noqa: E402
-from hooks_overhead import mlp_step, stock_hooks, tiny_step  # noqa: E402
+import asupervisor as asv
+from asupervisor._hooks import HookRunner
 
 
 def python_step() -> tuple[Callable[[], Any], Any, Any]:

@@ -42,11 +42,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common  # noqa: E402
-import anyio  # noqa: E402
-import structlog  # noqa: E402
+import _common
+import anyio
+import structlog
 
-import asupervisor as asv  # noqa: E402
+import asupervisor as asv
 
 
 def tiny_step() -> tuple[Callable[[], Any], Any, Any]:

@@ -33,10 +33,10 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import anyio  # noqa: E402
-import structlog  # noqa: E402
+import anyio
+import structlog
 
-import asupervisor as asv  # noqa: E402
+import asupervisor as asv
 
 
 def step(item: int) -> None:
