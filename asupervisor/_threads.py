@@ -96,10 +96,6 @@ class DedicatedThread:
         """Cheap check for work waiting at the next step boundary."""
         return bool(self._boundary)
 
-    def is_current(self) -> bool:
-        """Whether the caller runs on this thread."""
-        return threading.get_ident() == self._thread.ident
-
     def is_alive(self) -> bool:
         """Whether the thread is running."""
         return self._thread.is_alive()
