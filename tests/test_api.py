@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import pickle
 import subprocess
 import sys
+import types
 
 import asupervisor as asv
 
@@ -14,6 +16,69 @@ def test_all_is_sorted_and_complete() -> None:
     assert list(asv.__all__) == sorted(asv.__all__)
     for name in asv.__all__:
         assert hasattr(asv, name), name
+
+
+def _export_problems(module: types.ModuleType) -> list[str]:
+    """What is wrong with ``module``'s exports: a public class or function of the package
+    missing from ``__all__``, a name in ``__all__`` that is not such an object, or one that
+    reports another module than ``module`` (in reprs, tracebacks and pickles)."""
+    problems = []
+    exported = set(module.__all__)
+    for name, obj in vars(module).items():
+        if name.startswith("_") or isinstance(obj, types.ModuleType):
+            continue
+        if type(obj).__module__ == "__future__":  # ``from __future__ import annotations``
+            continue
+        if name not in exported:
+            problems.append(f"{name}: public but not in __all__")
+    for name in module.__all__:
+        obj = getattr(module, name, None)
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            problems.append(f"{name}: in __all__ but not a class or function")
+        elif obj.__module__ != module.__name__ or obj.__qualname__ != name:
+            problems.append(f"{name}: reports itself as {obj.__module__}.{obj.__qualname__}")
+    return problems
+
+
+def test_all_lists_every_public_object_and_nothing_else() -> None:
+    """``__all__`` of ``asupervisor`` names every public class and function it exposes and
+    nothing else, and each reports ``__module__ == "asupervisor"`` under its own name."""
+    assert _export_problems(asv) == []
+
+
+def test_export_check_sees_each_kind_of_problem() -> None:
+    """The export check finds a public name missing from ``__all__``, a name in ``__all__``
+    that is not a class or function, and an object reporting its private module."""
+    module = types.ModuleType("asupervisor_fake")
+
+    class Reported:
+        pass
+
+    class Private:
+        pass
+
+    Reported.__module__, Reported.__qualname__ = "asupervisor_fake", "Reported"
+    Private.__module__, Private.__qualname__ = "asupervisor_fake._private", "Private"
+    module.Reported, module.Private, module.Unlisted, module.VALUE = Reported, Private, Reported, 3
+    module.__all__ = ["Private", "Reported", "VALUE"]
+    assert sorted(_export_problems(module)) == [
+        "Private: reports itself as asupervisor_fake._private.Private",
+        "Unlisted: public but not in __all__",
+        "VALUE: in __all__ but not a class or function",
+    ]
+
+
+def test_public_objects_pickle_by_their_public_name() -> None:
+    """Each class and function in ``__all__`` pickles as a reference that loads back to
+    itself, and an exception raised by the library survives a round trip with its message:
+    reporting ``asupervisor`` as their module does not break pickling."""
+    for name in asv.__all__:
+        obj = getattr(asv, name)
+        assert pickle.loads(pickle.dumps(obj)) is obj, name
+    error = pickle.loads(pickle.dumps(asv.CheckpointError("logdir /x cannot be written")))
+    assert type(error) is asv.CheckpointError
+    assert str(error) == "logdir /x cannot be written"
+    assert repr(asv.Supervisor) == "<class 'asupervisor.Supervisor'>"
 
 
 def _undocumented(module: object, names: list[str]) -> list[str]:
