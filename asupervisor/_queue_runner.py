@@ -148,15 +148,10 @@ class QueueRunner:
         self.threads = threads
         self.name = name
         self._queue: BoundedQueue | None = None
-        self._service = _QueueRunnerService(self)
+        self.service = _QueueRunnerService(self)
 
     def __repr__(self) -> str:
         return f"QueueRunner(name={self.name!r}, capacity={self.capacity}, threads={self.threads})"
-
-    @property
-    def service(self) -> Service:
-        """The :class:`~asupervisor.Service` that runs the producers (``queue_runner:<name>``)."""
-        return self._service
 
     # -- the consumer (step thread) ---------------------------------------------------
 
