@@ -20,6 +20,7 @@ demo: venv
 test: venv
 	$(PY) -X importtime -c "import asupervisor" 2> .importtime.log; \
 	  if grep -q tensorflow .importtime.log; then echo "importing asupervisor imported tensorflow"; rm -f .importtime.log; exit 1; fi; rm -f .importtime.log
+	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 

@@ -37,8 +37,8 @@ from ._services import RestartPolicy as RestartPolicy
 from ._services import Service as Service
 from ._services import ServiceContext as ServiceContext
 from ._session import Session as Session
-from ._session_manager import SessionManager as SessionManager
 from ._session import StepContext as StepContext
+from ._session_manager import SessionManager as SessionManager
 from ._status import CheckpointInfo as CheckpointInfo
 from ._status import Status as Status
 from ._supervisor import Supervisor as Supervisor

@@ -279,7 +279,7 @@ class LoggingTensorHook(SessionRunHook):
 class NanTensorHook(SessionRunHook):
     """Checks the step's loss for NaN; raises (or stops) when it is.
 
-    A host read of a step's loss costs 3–7 µs on the step thread (on a CPU; a device
+    A host read of a step's loss costs 3-7 µs on the step thread (on a CPU; a device
     sync elsewhere), more than all other per-step hook work together, and a TF op per
     step (``tf.math.is_nan``) costs more still. So by default the losses are kept
     (references, no read), and every ``check_every_n_steps`` steps the batch is stacked
@@ -703,7 +703,8 @@ class ProfilerHook(SessionRunHook):
         self._timer.update_last_triggered_step(step)
         staging, self._staging = self._staging, None
         tf().profiler.experimental.stop()
-        assert staging is not None and self._dir is not None
+        assert staging is not None
+        assert self._dir is not None
         path = _publish_trace(staging, self._dir, step)
         log.info("profiler_hook.saved", global_step=step, path=path)
 

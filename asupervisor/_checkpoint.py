@@ -33,8 +33,8 @@ import re
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,9 +49,9 @@ from ._walk_cache import WalkCache, plain_variable
 
 __all__ = [
     "Checkpointer",
+    "RestoreOutcome",
     "SaveAbandoned",
     "Snapshot",
-    "RestoreOutcome",
     "candidates",
     "check_matches",
     "restore_latest",

@@ -1,4 +1,4 @@
-"""Checkpoint files on disk: names, the ``checkpoint`` state file, publishing, retention.
+"""Checkpoint files on disk: names, the ``checkpoint`` state file, committing, retention.
 
 Layout of a log directory (TF's own, so plain TensorFlow reads it)::
 
@@ -11,7 +11,7 @@ Layout of a log directory (TF's own, so plain TensorFlow reads it)::
     checkpoint.asv-tmp-<pid>                the state file's next version, being written
     checkpoint.asv-tmp-probe-<pid>          start-up's proof that the directory is writable
 
-The commit protocol (:func:`publish` then :func:`write_state`): the data is written under
+The commit protocol (:func:`commit`; :func:`write_state` for the state file alone): the data is written under
 a temporary prefix, every file is fsynced, renamed to its final name, the directory is
 fsynced, and only then is the ``checkpoint`` file atomically replaced (temporary file,
 fsync, rename, directory fsync). A crash at any instant leaves the previous state file,
@@ -40,13 +40,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ._logging import describe, get_logger
 
 __all__ = [
-    "CheckpointState",
     "PENDING",
     "TMP_MARKER",
+    "CheckpointState",
     "clean_leftovers",
     "commit",
     "delete_checkpoint",
@@ -55,10 +56,9 @@ __all__ = [
     "inspect_state",
     "missing_files",
     "probe_writable",
-    "publish",
     "read_own_state",
-    "remove_partial",
     "read_state",
+    "remove_partial",
     "retire_checkpoint",
     "scan_checkpoints",
     "select_retention",
@@ -95,7 +95,7 @@ class CheckpointState:
     last_preserved: float = 0.0
 
 
-def _state_proto() -> type:
+def _state_proto() -> Any:
     from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState as Proto
 
     return Proto
@@ -281,7 +281,7 @@ def _start_writeback(watch: list[tuple[Path, str]], stop: threading.Event) -> No
                 if size - done >= _WRITEBACK_MIN_BYTES:
                     _sync_file_range(fd, done, size - done, _SYNC_FILE_RANGE_WRITE)
                     started[fd] = size
-    except OSError as exc:  # only a speed-up: the fsync of publish() still makes it durable
+    except OSError as exc:  # only a speed-up: the fsync of commit() still makes it durable
         log.debug("checkpoint.writeback_stopped", error=describe(exc))
     finally:
         for fd in fds.values():
@@ -295,7 +295,7 @@ def early_writeback(prefix: Path) -> Iterator[None]:
     A thread polls for the data files (``<prefix>.data-*`` and the shards under
     ``<prefix>_temp/``, including TF's own temporary names) and calls
     ``sync_file_range(SYNC_FILE_RANGE_WRITE)`` on them, so the disk writes while
-    ``SaveV2`` is still checksumming and copying, and the fsync of :func:`publish` finds
+    ``SaveV2`` is still checksumming and copying, and the fsync of :func:`commit` finds
     little left to do. It only *starts* writeback: durability still comes from that fsync.
     A no-op where ``sync_file_range`` does not exist (not Linux).
     """
@@ -467,33 +467,20 @@ def missing_files(prefix: Path) -> str | None:
     return None
 
 
-def publish(tmp_prefix: Path, final_prefix: Path) -> None:
-    """Commit a written checkpoint: fsync its files, rename them, fsync the directory."""
-    files = checkpoint_files(tmp_prefix)
-    if not files:
-        raise FileNotFoundError(f"no checkpoint files were written under {tmp_prefix}")
-    for f in files:
-        fsync_path(f)
-    # Data first, index last: an index under the final name implies complete data.
-    for f in sorted(files, key=lambda p: p.name.endswith(".index")):
-        suffix = f.name[len(tmp_prefix.name) :]
-        os.replace(f, final_prefix.parent / (final_prefix.name + suffix))
-    fsync_path(final_prefix.parent)
-
-
 def commit(
     tmp_prefix: Path, final_prefix: Path, state: CheckpointState, retiring: Sequence[Path] = ()
 ) -> None:
-    """:func:`publish` the checkpoint ``tmp_prefix`` as ``final_prefix``, then name it in
-    the state file (``state``, which must name it) as :func:`write_state` does.
+    """Commit the checkpoint ``tmp_prefix`` as ``final_prefix`` (fsync its files, rename
+    them, data first and index last, fsync the directory), then name it in the state file
+    (``state``, which must name it) as :func:`write_state` does.
 
-    The same steps in the same order, except that the state file's temporary copy is
-    written and fsynced while a thread (``asv-checkpoint-fsync``, joined here) fsyncs the
-    data files, instead of after them. Every file and the renames are durable before the
-    state file is replaced. ``retiring`` are the checkpoints ``state`` no longer names,
-    for the caller to delete (:func:`retire_checkpoint`): they are marked pending before
-    the state file is replaced, so that a crash before their deletion still has them
-    removed at the next start.
+    The state file's temporary copy is written and fsynced while a thread
+    (``asv-checkpoint-fsync``, joined here) fsyncs the data files, instead of after them.
+    Every file and the renames are durable before the state file is replaced.
+    ``retiring`` are the checkpoints ``state`` no longer names, for the caller to delete
+    (:func:`retire_checkpoint`): they are marked pending before the state file is
+    replaced, so that a crash before their deletion still has them removed at the next
+    start.
     """
     logdir = final_prefix.parent
     paths = checkpoint_files(tmp_prefix)
@@ -669,7 +656,7 @@ def set_aside(prefix: Path, tag: str) -> list[str]:
 
 def step_of(name: str) -> int | None:
     """The step in a checkpoint name ``<basename>-<step>``, or ``None``."""
-    head, sep, tail = name.rpartition("-")
+    _, sep, tail = name.rpartition("-")
     return int(tail) if sep and tail.isdigit() else None
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
@@ -35,7 +35,7 @@ class LoopHandle:
     Must be created on the event loop thread (inside ``anyio.run``).
     """
 
-    __slots__ = ("backend", "call_soon", "_new_event", "_new_future", "thread_id")
+    __slots__ = ("_new_event", "_new_future", "backend", "call_soon", "thread_id")
 
     def __init__(self) -> None:
         token = anyio.lowlevel.current_token()
@@ -103,7 +103,7 @@ class Waiter(Generic[T]):
     plain attributes and schedules :meth:`_notify` on the loop.
     """
 
-    __slots__ = ("_loop", "_event", "_future", "_done", "_value", "_error")
+    __slots__ = ("_done", "_error", "_event", "_future", "_loop", "_value")
 
     def __init__(self, loop: LoopHandle) -> None:
         self._loop = loop
@@ -145,7 +145,7 @@ class Waiter(Generic[T]):
                 raise error
             finally:
                 del error
-        return self._value
+        return cast("T", self._value)
 
     async def _wait_once(self) -> None:
         if self._event is not None:

@@ -67,7 +67,7 @@ class SessionRunHook:
 class SessionRunContext:
     """What a hook sees of the step being run."""
 
-    __slots__ = ("original_args", "session", "_stop_requested")
+    __slots__ = ("_stop_requested", "original_args", "session")
 
     def __init__(self, original_args: tuple[Any, ...], session: Session) -> None:
         self.original_args = original_args
@@ -87,7 +87,7 @@ class SessionRunContext:
 class SessionRunValues:
     """The outcome of a step, as given to ``after_run``."""
 
-    __slots__ = ("results", "global_step")
+    __slots__ = ("global_step", "results")
 
     def __init__(self, results: Any, global_step: int) -> None:
         self.results = results

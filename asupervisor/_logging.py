@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import structlog
 
@@ -231,7 +231,13 @@ class _SafeFormatter(structlog.stdlib.ProcessorFormatter):
                 return f"{record.levelname.lower()} {_safe_repr(getattr(record, 'event', record.msg))}"
 
 
-class _Handler(logging.StreamHandler):
+if TYPE_CHECKING:
+    _StreamHandler = logging.StreamHandler[TextIO]
+else:  # not subscriptable at run time before Python 3.11
+    _StreamHandler = logging.StreamHandler
+
+
+class _Handler(_StreamHandler):
     """configure_logging's handler: writes to ``stream`` (standard error, looked up at each
     line, when none was given); a dead stream drops the line quietly."""
 
@@ -289,12 +295,12 @@ class _LineLogger:
 
 def _level_number(level: str | int) -> int:
     if isinstance(level, bool) or not isinstance(level, (str, int)):
-        raise ValueError(f"level must be a level name or number, not {level!r}")
+        raise ValueError(f"level must be a level name or number, not {level!r}")  # noqa: TRY004 - documented
     if isinstance(level, int):
         return level
     number = logging.getLevelName(level.upper())
     if not isinstance(number, int):
-        raise ValueError(f"unknown log level {level!r}; use debug, info, warning or error")
+        raise ValueError(f"unknown log level {level!r}; use debug, info, warning or error")  # noqa: TRY004
     return number
 
 

@@ -222,7 +222,7 @@ class QueueRunner:
 class _QueueIterator:
     """``iter(qr)``: the step thread's blocking iterator over one session's queue."""
 
-    __slots__ = ("_q", "_items", "_popleft")
+    __slots__ = ("_items", "_popleft", "_q")
 
     def __init__(self, q: BoundedQueue) -> None:
         self._q = q

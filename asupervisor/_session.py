@@ -9,7 +9,6 @@ requested, the body's next ``await`` is cancelled, and a step in flight still fi
 from __future__ import annotations
 
 import inspect
-
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +27,7 @@ class StepContext:
     It is used on the step thread, inside ``step_fn``.
     """
 
-    __slots__ = ("_rt", "_stop", "_step_error")
+    __slots__ = ("_rt", "_step_error", "_stop")
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
@@ -188,6 +187,8 @@ class Session:
             await self._check_running()
             halt = _Halt(rt.wake_step_thread)
             waiter = rt.step_thread.submit(rt.loop_job, fn, data, max_steps, halt, checkpoint_iterator)
+            steps: int
+            reason: str | None
             try:
                 steps, reason = await waiter.wait(halt.set, grace_secs=rt.config.stop_grace_secs)
             except cancelled:
@@ -280,7 +281,7 @@ class _Halt:
     the number of steps it ran in ``steps_run`` and sets ``finished`` when it ended
     without an error."""
 
-    __slots__ = ("halted", "steps_run", "finished", "_wake")
+    __slots__ = ("_wake", "finished", "halted", "steps_run")
 
     def __init__(self, wake: Callable[[], None] | None = None) -> None:
         self.halted = False

@@ -27,8 +27,8 @@ from typing import Any
 
 from . import _config
 from ._checkpoint import restore_latest, restore_path
-from ._clock import Clock, MonotonicClock
 from ._checkpoint_files import missing_files
+from ._clock import Clock, MonotonicClock
 from ._exceptions import CheckpointError, DeadlineExceededError
 from ._handoff import LoopHandle
 from ._logging import describe, get_logger

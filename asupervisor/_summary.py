@@ -289,12 +289,6 @@ class SummaryWriter:
             self._writer.close()
             self._writer = None
 
-    def flush_job(self) -> None:
-        """On the summary thread: write what is queued and flush."""
-        self._write_posted()
-        if self._writer is not None:
-            self._writer.flush()
-
     async def aclose(self) -> None:
         """Write what is queued, then flush and close the event file (a session closer)."""
         if self._closed:

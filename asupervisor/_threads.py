@@ -43,7 +43,7 @@ class ThreadClosedError(RuntimeError):
 
 
 class _Job:
-    __slots__ = ("fn", "args", "kwargs", "waiter")
+    __slots__ = ("args", "fn", "kwargs", "waiter")
 
     def __init__(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], waiter: Waiter[Any] | None
@@ -95,10 +95,6 @@ class DedicatedThread:
     def has_boundary_jobs(self) -> bool:
         """Cheap check for work waiting at the next step boundary."""
         return bool(self._boundary)
-
-    def is_current(self) -> bool:
-        """Whether the caller runs on this thread."""
-        return threading.get_ident() == self._thread.ident
 
     def is_alive(self) -> bool:
         """Whether the thread is running."""

@@ -72,7 +72,7 @@ class SecondOrStepTimer:
             one is not positive.
     """
 
-    __slots__ = ("_every_secs", "_every_steps", "_now", "_last_step", "_last_time", "next_step", "_next_time")
+    __slots__ = ("_every_secs", "_every_steps", "_last_step", "_last_time", "_next_time", "_now", "next_step")
 
     def __init__(
         self,

@@ -74,7 +74,8 @@ class CheckpointWatcher:
         thread = DedicatedThread("asv-watch-checkpoints", LoopHandle())
         thread.start()
         try:
-            return await thread.call(_committed, self.logdir)
+            committed: list[str] = await thread.call(_committed, self.logdir)
+            return committed
         finally:
             await thread.aclose()
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import logging
 import os
 import shutil
 import statistics
@@ -46,13 +47,10 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
-import logging  # noqa: E402
+import tensorflow as tf
 
-import tensorflow as tf  # noqa: E402
-
-from asupervisor._checkpoint import Checkpointer, restore_latest  # noqa: E402
-from asupervisor.testing import capture_logs  # noqa: E402
+from asupervisor._checkpoint import Checkpointer, restore_latest
+from asupervisor.testing import capture_logs
 
 MB = 1 << 20
 

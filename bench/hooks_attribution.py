@@ -23,6 +23,7 @@ cost, with no TF step noise around it). Run: ``python bench/hooks_attribution.py
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import sys
@@ -36,12 +37,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import anyio  # noqa: E402
-import logging  # noqa: E402
+import anyio
+from hooks_overhead import mlp_step, stock_hooks, tiny_step
 
-import asupervisor as asv  # noqa: E402
-from asupervisor._hooks import HookRunner  # noqa: E402
-from hooks_overhead import mlp_step, stock_hooks, tiny_step  # noqa: E402
+import asupervisor as asv
+from asupervisor._hooks import HookRunner
 
 
 def python_step() -> tuple[Callable[[], Any], Any, Any]:

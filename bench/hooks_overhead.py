@@ -28,6 +28,7 @@ Run: ``python bench/hooks_overhead.py [--quick] [--backend trio] [--skip NanTens
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import platform
 import statistics
@@ -42,11 +43,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common  # noqa: E402
-import anyio  # noqa: E402
-import logging  # noqa: E402
+import _common
+import anyio
 
-import asupervisor as asv  # noqa: E402
+import asupervisor as asv
 
 
 def tiny_step() -> tuple[Callable[[], Any], Any, Any]:

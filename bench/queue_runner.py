@@ -22,6 +22,7 @@ Run: ``python bench/queue_runner.py [--items N] [--repeats R] [--capacity C] [--
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import queue
 import statistics
@@ -33,10 +34,9 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import anyio  # noqa: E402
-import logging  # noqa: E402
+import anyio
 
-import asupervisor as asv  # noqa: E402
+import asupervisor as asv
 
 
 def step(item: int) -> None:

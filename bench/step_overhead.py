@@ -21,10 +21,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import anyio  # noqa: E402
-from _common import machine, median, mlp_step, tiny_step  # noqa: E402
+import anyio
+from _common import machine, median, mlp_step, tiny_step
 
-import asupervisor as asv  # noqa: E402
+import asupervisor as asv
 
 
 def bare_loop(step: Any, n: int) -> float:

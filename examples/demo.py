@@ -19,11 +19,11 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import anyio  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import anyio
+import numpy as np
+import tensorflow as tf
 
-import asupervisor as asv  # noqa: E402
+import asupervisor as asv
 
 
 def spirals(n_per_class: int = 2000, classes: int = 3, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

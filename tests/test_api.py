@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
+import types
+from pathlib import Path
 
 import asupervisor as asv
 
@@ -14,6 +16,57 @@ def test_all_is_sorted_and_complete() -> None:
     assert list(asv.__all__) == sorted(asv.__all__)
     for name in asv.__all__:
         assert hasattr(asv, name), name
+
+
+def _export_problems(module: types.ModuleType) -> list[str]:
+    """What is wrong with ``module``'s exports: a public name missing from ``__all__``, or a
+    name in ``__all__`` that is not a class or function of the package under its own name."""
+    problems = []
+    exported = set(module.__all__)
+    for name, obj in vars(module).items():
+        if name.startswith("_") or isinstance(obj, types.ModuleType):
+            continue
+        if type(obj).__module__ == "__future__":  # ``from __future__ import annotations``
+            continue
+        if name not in exported:
+            problems.append(f"{name}: public but not in __all__")
+    package = module.__name__.partition(".")[0]
+    for name in module.__all__:
+        obj = getattr(module, name, None)
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            problems.append(f"{name}: in __all__ but not a class or function")
+        elif obj.__module__.partition(".")[0] != package or obj.__qualname__ != name:
+            problems.append(f"{name}: in __all__ but is {obj.__module__}.{obj.__qualname__}")
+    return problems
+
+
+def test_all_lists_every_public_object_and_nothing_else() -> None:
+    """``__all__`` of ``asupervisor`` names every public name it exposes and nothing else,
+    and each is a class or function defined in the package, under that name."""
+    assert _export_problems(asv) == []
+
+
+def test_export_check_sees_each_kind_of_problem() -> None:
+    """The export check finds a public name missing from ``__all__``, a name in ``__all__``
+    that is not a class or function, and one defined outside the package or renamed."""
+    module = types.ModuleType("asupervisor_fake")
+
+    class Good:
+        pass
+
+    class Renamed:
+        pass
+
+    Good.__module__, Good.__qualname__ = "asupervisor_fake._private", "Good"
+    Renamed.__module__, Renamed.__qualname__ = "asupervisor_fake._private", "Other"
+    module.Good, module.Renamed, module.Unlisted, module.VALUE, module.Path = Good, Renamed, Good, 3, Path
+    module.__all__ = ["Good", "Path", "Renamed", "VALUE"]
+    assert sorted(_export_problems(module)) == [
+        "Path: in __all__ but is pathlib.Path",
+        "Renamed: in __all__ but is asupervisor_fake._private.Other",
+        "Unlisted: public but not in __all__",
+        "VALUE: in __all__ but not a class or function",
+    ]
 
 
 def _undocumented(module: object, names: list[str]) -> list[str]:

@@ -8,14 +8,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import tensorflow as tf
 from eventfiles import read_events, steps_of
-from asupervisor.testing import capture_logs
 
 import asupervisor as asv
-from asupervisor.testing import ManualClock
+from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_new_threads")]
 

@@ -10,11 +10,10 @@ from typing import Any
 import anyio
 import pytest
 import tensorflow as tf
-from asupervisor.testing import capture_logs
 
 import asupervisor as asv
 from asupervisor import _checkpoint_files as files
-from asupervisor.testing import ManualClock
+from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
 
@@ -318,7 +317,7 @@ async def test_background_write_error_is_raised_not_lost(tmp_path: Path) -> None
     state = make_state()
     sv = supervisor(tmp_path, state, save_model_steps=2)
     (tmp_path / "model.ckpt-2.index").mkdir(parents=True)  # publishing step 2 must fail
-    with pytest.raises(asv.CheckpointError, match="model.ckpt-2") as info:
+    with pytest.raises(asv.CheckpointError, match=r"model\.ckpt-2") as info:
         async with sv.managed_session() as sess:
             await sv.save_now()  # the start-up save is committed: step 2's will not be skipped
             await sess.run_loop(bump(state), max_steps=3)

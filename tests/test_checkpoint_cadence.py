@@ -10,11 +10,10 @@ from typing import Any
 import anyio
 import pytest
 import tensorflow as tf
-from asupervisor.testing import capture_logs
 
 import asupervisor as asv
 from asupervisor import _checkpoint_files as files
-from asupervisor.testing import ManualClock
+from asupervisor.testing import ManualClock, capture_logs
 
 # 32 MB: its write and fsync take far longer than ten of the steps below
 BIG = 8 << 20

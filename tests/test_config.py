@@ -14,7 +14,7 @@ def test_logdir_that_is_a_file(tmp_path: Path) -> None:
     """A logdir that is a file is a ValueError naming the path; the file is untouched."""
     target = tmp_path / "notes.txt"
     target.write_text("precious")
-    with pytest.raises(ValueError, match="notes.txt"):
+    with pytest.raises(ValueError, match=r"notes\.txt"):
         asv.Supervisor(target)
     assert target.read_text() == "precious"
 

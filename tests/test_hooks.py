@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 import tensorflow as tf
-from asupervisor.testing import capture_logs
 
 import asupervisor as asv
 from asupervisor._hooks import HookRunner
-from asupervisor.testing import ManualClock
+from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_new_threads")]
 

@@ -394,7 +394,7 @@ async def test_broken_pipe_drops_lines_and_saves_and_stops(tmp_path: Path, asv_l
     exit) no longer fails."""
     read_end, write_end = os.pipe()
     os.close(read_end)
-    stream = open(write_end, "w", buffering=1)  # noqa: SIM115 - closed below
+    stream = open(write_end, "w", buffering=1)  # closed below
     try:
         asv.configure_logging(stream=stream)
         sv = await save_then_stop(tmp_path)
@@ -419,7 +419,7 @@ async def test_failing_handler_of_the_application_never_reaches_the_caller(
             raise RuntimeError("a handler bug")
 
         def handleError(self, record: logging.LogRecord) -> None:
-            raise  # noqa: PLE0704 - re-raise the emit error, as a strict handler would
+            raise  # re-raise the emit error, as a strict handler would
 
     closed = io.StringIO()
     closed.close()

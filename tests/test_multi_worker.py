@@ -18,13 +18,12 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from asupervisor.testing import capture_logs
 
 import asupervisor as asv
 from asupervisor import _checkpoint_files as files
 from asupervisor._checkpoint import restore_path, take_snapshot, write_snapshot
 from asupervisor._multi_worker import temp_prefix
-from asupervisor.testing import ManualClock
+from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
 
@@ -79,7 +78,7 @@ def test_multi_worker_saving_needs_a_step_cadence(tmp_path: Path, monkeypatch: p
     """A timer fires at different steps on different workers: seconds alone are refused."""
     as_task(monkeypatch, "worker")
     v = tf.Variable(0)
-    with pytest.raises(ValueError, match="save_model_secs=600 without save_model_steps.*2 workers"):
+    with pytest.raises(ValueError, match=r"save_model_secs=600 without save_model_steps.*2 workers"):
         make_sv(tmp_path, v, save_model_steps=None)
     assert make_sv(tmp_path, v, save_model_steps=None, save_model_secs=0).config.multi_worker  # no saving
     assert make_sv(tmp_path, v).config.multi_worker  # steps given, the timer is not used
@@ -252,10 +251,10 @@ async def test_chief_only_checkpoint_hooks_are_refused_in_multi_worker_training(
     """A CheckpointSaverHook (or MonitoredTrainingSession's) saves on one worker alone: a clear error, not a hang."""
     as_task(monkeypatch, "chief")
     v = tf.Variable(0)
-    with pytest.raises(ValueError, match="MonitoredTrainingSession .* 2 workers"):
+    with pytest.raises(ValueError, match=r"MonitoredTrainingSession .* 2 workers"):
         asv.MonitoredTrainingSession(tmp_path, state={"v": v}, save_checkpoint_steps=2)
     hook = asv.CheckpointSaverHook(tmp_path, save_steps=2)
-    with pytest.raises(ValueError, match="CheckpointSaverHook .* 2 workers"):
+    with pytest.raises(ValueError, match=r"CheckpointSaverHook .* 2 workers"):
         async with make_sv(tmp_path, v, hooks=[hook]).managed_session():
             pass
     assert tf.train.latest_checkpoint(str(tmp_path)) is None

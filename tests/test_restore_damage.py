@@ -15,11 +15,10 @@ import anyio
 import anyio.lowlevel
 import pytest
 import tensorflow as tf
-from asupervisor.testing import capture_logs
 
 import asupervisor as asv
 from asupervisor import _checkpoint_files as files
-from asupervisor.testing import ManualClock
+from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
 
@@ -470,7 +469,7 @@ async def test_session_manager_none_loads_is_an_error(tmp_path: Path) -> None:
     await three_checkpoints(tmp_path)
     for step in (0, 2, 4, 6):
         flip_byte(tmp_path / f"model.ckpt-{step}")
-    with pytest.raises(asv.CheckpointError, match="model.ckpt-6"):
+    with pytest.raises(asv.CheckpointError, match=r"model\.ckpt-6"):
         await asv.SessionManager(state=make_state()).prepare_session(str(tmp_path), init_fn=lambda: None)
 
 

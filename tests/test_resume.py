@@ -198,6 +198,9 @@ class _PlainRestore:
         return values
 
 
+# These three run many child processes: ~40 s each alone on 2 shared cores, above the
+# default timeout; 300 s leaves room for a loaded CI machine and still catches a hang.
+@pytest.mark.timeout(300)
 def test_killed_and_resumed_training_is_bitwise_equal(tmp_path: Path) -> None:
     """A training SIGKILLed at random moments and restarted, each restart resuming from
     the latest checkpoint on disk, ends bitwise equal to an uninterrupted one: every
@@ -251,6 +254,7 @@ def test_killed_and_resumed_training_is_bitwise_equal(tmp_path: Path) -> None:
         assert first[key].tobytes() == second[key].tobytes(), key
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "tracked_data",
     [

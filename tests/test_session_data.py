@@ -134,7 +134,7 @@ async def test_checkpoint_iterator_true_refuses_an_unserialisable_pipeline_befor
     v = tf.Variable(0, dtype=tf.int64)
     sv = _supervisor(tmp_path, {"v": v})
     calls: list[Any] = []
-    with pytest.raises(asv.CheckpointError, match="checkpoint_iterator=True.*PyFunc is stateful"):
+    with pytest.raises(asv.CheckpointError, match=r"checkpoint_iterator=True.*PyFunc is stateful"):
         async with sv.managed_session() as sess:
             await sess.run(lambda: v.assign_add(1))
             await sess.run_loop(calls.append, data=_generator_dataset(5), checkpoint_iterator=True)
@@ -149,7 +149,7 @@ async def test_checkpoint_iterator_true_refuses_data_that_is_not_a_dataset() -> 
     checkpointed, a CheckpointError before the first step."""
     sv = _supervisor(None, {"v": tf.Variable(0)})
     calls: list[Any] = []
-    with pytest.raises(asv.CheckpointError, match="list, not a tf.data.Dataset"):
+    with pytest.raises(asv.CheckpointError, match=r"list, not a tf\.data\.Dataset"):
         async with sv.managed_session() as sess:
             await sess.run_loop(calls.append, data=[1, 2, 3], checkpoint_iterator=True)
     assert calls == []
@@ -435,7 +435,7 @@ def test_request_stop_after_the_event_loop_finished_does_nothing(backend: str) -
         try:
             sess.request_stop()
             sv.request_stop()
-        except BaseException as exc:  # noqa: BLE001 - the test reports it
+        except BaseException as exc:  # the test reports it
             errors.append(exc)
 
     thread = threading.Thread(target=late)

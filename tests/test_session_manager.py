@@ -230,5 +230,5 @@ async def test_recover_session_runs_local_init_fn_once_even_without_a_restore(tm
 
 def test_ready_for_local_init_fn_needs_local_init_fn() -> None:
     """ready_for_local_init_fn without local_init_fn is a ValueError naming both."""
-    with pytest.raises(ValueError, match="ready_for_local_init_fn.*local_init_fn"):
+    with pytest.raises(ValueError, match=r"ready_for_local_init_fn.*local_init_fn"):
         asv.SessionManager(state=make_state(), ready_for_local_init_fn=lambda: [])

@@ -436,7 +436,7 @@ async def test_last_step(tmp_path: Path) -> None:
     at 3; after saving by hand and restoring through ``init_fn``, ``last_step=5`` runs from 3
     and stops at 5."""
     gstep = tf.Variable(0, dtype=tf.int64)
-    sess, seen = await steps_with_stop_hook(asv.StopAtStepHook(last_step=3), global_step=gstep)
+    _, seen = await steps_with_stop_hook(asv.StopAtStepHook(last_step=3), global_step=gstep)
     assert seen == [(1, False), (2, False), (3, True)]
     save_path = tf.train.Checkpoint(global_step=gstep).write(str(tmp_path / "step-3"))
     gstep2 = tf.Variable(0, dtype=tf.int64)

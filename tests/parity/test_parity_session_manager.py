@@ -317,7 +317,7 @@ async def test_prepare_session_did_not_init_local_variable() -> None:
     RuntimeError naming it."""
     m = Model()
     sm = asv.SessionManager(state=m.state, ready_fn=m.not_ready)
-    with pytest.raises(RuntimeError, match="not ready.*w"):
+    with pytest.raises(RuntimeError, match=r"not ready.*w"):
         await sm.prepare_session(init_fn=m.init)
 
 
@@ -329,7 +329,7 @@ async def test_prepare_session_not_ready_for_local_init() -> None:
     sm = asv.SessionManager(
         state=m.state, ready_fn=m.not_ready, ready_for_local_init_fn=lambda: m.not_ready("v"), local_init_fn=m.local_init
     )
-    with pytest.raises(RuntimeError, match="local_init.*v"):
+    with pytest.raises(RuntimeError, match=r"local_init.*v"):
         await sm.prepare_session(init_fn=None)
     assert m.local_inits == 0
 
@@ -340,6 +340,6 @@ async def test_prepare_session_without_ready_for_local_init_check() -> None:
     the ready_fn check then fails: RuntimeError naming v."""
     m = Model()
     sm = asv.SessionManager(state=m.state, ready_fn=m.not_ready, local_init_fn=m.local_init)
-    with pytest.raises(RuntimeError, match="not ready.*v"):
+    with pytest.raises(RuntimeError, match=r"not ready.*v"):
         await sm.prepare_session(init_fn=None)
     assert m.local_inits == 1

@@ -369,7 +369,7 @@ async def test_init_op_fails(tmp_path: Path) -> None:
         init_fn=lambda: initialised.add("v"),
         ready_fn=lambda: [n for n in ("v", "w") if n not in initialised],
     )
-    with pytest.raises(RuntimeError, match="not ready.*: w$"):
+    with pytest.raises(RuntimeError, match=r"not ready.*: w$"):
         async with sv.managed_session():
             pytest.fail("a session that is not ready was yielded")
 
@@ -385,7 +385,7 @@ async def test_init_op_fails_for_transient_variable(tmp_path: Path) -> None:
         local_init_fn=lambda: initialised.add("v"),
         ready_fn=lambda: [n for n in ("v", "w") if n not in initialised],
     )
-    with pytest.raises(RuntimeError, match="not ready.*: w$"):
+    with pytest.raises(RuntimeError, match=r"not ready.*: w$"):
         async with sv.managed_session():
             pytest.fail("a session that is not ready was yielded")
 

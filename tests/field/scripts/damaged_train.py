@@ -14,11 +14,11 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import anyio  # noqa: E402
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import anyio
+import keras
+import tensorflow as tf
 
-import asupervisor as asv  # noqa: E402
+import asupervisor as asv
 
 logdir, max_steps, backend = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 hold = "--hold" in sys.argv[4:]

@@ -17,10 +17,10 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import anyio  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import anyio
+import tensorflow as tf
 
-import asupervisor as asv  # noqa: E402
+import asupervisor as asv
 
 
 async def main(logdir: str, outcome_path: str) -> None:
