@@ -89,3 +89,20 @@ __all__ = [
     "configure_logging",
     "watch_checkpoints",
 ]
+
+
+def _report_public_module() -> None:
+    """Public classes and functions name the module users import them from: reprs, tracebacks
+    and pickles show ``asupervisor.Supervisor``, not the private module that defines it (as
+    httpx does). Pickling still finds each object: every one is an attribute of this module.
+    """
+    import types
+
+    for name in __all__:
+        obj = globals()[name]
+        if isinstance(obj, (type, types.FunctionType)):
+            obj.__module__ = __name__
+
+
+_report_public_module()
+del _report_public_module

@@ -156,6 +156,9 @@ class StepCounterHook(SessionRunHook):
         ValueError: both or neither of ``every_n_steps`` and ``every_n_secs`` were given.
     """
 
+    steps_per_sec: float | None = None
+    """The last measured rate, ``None`` before the first measurement."""
+
     def __init__(
         self,
         every_n_steps: int | None = 100,

@@ -148,10 +148,15 @@ class QueueRunner:
         self.threads = threads
         self.name = name
         self._queue: BoundedQueue | None = None
-        self.service = _QueueRunnerService(self)
+        self._service = _QueueRunnerService(self)
 
     def __repr__(self) -> str:
         return f"QueueRunner(name={self.name!r}, capacity={self.capacity}, threads={self.threads})"
+
+    @property
+    def service(self) -> Service:
+        """The :class:`~asupervisor.Service` that runs the producers (``queue_runner:<name>``)."""
+        return self._service
 
     # -- the consumer (step thread) ---------------------------------------------------
 

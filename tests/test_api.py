@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import pickle
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import asupervisor as asv
 
@@ -19,8 +19,9 @@ def test_all_is_sorted_and_complete() -> None:
 
 
 def _export_problems(module: types.ModuleType) -> list[str]:
-    """What is wrong with ``module``'s exports: a public name missing from ``__all__``, or a
-    name in ``__all__`` that is not a class or function of the package under its own name."""
+    """What is wrong with ``module``'s exports: a public class or function of the package
+    missing from ``__all__``, a name in ``__all__`` that is not such an object, or one that
+    reports another module than ``module`` (in reprs, tracebacks and pickles)."""
     problems = []
     exported = set(module.__all__)
     for name, obj in vars(module).items():
@@ -30,43 +31,54 @@ def _export_problems(module: types.ModuleType) -> list[str]:
             continue
         if name not in exported:
             problems.append(f"{name}: public but not in __all__")
-    package = module.__name__.partition(".")[0]
     for name in module.__all__:
         obj = getattr(module, name, None)
         if not (inspect.isclass(obj) or inspect.isfunction(obj)):
             problems.append(f"{name}: in __all__ but not a class or function")
-        elif obj.__module__.partition(".")[0] != package or obj.__qualname__ != name:
-            problems.append(f"{name}: in __all__ but is {obj.__module__}.{obj.__qualname__}")
+        elif obj.__module__ != module.__name__ or obj.__qualname__ != name:
+            problems.append(f"{name}: reports itself as {obj.__module__}.{obj.__qualname__}")
     return problems
 
 
 def test_all_lists_every_public_object_and_nothing_else() -> None:
-    """``__all__`` of ``asupervisor`` names every public name it exposes and nothing else,
-    and each is a class or function defined in the package, under that name."""
+    """``__all__`` of ``asupervisor`` names every public class and function it exposes and
+    nothing else, and each reports ``__module__ == "asupervisor"`` under its own name."""
     assert _export_problems(asv) == []
 
 
 def test_export_check_sees_each_kind_of_problem() -> None:
     """The export check finds a public name missing from ``__all__``, a name in ``__all__``
-    that is not a class or function, and one defined outside the package or renamed."""
+    that is not a class or function, and an object reporting its private module."""
     module = types.ModuleType("asupervisor_fake")
 
-    class Good:
+    class Reported:
         pass
 
-    class Renamed:
+    class Private:
         pass
 
-    Good.__module__, Good.__qualname__ = "asupervisor_fake._private", "Good"
-    Renamed.__module__, Renamed.__qualname__ = "asupervisor_fake._private", "Other"
-    module.Good, module.Renamed, module.Unlisted, module.VALUE, module.Path = Good, Renamed, Good, 3, Path
-    module.__all__ = ["Good", "Path", "Renamed", "VALUE"]
+    Reported.__module__, Reported.__qualname__ = "asupervisor_fake", "Reported"
+    Private.__module__, Private.__qualname__ = "asupervisor_fake._private", "Private"
+    module.Reported, module.Private, module.Unlisted, module.VALUE = Reported, Private, Reported, 3
+    module.__all__ = ["Private", "Reported", "VALUE"]
     assert sorted(_export_problems(module)) == [
-        "Path: in __all__ but is pathlib.Path",
-        "Renamed: in __all__ but is asupervisor_fake._private.Other",
+        "Private: reports itself as asupervisor_fake._private.Private",
         "Unlisted: public but not in __all__",
         "VALUE: in __all__ but not a class or function",
     ]
+
+
+def test_public_objects_pickle_by_their_public_name() -> None:
+    """Each class and function in ``__all__`` pickles as a reference that loads back to
+    itself, and an exception raised by the library survives a round trip with its message:
+    reporting ``asupervisor`` as their module does not break pickling."""
+    for name in asv.__all__:
+        obj = getattr(asv, name)
+        assert pickle.loads(pickle.dumps(obj)) is obj, name
+    error = pickle.loads(pickle.dumps(asv.CheckpointError("logdir /x cannot be written")))
+    assert type(error) is asv.CheckpointError
+    assert str(error) == "logdir /x cannot be written"
+    assert repr(asv.Supervisor) == "<class 'asupervisor.Supervisor'>"
 
 
 def _undocumented(module: object, names: list[str]) -> list[str]:
