@@ -491,8 +491,15 @@ def _has_member(cls: type, name: str) -> bool:
         return True
     if name in inspect.signature(cls).parameters:
         return True
-    # an instance attribute its methods set (``self.service = ...``)
-    return re.search(rf"\bself\.{name}\s*(:[^=]*)?=[^=]", inspect.getsource(cls)) is not None
+    # an instance attribute its methods set (``self.service = ...``); read from the source
+    # of the class's own functions (the class's ``__module__`` is the package's, so
+    # ``inspect.getsource(cls)`` would look in ``__init__.py``)
+    pattern = re.compile(rf"\bself\.{name}\s*(:[^=]*)?=[^=]")
+    for member in vars(cls).values():
+        fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+        if inspect.isfunction(fn) and pattern.search(inspect.getsource(fn)):
+            return True
+    return False
 
 
 def _required_members(cls: type, public: set[type]) -> set[str]:
