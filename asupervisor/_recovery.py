@@ -16,7 +16,8 @@ policy: it never makes the checkpoint count as corrupt.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 
@@ -25,9 +26,12 @@ from ._services import FailureWindow, RestartPolicy
 from ._tf import is_recoverable
 
 if TYPE_CHECKING:
+    from ._clock import Clock
     from ._runtime import Runtime
 
-__all__ = ["recover", "recovery_policy"]
+__all__ = ["recover", "recovery_policy", "retry_transient"]
+
+T = TypeVar("T")
 
 log = get_logger(__name__)
 
@@ -58,6 +62,36 @@ def _restore_for_recovery(rt: Runtime) -> str | None:
     return path
 
 
+async def retry_transient(
+    call: Callable[[], Awaitable[T]],
+    failures: FailureWindow,
+    clock: Clock,
+    *,
+    event: str,
+    gave_up: str | None = None,
+) -> T:
+    """Await ``call()`` until it returns; each ``AbortedError``/``UnavailableError`` it
+    raises is one more attempt of ``failures``' policy, logged ``event`` (attempt,
+    backoff), then retried after the backoff on ``clock``. Past the policy, or for any
+    other error, the error propagates as itself (logged ``gave_up`` if given)."""
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            if not is_recoverable(exc):
+                raise
+            now = clock.now()
+            attempt = failures.record(now)
+            if attempt > failures.policy.max_restarts:
+                if gave_up is not None:
+                    log.error(gave_up, error=describe(exc), retries=attempt - 1)
+                raise
+            backoff = failures.policy.backoff_for(attempt)
+            log.warning(event, error=describe(exc), attempt=attempt, backoff_secs=backoff)
+            if backoff > 0:
+                await clock.sleep_until(now + backoff)
+
+
 async def recover(rt: Runtime, failures: FailureWindow, exc: BaseException) -> bool:
     """On the event loop: restore and return ``True`` to retry, or ``False`` to propagate."""
     clock = rt.clock
@@ -73,26 +107,19 @@ async def recover(rt: Runtime, failures: FailureWindow, exc: BaseException) -> b
         return False
     backoff = failures.policy.backoff_for(attempt)
     log.warning("session.recovering", error=describe(exc), attempt=attempt, backoff_secs=backoff)
+
+    async def restore() -> str | None:
+        if rt.saver is not None:
+            await rt.saver.drain()  # a checkpoint being written is the one to restore
+        path: str | None = await rt.step_thread.call(_restore_for_recovery, rt)
+        return path
+
     try:
-        while True:
-            if backoff > 0:
-                await clock.sleep_until(now + backoff)
-            if rt.saver is not None:
-                await rt.saver.drain()  # a checkpoint being written is the one to restore
-            try:
-                path = await rt.step_thread.call(_restore_for_recovery, rt)
-                break
-            except Exception as err:
-                # the restore itself met a transient error: another attempt of the same
-                # policy (never a reason to call the checkpoint corrupt)
-                if not is_recoverable(err):
-                    raise
-                now = clock.now()
-                attempt = failures.record(now)
-                if attempt > failures.policy.max_restarts:
-                    raise
-                backoff = failures.policy.backoff_for(attempt)
-                log.warning("session.recovering", error=describe(err), attempt=attempt, backoff_secs=backoff)
+        if backoff > 0:
+            await clock.sleep_until(now + backoff)
+        # a transient error of the restore itself is another attempt of the same policy
+        # (never a reason to call the checkpoint corrupt)
+        path = await retry_transient(restore, failures, clock, event="session.recovering")
     except anyio.get_cancelled_exc_class():
         rt.control.state_suspect = True  # stopped before the state was restored
         raise

@@ -173,25 +173,13 @@ class Runtime:
         for a transient error.
         """
         await self.step_thread.call(self._begin_startup)
-        failures = FailureWindow(_recovery.recovery_policy(self.config.recovery_wait_secs))
-        while True:
-            try:
-                restored: bool = await self.step_thread.call(self._restore_or_init)
-                break
-            except Exception as exc:
-                if not is_recoverable(exc):
-                    raise
-                now = self.clock.now()
-                attempt = failures.record(now)
-                if attempt > failures.policy.max_restarts:
-                    log.error("session.start_gave_up", error=describe(exc), retries=attempt - 1)
-                    raise
-                backoff = failures.policy.backoff_for(attempt)
-                log.warning(
-                    "session.start_retrying", error=describe(exc), attempt=attempt, backoff_secs=backoff
-                )
-                if backoff > 0:
-                    await self.clock.sleep_until(now + backoff)
+        restored: bool = await _recovery.retry_transient(
+            lambda: self.step_thread.call(self._restore_or_init),
+            FailureWindow(_recovery.recovery_policy(self.config.recovery_wait_secs)),
+            self.clock,
+            event="session.start_retrying",
+            gave_up="session.start_gave_up",
+        )
         await self.step_thread.call(self._finish_startup)
         return restored
 
