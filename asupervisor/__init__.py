@@ -6,45 +6,45 @@ configure logging or touch an event loop. See ``docs/`` for the concepts.
 
 from __future__ import annotations
 
-from ._basic_hooks import CheckpointSaverHook as CheckpointSaverHook
-from ._basic_hooks import CheckpointSaverListener as CheckpointSaverListener
-from ._basic_hooks import FinalOpsHook as FinalOpsHook
-from ._basic_hooks import GlobalStepWaiterHook as GlobalStepWaiterHook
-from ._basic_hooks import LoggingTensorHook as LoggingTensorHook
-from ._basic_hooks import NanTensorHook as NanTensorHook
-from ._basic_hooks import ProfilerHook as ProfilerHook
-from ._basic_hooks import StepCounterHook as StepCounterHook
-from ._basic_hooks import StopAtStepHook as StopAtStepHook
-from ._basic_hooks import SummarySaverHook as SummarySaverHook
-from ._clock import Clock as Clock
-from ._clock import MonotonicClock as MonotonicClock
+from ._basic_hooks._hooks import CheckpointSaverHook as CheckpointSaverHook
+from ._basic_hooks._hooks import CheckpointSaverListener as CheckpointSaverListener
+from ._basic_hooks._hooks import FinalOpsHook as FinalOpsHook
+from ._basic_hooks._hooks import GlobalStepWaiterHook as GlobalStepWaiterHook
+from ._basic_hooks._hooks import LoggingTensorHook as LoggingTensorHook
+from ._basic_hooks._hooks import NanTensorHook as NanTensorHook
+from ._basic_hooks._hooks import ProfilerHook as ProfilerHook
+from ._basic_hooks._hooks import StepCounterHook as StepCounterHook
+from ._basic_hooks._hooks import StopAtStepHook as StopAtStepHook
+from ._basic_hooks._hooks import SummarySaverHook as SummarySaverHook
+from ._basic_hooks._timer import SecondOrStepTimer as SecondOrStepTimer
+from ._checkpoint._watch import CheckpointWatcher as CheckpointWatcher
+from ._checkpoint._watch import watch_checkpoints as watch_checkpoints
 from ._cluster import ClusterInfo as ClusterInfo
 from ._cluster import cluster_info as cluster_info
+from ._core._clock import Clock as Clock
+from ._core._clock import MonotonicClock as MonotonicClock
+from ._core._hooks import SessionRunContext as SessionRunContext
+from ._core._hooks import SessionRunHook as SessionRunHook
+from ._core._hooks import SessionRunValues as SessionRunValues
+from ._core._services import LoopedService as LoopedService
+from ._core._services import RestartPolicy as RestartPolicy
+from ._core._services import Service as Service
+from ._core._services import ServiceContext as ServiceContext
+from ._core._session import Session as Session
+from ._core._session import StepContext as StepContext
+from ._core._status import CheckpointInfo as CheckpointInfo
+from ._core._status import Status as Status
 from ._exceptions import CheckpointError as CheckpointError
 from ._exceptions import DeadlineExceededError as DeadlineExceededError
 from ._exceptions import NanLossDuringTrainingError as NanLossDuringTrainingError
 from ._exceptions import ServiceError as ServiceError
 from ._exceptions import SupervisorError as SupervisorError
-from ._hooks import SessionRunContext as SessionRunContext
-from ._hooks import SessionRunHook as SessionRunHook
-from ._hooks import SessionRunValues as SessionRunValues
+from ._input._queue_runner import QueueRunner as QueueRunner
+from ._input._queue_runner import QueueStatistics as QueueStatistics
 from ._logging import configure_logging as configure_logging
 from ._monitored_session import MonitoredTrainingSession as MonitoredTrainingSession
-from ._queue_runner import QueueRunner as QueueRunner
-from ._queue_runner import QueueStatistics as QueueStatistics
-from ._services import LoopedService as LoopedService
-from ._services import RestartPolicy as RestartPolicy
-from ._services import Service as Service
-from ._services import ServiceContext as ServiceContext
-from ._session import Session as Session
-from ._session import StepContext as StepContext
 from ._session_manager import SessionManager as SessionManager
-from ._status import CheckpointInfo as CheckpointInfo
-from ._status import Status as Status
 from ._supervisor import Supervisor as Supervisor
-from ._timer import SecondOrStepTimer as SecondOrStepTimer
-from ._watch import CheckpointWatcher as CheckpointWatcher
-from ._watch import watch_checkpoints as watch_checkpoints
 
 __version__ = "0.1.0"
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._clock import Clock, MonotonicClock
 from ._cluster import ClusterInfo
-from ._hooks import SessionRunHook
+from ._core._clock import Clock, MonotonicClock
+from ._core._hooks import SessionRunHook
 
 __all__ = ["SupervisorConfig"]
 

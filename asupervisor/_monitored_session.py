@@ -23,14 +23,14 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ._basic_hooks import CheckpointSaverHook, StepCounterHook, SummarySaverHook
-from ._hooks import SessionRunHook
+from ._basic_hooks._hooks import CheckpointSaverHook, StepCounterHook, SummarySaverHook
+from ._core._hooks import SessionRunHook
 from ._supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from ._clock import Clock
-    from ._runtime import Runtime
-    from ._session import Session
+    from ._core._clock import Clock
+    from ._core._runtime import Runtime
+    from ._core._session import Session
 
 __all__ = ["MonitoredTrainingSession"]
 
@@ -176,6 +176,6 @@ class MonitoredTrainingSession:
 
 def _is_loop_clock(clock: Clock) -> bool:
     """Whether ``clock`` may only be read on the event loop (hooks need another one)."""
-    from ._clock import MonotonicClock
+    from ._core._clock import MonotonicClock
 
     return isinstance(clock, MonotonicClock)

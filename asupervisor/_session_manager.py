@@ -9,7 +9,7 @@ the chief's first checkpoint. This is the same contract for TF2 state (a
 * ``recover_session``: restore if possible; returns whether the state is restored and ready;
 * ``wait_for_session``: wait until a checkpoint can be restored, up to a deadline.
 
-Restoring is the runtime's own code (:func:`asupervisor._checkpoint.restore_latest`: the
+Restoring is the runtime's own code (:func:`asupervisor._checkpoint._manager.restore_latest`: the
 newest good checkpoint, falling back past corrupt ones; a different model is a
 ``CheckpointError``). TensorFlow and file work run on a dedicated thread started for the
 call and joined before it returns, never on the event loop; waits are on an injectable
@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from . import _config
-from ._checkpoint import restore_latest, restore_path
-from ._checkpoint_files import missing_files
-from ._clock import Clock, MonotonicClock
+from ._checkpoint._manager import restore_latest, restore_path
+from ._checkpoint.files._commit import missing_files
+from ._core._clock import Clock, MonotonicClock
+from ._core._handoff import LoopHandle
+from ._core._threads import DedicatedThread
 from ._exceptions import CheckpointError, DeadlineExceededError
-from ._handoff import LoopHandle
 from ._logging import describe, get_logger
 from ._tf import is_recoverable, tf
-from ._threads import DedicatedThread
 
 __all__ = ["SessionManager"]
 

@@ -1,7 +1,7 @@
 """``Supervisor``: the one-line front door for a long-running TF2 training.
 
 A ``Supervisor`` holds configuration and services; each ``managed_session()`` builds a
-fresh :class:`~asupervisor._runtime.Runtime` from them. Methods that report or request
+fresh :class:`~asupervisor._core._runtime.Runtime` from them. Methods that report or request
 (``should_stop``, ``request_stop``, ``global_step``, ``status``) are safe from any thread.
 This module must not import TensorFlow.
 """
@@ -12,14 +12,14 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ._clock import Clock, MonotonicClock
 from ._cluster import cluster_info
 from ._config import SupervisorConfig
-from ._hooks import SessionRunHook
-from ._queue_runner import QueueRunner
-from ._runtime import Runtime
-from ._services import LoopedService, RestartPolicy, Service
-from ._status import CheckpointInfo, Status
+from ._core._clock import Clock, MonotonicClock
+from ._core._hooks import SessionRunHook
+from ._core._runtime import Runtime
+from ._core._services import LoopedService, RestartPolicy, Service
+from ._core._status import CheckpointInfo, Status
+from ._input._queue_runner import QueueRunner
 
 __all__ = ["Supervisor"]
 
@@ -237,7 +237,7 @@ class Supervisor:
             RuntimeError: no session is running.
             TypeError: ``values`` is not a mapping of strings to values.
         """
-        from ._summary import summary_computed
+        from ._summary._writer import summary_computed
 
         summary_computed(self._runtime, values, global_step)
 

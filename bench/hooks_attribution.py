@@ -41,7 +41,7 @@ import anyio
 from hooks_overhead import mlp_step, stock_hooks, tiny_step
 
 import asupervisor as asv
-from asupervisor._hooks import HookRunner
+from asupervisor._core._hooks import HookRunner
 
 
 def python_step() -> tuple[Callable[[], Any], Any, Any]:

@@ -184,7 +184,7 @@ def test_library_never_uses_pooled_threads() -> None:
 
     package = Path(asv.__file__).parent
     offenders = []
-    for path in package.glob("*.py"):
+    for path in package.rglob("*.py"):
         text = path.read_text()
         for needle in ("to_thread", "run_in_executor"):
             if needle in text:

@@ -1,0 +1,165 @@
+"""A ``tf.data`` iterator's place in checkpoints: can it be saved, and what does it cost.
+
+``run_loop(fn, data=dataset, checkpoint_iterator=...)`` puts the dataset's iterator into
+the checkpoint so that a resumed run goes on with the next batch. Two things can go wrong
+with that, and both are found here:
+
+* **TensorFlow cannot serialise the pipeline.** ``Dataset.from_generator``,
+  ``py_function``/``numpy_function`` and other stateful ops (``tf.random.uniform`` in a
+  ``map``, a captured variable) hold state outside the graph; TF's ``SerializeIterator``
+  refuses them (``FailedPreconditionError: PyFunc is stateful``). Left in the checkpoint,
+  such an iterator would fail the first periodic save, minutes or hours in.
+  :func:`serialisation_problem` serialises a *new* iterator once, before the first step
+  (cheap then: no buffer is filled yet), with the policy every checkpoint will use, and
+  returns TF's reason.
+* **The iterator's state is large.** A shuffle buffer is saved element by element: a
+  360 KB model with ``.shuffle(10_000)`` over 32x32x3 images writes ~74 MB checkpoints.
+  :func:`iterator_share` reads a written checkpoint's index (no data) and tells how many
+  of its bytes the iterator holds, which the checkpointer logs once per session.
+
+Runs on the step thread (:func:`serialisation_problem`) or the checkpoint writer thread
+(:func:`iterator_share`), never on the event loop. Never imports TensorFlow at import.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from .._exceptions import CheckpointError
+from .._tf import tf
+
+__all__ = ["iterator_share", "restore_mismatch_error", "serialisation_problem", "untrackable_error"]
+
+#: the checkpoint attribute holding ``run_loop``'s iterator (``<attr>/.ATTRIBUTES/ITERATOR_STATE``)
+ITERATOR_ATTR = "asv_data_iterator"
+
+#: an iterator's share of a checkpoint's bytes above which ``checkpoint.iterator_state``
+#: is a warning rather than information (when it is also at least ``DOMINANT_BYTES``:
+#: a small model's checkpoint is mostly a small iterator's few hundred bytes)
+DOMINANT_SHARE = 0.5
+DOMINANT_BYTES = 1 << 20
+
+
+def serialisation_problem(iterator: Any) -> str | None:
+    """Why TensorFlow cannot checkpoint ``iterator``'s position, or ``None`` if it can.
+
+    Serialises it the way every checkpoint will (``OwnedIterator._serialize_to_tensors``:
+    the dataset's ``experimental_external_state_policy`` when set, else ``FAIL``). Call it
+    on a new iterator: its buffers are empty, so this costs little.
+    """
+    tf_ = tf()
+    serialize = getattr(iterator, "_serialize_to_tensors", None)
+    if serialize is None:
+        return f"a {type(iterator).__name__} has no checkpointable state"
+    try:
+        serialize()
+    except (tf_.errors.OpError, ValueError, TypeError) as exc:
+        return _reason(exc)
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    """TF's message without its ``{{function_node ...}}`` prefix and ``[Op:...]`` suffix."""
+    text = str(getattr(exc, "message", None) or exc).strip()
+    if text.startswith("{{") and "}}" in text:
+        text = text[text.index("}}") + 2 :].strip()
+    text = text.split(" [Op:", 1)[0].strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}"[:500]
+
+
+def untrackable_error(reason: str) -> CheckpointError:
+    """The error of ``checkpoint_iterator=True`` when the position cannot be saved."""
+    return CheckpointError(
+        f"checkpoint_iterator=True, but the data iterator's position cannot be checkpointed ({reason}); "
+        "make the pipeline serialisable (tf.data ops only, stateless random ops), set "
+        "tf.data.Options().experimental_external_state_policy to IGNORE or WARN, or pass "
+        "checkpoint_iterator=None (leave it out, logged) or False (a resumed run restarts the data)"
+    )
+
+
+def restore_mismatch_error(exc: BaseException, path: str | None) -> CheckpointError:
+    """The error when the restored checkpoint's iterator position does not fit the
+    pipeline given now (its definition changed since the checkpoint was written)."""
+    where = f" in {path}" if path else ""
+    return CheckpointError(
+        f"the data iterator's position{where} cannot be restored into this pipeline ({_reason(exc)}); "
+        "the dataset's definition changed since that checkpoint was written. Pass "
+        "run_loop(..., checkpoint_iterator=False) to resume the model with the data from its start "
+        "(later checkpoints then hold no iterator), or use the pipeline that wrote the checkpoint"
+    )
+
+
+# -- reading a checkpoint's index ------------------------------------------------------
+
+_FOOTER = 48  # two block handles padded to 40 bytes, then the 8-byte magic
+_MAGIC = 0xDB4775248B80FB57
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _block_entries(data: bytes, offset: int, size: int) -> list[tuple[bytes, bytes]]:
+    """The ``(key, value)`` rows of one uncompressed table block."""
+    if data[offset + size] != 0:  # the trailer's compression type
+        raise ValueError("compressed checkpoint index block")
+    block = data[offset : offset + size]
+    (restarts,) = struct.unpack_from("<I", block, len(block) - 4)
+    end = len(block) - 4 - 4 * restarts
+    rows: list[tuple[bytes, bytes]] = []
+    pos, last = 0, b""
+    while pos < end:
+        shared, pos = _varint(block, pos)
+        unshared, pos = _varint(block, pos)
+        length, pos = _varint(block, pos)
+        key = last[:shared] + block[pos : pos + unshared]
+        pos += unshared
+        rows.append((key, block[pos : pos + length]))
+        pos += length
+        last = key
+    return rows
+
+
+def entry_sizes(prefix: str) -> dict[str, int]:
+    """``{checkpoint key: bytes in the data files}`` read from ``<prefix>.index``."""
+    from tensorflow.core.protobuf import tensor_bundle_pb2
+
+    with open(f"{prefix}.index", "rb") as f:
+        data = f.read()
+    if len(data) < _FOOTER or struct.unpack_from("<Q", data, len(data) - 8)[0] != _MAGIC:
+        raise ValueError(f"{prefix}.index is not a checkpoint index")
+    pos = len(data) - _FOOTER
+    _, pos = _varint(data, pos)  # the metaindex block
+    _, pos = _varint(data, pos)
+    index_offset, pos = _varint(data, pos)
+    index_size, _ = _varint(data, pos)
+    sizes: dict[str, int] = {}
+    for _, handle in _block_entries(data, index_offset, index_size):
+        offset, at = _varint(handle, 0)
+        size, _ = _varint(handle, at)
+        for key, value in _block_entries(data, offset, size):
+            if not key:
+                continue  # the header
+            entry = tensor_bundle_pb2.BundleEntryProto()
+            entry.ParseFromString(value)
+            sizes[key.decode()] = int(entry.size)
+    return sizes
+
+
+def iterator_share(prefix: str) -> tuple[int, int] | None:
+    """``(iterator bytes, all bytes)`` of the checkpoint at ``prefix``; ``None`` if it
+    holds no ``run_loop`` iterator."""
+    sizes = entry_sizes(prefix)
+    mine = [n for key, n in sizes.items() if key.startswith(f"{ITERATOR_ATTR}/")]
+    if not mine:
+        return None
+    return sum(mine), sum(sizes.values())

@@ -1,0 +1,111 @@
+"""Multi-worker saving: a non-chief's part in every save, and when saves may happen.
+
+In multi-worker training (``tf.distribute.MultiWorkerMirroredStrategy``, ``TF_CONFIG``
+naming several workers) reading a SyncOnRead variable (a Keras metric, an
+``ON_READ``/``SUM`` variable) is a collective all-reduce that every worker must issue in
+the same order. A snapshot reads every variable, so every worker snapshots, at the same
+steps: the chief writes its snapshot to ``logdir``; every other worker writes its own to
+a temporary directory (:class:`WorkerTempWriter`) that is removed right after.
+
+The temporary directories live under the system's temporary directory
+(``tempfile.gettempdir()``, so ``TMPDIR``), not in ``logdir``: ``logdir`` is often shared
+or remote storage that the chief alone writes and that evaluators and TensorBoard read.
+Their names hold the task and a hash of ``logdir``, so a worker removes the leftovers of
+its own earlier runs at start-up and never touches another job's.
+
+When saves happen, on every worker alike (the rule ``_checkpoint_service`` applies):
+
+* at multiples of ``save_model_steps`` (required; ``save_model_secs`` is not used, a
+  timer fires at different steps on different workers), and never skipped because an
+  earlier write is still in flight (that depends on each worker's disk);
+* no start-up save after an init (a non-chief starting late could otherwise restore the
+  chief's fresh start-up checkpoint and take different steps from then on);
+* the final save only when the stop came from the training itself (``max_steps``, end of
+  data, a hook, the session body returning), which every worker reaches at the same
+  step; not on a signal, a cancellation, an error or a ``request_stop()`` from elsewhere;
+* ``save_now()`` is refused.
+
+This module does file work on the checkpoint writer thread and the step thread; it never
+runs on the event loop thread and never writes ``logdir``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from .._cluster import ClusterInfo
+from .._logging import describe, get_logger
+from ._manager import Snapshot, write_snapshot
+
+__all__ = ["AGREED_STOP_REASONS", "WorkerTempWriter"]
+
+log = get_logger(__name__)
+
+#: stop reasons every worker reaches at the same step: a final save is taken on them
+AGREED_STOP_REASONS = frozenset({"completed", "max_steps", "end_of_data", "hook"})
+
+
+class WorkerTempWriter:
+    """Writes a non-chief's snapshots to a temporary directory and removes it.
+
+    Args:
+        logdir: the chief's log directory (only its name is used, for the hash).
+        cluster: this worker's place in the cluster.
+        basename: checkpoint basename (files are ``<basename>-<step>.*``).
+        root: where the temporary directories go; ``tempfile.gettempdir()`` by default.
+    """
+
+    def __init__(self, logdir: Path, cluster: ClusterInfo, *, basename: str, root: Path | None = None) -> None:
+        self.root = Path(tempfile.gettempdir() if root is None else root)
+        self.prefix = temp_prefix(logdir, cluster)
+        self.basename = basename
+
+    def clean_leftovers(self) -> list[str]:
+        """Remove this task's temporary directories left by an earlier run; their names."""
+        removed = []
+        try:
+            entries = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        for entry in entries:
+            if entry.startswith(self.prefix):
+                shutil.rmtree(self.root / entry, ignore_errors=True)
+                removed.append(entry)
+        if removed:
+            log.info("checkpoint.worker_leftovers_removed", root=str(self.root), names=removed)
+        return removed
+
+    def write(self, snapshot: Snapshot, *, min_keep: int = 1) -> None:
+        """On the writer thread: write ``snapshot`` to a new temporary directory, remove it.
+
+        ``min_keep`` is accepted for the same call as ``Checkpointer.write`` and unused.
+        """
+        del min_keep
+        t0 = time.perf_counter()
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=self.prefix, dir=self.root))
+        try:
+            write_snapshot(snapshot, str(tmp / f"{self.basename}-{snapshot.step}"))
+        finally:
+            try:
+                shutil.rmtree(tmp)
+            except OSError as exc:  # left for the next start-up's clean-up
+                log.error("checkpoint.worker_tmp_not_removed", tmp=str(tmp), error=describe(exc))
+        log.info(
+            "checkpoint.worker_saved",
+            step=snapshot.step,
+            tmp=str(tmp),
+            secs=round(time.perf_counter() - t0, 4),
+            blocked_secs=round(snapshot.blocked_secs, 4),
+        )
+
+
+def temp_prefix(logdir: Path, cluster: ClusterInfo) -> str:
+    """``asv-worker-<task type>-<index>-<hash of logdir>-``: this task's temporary names."""
+    digest = hashlib.sha256(os.path.realpath(logdir).encode()).hexdigest()[:12]
+    return f"asv-worker-{cluster.task_type}-{cluster.task_index}-{digest}-"

@@ -1,0 +1,424 @@
+"""When checkpoints are taken: the checkpoint service, step triggers, ``save_now``, final save.
+
+:class:`CheckpointSaver` coordinates every save of one session:
+
+* the timer (``save_model_secs``), driven by :class:`CheckpointService` on the event
+  loop with the injectable clock, asks for a snapshot at the next step boundary;
+* the step trigger (``save_model_steps``): the step loop calls :meth:`on_step` on the
+  step thread when the global step reaches the next multiple, and the snapshot is taken
+  right there, at that boundary;
+* once at start-up when the state was initialised rather than restored;
+* ``Supervisor.save_now()`` and the final save on stop, which wait for the commit.
+
+In multi-worker training every worker has a saver and snapshots at the same steps; a
+non-chief writes to a temporary directory (:mod:`._multi_worker` states the rule).
+
+Snapshots are taken on the step thread (see :mod:`._checkpoint`); writes run in order on
+one dedicated writer thread, never on the event loop nor on the step thread.
+
+Cadence (``checkpoint_when_busy``): with ``"wait"`` (the default) a step save that is due
+while the previous write is still in flight makes the step thread wait for it
+(back-pressure, ``checkpoint.waited secs=...``), so every multiple of ``save_model_steps``
+is saved; a timer tick waits on the event loop until the writer is free and then saves
+once (ticks missed meanwhile coalesce into that save). With ``"skip"`` such periodic
+saves are skipped and logged (``checkpoint.skipped why=busy...``). ``save_now`` and the
+final save are always queued behind a write in flight. A write error is kept and raised
+by the next save (the service's failure policy then applies) or at stop, never lost. The
+same step is never saved twice.
+
+The final save is bounded by the stop's grace period: when the stop's deadline comes
+while it is being written, the write is abandoned between chunks (its files removed, the
+previous checkpoint stays the latest) and the stop logs ``shutdown.overrun
+phase=final_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .._core._clock import interval_ticks
+from .._core._services import Service
+from .._core._threads import ThreadClosedError
+from .._logging import describe, get_logger
+from ._manager import Checkpointer, SaveAbandoned, Snapshot
+from ._multi_worker import AGREED_STOP_REASONS, WorkerTempWriter
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskStatus
+
+    from .._core._handoff import Waiter
+    from .._core._runtime import Runtime
+    from .._core._services import ServiceContext
+    from .._core._status import CheckpointInfo
+    from .._core._threads import DedicatedThread
+
+__all__ = ["CheckpointSaver", "CheckpointService", "restore_on_startup", "services_for"]
+
+log = get_logger(__name__)
+
+
+def _noop() -> None:
+    return None
+
+
+#: ``checkpoint_when_busy`` values: wait for the write in flight, or skip the save
+WHEN_BUSY = ("wait", "skip")
+#: how long an abandoned final save may take to wind down (remove its files)
+_ABANDON_GRACE_SECS = 1.0
+
+
+class CheckpointSaver:
+    """Coordinates the saves of one session (see the module docstring).
+
+    Args:
+        rt: the session.
+        checkpointer: snapshots, restores and (by default) writes to ``logdir``.
+        save_steps: ``save_model_steps``.
+        write: writes a snapshot on the writer thread (a non-chief's temporary save);
+            ``checkpointer.write`` by default.
+        multi_worker: every worker saves at the same steps: step saves queue instead of
+            being skipped while a write is in flight, final saves follow the agreed rule.
+        when_busy: ``"wait"`` (back-pressure) or ``"skip"``: what a periodic save does
+            while the previous write is in flight (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        rt: Runtime,
+        checkpointer: Checkpointer,
+        *,
+        save_steps: int | None,
+        write: Callable[..., CheckpointInfo | None] | None = None,
+        multi_worker: bool = False,
+        when_busy: str = "wait",
+    ) -> None:
+        if when_busy not in WHEN_BUSY:
+            raise ValueError(f"checkpoint_when_busy must be 'wait' or 'skip', got {when_busy!r}")
+        self.rt = rt
+        self.when_busy = when_busy
+        self.checkpointer = checkpointer
+        self.save_steps = save_steps
+        self._write_fn = checkpointer.write if write is None else write
+        self.multi_worker = multi_worker
+        self._writer: DedicatedThread | None = None
+        self._in_flight = 0
+        self._error: BaseException | None = None
+        self._waiters: dict[int, Waiter[Any]] = {}
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a write ends, or on stop
+        rt.step_wakers.append(self._wake)
+
+    # -- step thread -----------------------------------------------------------------
+
+    def arm(self) -> None:
+        """On the step thread: set the step at which :meth:`on_step` fires next."""
+        n = self.save_steps
+        self.rt.next_trigger_step = math.inf if n is None else (self.rt.step // n + 1) * n
+
+    def on_step(self) -> None:
+        """On the step thread, when the step trigger fires: snapshot and hand off.
+
+        With ``when_busy="wait"``, a write still in flight is waited for first.
+        """
+        self.arm()
+        if self.when_busy == "wait" and not self.multi_worker:
+            self._wait_for_writer()
+        error = self._take_error()
+        if error is not None:
+            self.rt.control.request_stop(error, reason="service:checkpoint")
+            return
+        self._snapshot("steps", force=self.multi_worker, keep=False)
+
+    def _wait_for_writer(self) -> None:
+        """On the step thread: wait until no write is in flight, or the session stops."""
+        with self._lock:
+            if self._in_flight == 0:
+                return
+            t0 = time.perf_counter()
+            control = self.rt.control
+            while self._in_flight > 0 and not control.stopping:
+                self._idle.wait()
+        log.info("checkpoint.waited", step=self.rt.step, secs=round(time.perf_counter() - t0, 4))
+
+    def _wake(self) -> None:
+        """From any thread (a stop): release the step thread's wait for the writer."""
+        with self._lock:
+            self._idle.notify_all()
+
+    def _snapshot(self, reason: str, *, force: bool, keep: bool) -> int | None:
+        """Snapshot now and hand it to the writer; returns the step, ``None`` if skipped.
+
+        The hand-off to the writer happens here, whatever becomes of the caller (a
+        cancelled ``save()`` must not lose a snapshot it asked for). With ``keep`` the
+        write's waiter is kept for ``save()`` under the step.
+        """
+        rt = self.rt
+        if rt.recovering:
+            log.warning("checkpoint.skipped", reason=reason, step=rt.step, why="recovering from a step error")
+            return None
+        with self._lock:
+            busy = self._in_flight > 0
+        if busy and not force:
+            why = (
+                "stopping: the final checkpoint saves the state"
+                if rt.control.stopping
+                else "busy: the previous save is still being written (checkpoint_when_busy='skip')"
+            )
+            log.warning("checkpoint.skipped", reason=reason, step=rt.step, why=why)
+            return None
+        try:
+            for check in rt.before_snapshot:
+                check()
+        except Exception as exc:  # e.g. a NaN loss not read yet: the state is not saved
+            rt.control.state_suspect = True
+            rt.control.request_stop(exc)
+            log.error("checkpoint.skipped", reason=reason, step=rt.step, why=describe(exc))
+            return None
+        rt.sync_global_step()
+        snap = self.checkpointer.snapshot(rt.step)
+        if snap is None:
+            return None
+        with self._lock:
+            self._in_flight += 1
+        rt.loop.call_soon(functools.partial(self._launch, snap, keep))
+        return snap.step
+
+    # -- writer thread ---------------------------------------------------------------
+
+    def _write(self, snap: Snapshot) -> CheckpointInfo | None:
+        with self._lock:
+            others = self._in_flight - 1  # snapshots queued behind this one
+        try:
+            # never fewer than 2 checkpoints while another save is in flight
+            info = self._write_fn(snap, min_keep=2 if others > 0 else 1)
+        except SaveAbandoned as exc:  # the stop's deadline: not an error of the save
+            log.warning("checkpoint.abandoned", step=snap.step, why=str(exc))
+            return None
+        except Exception as exc:
+            log.error("checkpoint.failed", step=snap.step, error=describe(exc))
+            with self._lock:
+                if self._error is None:
+                    self._error = exc
+            return None
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._idle.notify_all()
+        if info is not None:  # None: a non-chief's temporary save
+            self.rt.last_checkpoint = info
+        return info
+
+    # -- event loop ------------------------------------------------------------------
+
+    def _launch(self, snap: Snapshot, keep: bool) -> None:
+        try:
+            if self._writer is None:
+                self._writer = self.rt.new_thread("asv-checkpoint")
+            waiter = self._writer.submit(self._write, snap)
+        except ThreadClosedError as exc:  # the session is already closing its threads
+            log.error("checkpoint.failed", step=snap.step, error=describe(exc))
+            with self._lock:
+                self._in_flight -= 1
+                self._idle.notify_all()
+                if self._error is None:
+                    self._error = exc
+            return
+        if keep:
+            # a save() cancelled before it took its waiter leaves it here: drop finished ones
+            self._waiters = {k: w for k, w in self._waiters.items() if not w.done}
+            self._waiters[snap.step] = waiter
+
+    def _take_error(self) -> BaseException | None:
+        with self._lock:
+            error, self._error = self._error, None
+        return error
+
+    def raise_pending(self) -> None:
+        """Raise the error of a background write that nobody has seen yet."""
+        error = self._take_error()
+        if error is not None:
+            raise error
+
+    def abandon(self) -> None:
+        """From any thread: make the write in flight (and later ones) give up before
+        committing; see :meth:`Checkpointer.abandon`."""
+        self.checkpointer.abandon()
+        self._wake()
+
+    async def _writer_free(self) -> None:
+        """Wait (cancellably) until the writes handed over so far are done."""
+        writer = self._writer
+        if writer is not None:
+            await writer.submit(_noop).wait_cancellable()
+
+    async def drain(self, *, abandon_on_cancel: bool = False) -> None:
+        """Wait until every write handed to the writer so far is committed (or failed).
+
+        With ``abandon_on_cancel`` (the stop's waits, bounded by its deadline), a
+        cancellation abandons the writes in flight and waits at most
+        ``_ABANDON_GRACE_SECS`` for the writer to remove their files.
+        """
+        await self.rt.step_thread.call(_noop)  # hand-offs made by step jobs are queued
+        if self._writer is not None:
+            done = self._writer.submit(_noop)
+            if abandon_on_cancel:
+                await done.wait(self.abandon, grace_secs=_ABANDON_GRACE_SECS)
+            else:
+                await done.wait()
+
+    async def save(self, reason: str, *, force: bool = False, wait: bool = False) -> CheckpointInfo | None:
+        """Snapshot at the next step boundary and write it in the background.
+
+        Args:
+            reason: why (``timer``, ``startup``, ``save_now``, ``final``), for logs.
+            force: queue behind a write in flight instead of skipping.
+            wait: return only once the checkpoint is committed.
+
+        Returns:
+            The committed checkpoint when ``wait``, else ``None``.
+        """
+        self.raise_pending()
+        if reason == "timer" and self.when_busy == "wait" and not force:
+            with self._lock:
+                busy = self._in_flight > 0
+            if busy:  # coalesce: one save once the writer is free (missed ticks are dropped)
+                t0 = time.perf_counter()
+                await self._writer_free()
+                log.info("checkpoint.waited", reason=reason, step=self.rt.step, secs=round(time.perf_counter() - t0, 4))
+                self.raise_pending()
+            force = True
+        step = await self.rt.step_thread.submit_at_boundary(self._snapshot, reason, force=force, keep=wait).wait()
+        if step is None or not wait:
+            if wait:  # this step is saved already, or being written
+                await self.drain(abandon_on_cancel=reason == "final")
+                self.raise_pending()
+                return self.checkpointer.last
+            return None
+        # The launch was scheduled on the loop before this wait's wake-up: it is there.
+        waiter = self._waiters.pop(step)
+        if reason == "final":  # bounded by the stop's deadline: abandoned when it comes
+            info: CheckpointInfo | None = await waiter.wait(self.abandon, grace_secs=_ABANDON_GRACE_SECS)
+        else:
+            info = await waiter.wait()
+        self.raise_pending()
+        return info
+
+    async def final_save(self) -> None:
+        """The stop's final checkpoint (the runtime skips it when state is suspect).
+
+        In multi-worker training only for a stop every worker reaches at the same step.
+        """
+        reason = self.rt.control.reason
+        if self.multi_worker and reason not in AGREED_STOP_REASONS:
+            log.warning(
+                "checkpoint.skipped",
+                reason="final",
+                step=self.rt.step,
+                why=f"multi-worker: the other workers may not stop at this step (stop reason {reason})",
+            )
+            return
+        await self.save("final", force=True, wait=True)
+
+    async def aclose(self) -> None:
+        """At stop: wait for writes in flight (abandoned at the stop's deadline); raise an
+        error none has raised yet."""
+        await self.drain(abandon_on_cancel=True)
+        self.raise_pending()
+
+
+class CheckpointService(Service):
+    """Saves every ``interval_secs`` (and once at start-up after an init).
+
+    Args:
+        saver: the session's save coordinator.
+        interval_secs: seconds between timed saves; 0 for none.
+        save_at_start: take a checkpoint right away (the state was initialised).
+    """
+
+    name = "checkpoint"
+
+    def __init__(self, saver: CheckpointSaver, interval_secs: float, *, save_at_start: bool) -> None:
+        self.saver = saver
+        self.interval_secs = interval_secs
+        self.save_at_start = save_at_start
+
+    async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
+        """Take the start-up checkpoint, then one per tick until cancelled."""
+        if self.save_at_start:
+            await self.saver.save("startup", force=True)
+            self.save_at_start = False  # a restart of this service must not redo it
+        task_status.started()
+        ctx.set_service_state(self.name, "running")
+        if self.interval_secs <= 0:
+            return
+        first = ctx.clock.now() + self.interval_secs
+        async for _ in interval_ticks(ctx.clock, self.interval_secs, first_at=first):
+            await self.saver.save("timer")
+
+
+def restore_on_startup(rt: Runtime) -> bool:
+    """On the step thread at start-up: set up checkpointing and restore the latest good one.
+
+    Returns whether a checkpoint was restored. Called again for each start-up retry
+    (``Runtime._start_up``): a transient error raised here sets nothing aside.
+
+    Raises:
+        CheckpointError: another model's checkpoint, or checkpoint files of which none loads.
+        tf.errors.AbortedError, tf.errors.UnavailableError: transient; the caller retries.
+    """
+    config = rt.config
+    if config.logdir is None:
+        return False
+    checkpointer = Checkpointer(
+        rt.checkpoint,
+        config.logdir,
+        basename=config.checkpoint_basename,
+        max_to_keep=config.max_to_keep,
+        keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
+    )
+    worker_writer = None
+    if config.is_chief:
+        checkpointer.prepare()
+    elif config.multi_worker:
+        assert config.cluster is not None
+        worker_writer = WorkerTempWriter(config.logdir, config.cluster, basename=config.checkpoint_basename)
+        worker_writer.clean_leftovers()
+    rt.checkpointer = checkpointer
+    path = checkpointer.restore()
+    if path is not None:
+        rt.restored_from = path
+        rt.last_checkpoint = checkpointer.last
+        rt.step = int(rt.global_step_var.numpy())
+        log.info("session.restored", step=rt.step, path=path)
+    if config.is_chief or worker_writer is not None:
+        rt.saver = CheckpointSaver(
+            rt,
+            checkpointer,
+            save_steps=config.save_model_steps,
+            write=None if worker_writer is None else worker_writer.write,
+            multi_worker=config.multi_worker,
+            when_busy=config.checkpoint_when_busy,
+        )
+        rt.saver.arm()
+    return path is not None
+
+
+def services_for(rt: Runtime) -> list[Service]:
+    """The checkpoint service of ``rt`` (chief, or any worker of a multi-worker
+    training, with a logdir and saving enabled)."""
+    saver = rt.saver
+    config = rt.config
+    if saver is None:
+        return []
+    if config.save_model_secs <= 0 and config.save_model_steps is None:
+        return []  # saving disabled: no start-up, timed or final checkpoint
+    rt.final_save.append(saver.final_save)
+    rt.closers.append(saver.aclose)
+    if config.multi_worker:  # steps only, the same on every worker (see _multi_worker)
+        return [CheckpointService(saver, 0, save_at_start=False)]
+    return [CheckpointService(saver, config.save_model_secs, save_at_start=rt.restored_from is None)]

@@ -1,0 +1,148 @@
+"""``watch_checkpoints``: each newly committed checkpoint, once, for sidecar evaluators.
+
+An evaluator process (or task) follows a training's ``logdir``::
+
+    async with asv.watch_checkpoints("runs/exp1", timeout=3600) as checkpoints:
+        async for path in checkpoints:
+            evaluate(path)        # tf.train.Checkpoint(...).restore(path)
+
+Only committed checkpoints are seen: the watcher reads the ``checkpoint`` state file,
+which names a checkpoint only after its files are complete and synced. The file is read
+on a short-lived dedicated thread per poll (never on the event loop, and nothing is left
+running when the loop over it is left early); time comes from an injectable clock.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from types import TracebackType
+
+from .._core._clock import Clock, MonotonicClock
+from .._core._handoff import LoopHandle
+from .._core._threads import DedicatedThread
+from .._logging import get_logger
+from .files._commit import read_state, step_of
+
+__all__ = ["CheckpointWatcher", "watch_checkpoints"]
+
+log = get_logger(__name__)
+
+
+def _committed(logdir: Path) -> list[str]:
+    """Committed checkpoint prefixes named in the state file, oldest first (absolute)."""
+    state = read_state(logdir)
+    if state is None:
+        return []
+    out = []
+    for rel in state.paths:
+        path = Path(rel) if os.path.isabs(rel) else logdir / rel
+        if Path(f"{path}.index").exists():
+            out.append(str(path))
+    return out
+
+
+class CheckpointWatcher:
+    """Async iterator over newly committed checkpoints of one directory.
+
+    Create it with :func:`watch_checkpoints`. Also an async context manager, for
+    symmetry with other resources; it holds nothing between polls.
+    """
+
+    def __init__(self, logdir: Path, *, timeout: float | None, interval_secs: float, clock: Clock | None) -> None:
+        self.logdir = logdir
+        self.timeout = timeout
+        self.interval_secs = interval_secs
+        self._clock = clock
+        self._seen_step = -1
+        self._seen: set[str] = set()
+        self._pending: list[str] = []
+
+    def __aiter__(self) -> CheckpointWatcher:
+        return self
+
+    async def __aenter__(self) -> CheckpointWatcher:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+    async def _poll(self) -> list[str]:
+        thread = DedicatedThread("asv-watch-checkpoints", LoopHandle())
+        thread.start()
+        try:
+            committed: list[str] = await thread.call(_committed, self.logdir)
+            return committed
+        finally:
+            await thread.aclose()
+
+    async def __anext__(self) -> str:
+        """The next checkpoint committed after the last one yielded.
+
+        Raises:
+            StopAsyncIteration: ``timeout`` seconds passed without a new checkpoint.
+        """
+        clock = self._clock = self._clock or MonotonicClock()
+        deadline = math.inf if self.timeout is None else clock.now() + self.timeout
+        while not self._pending:
+            for path in await self._poll():
+                step = step_of(os.path.basename(path))
+                if path in self._seen or (step is not None and step <= self._seen_step):
+                    continue
+                self._pending.append(path)
+            if self._pending:
+                break
+            now = clock.now()
+            if now >= deadline:
+                log.info("watch.timeout", logdir=str(self.logdir), timeout_secs=self.timeout)
+                raise StopAsyncIteration
+            await clock.sleep_until(min(deadline, now + self.interval_secs))
+        path = self._pending.pop(0)
+        self._seen.add(path)
+        step = step_of(os.path.basename(path))
+        if step is not None:
+            self._seen_step = max(self._seen_step, step)
+        log.info("watch.checkpoint", path=path, step=step)
+        return path
+
+
+def watch_checkpoints(
+    logdir: str | os.PathLike[str],
+    *,
+    timeout: float | None = None,
+    interval_secs: float = 1.0,
+    clock: Clock | None = None,
+) -> CheckpointWatcher:
+    """Yield each newly committed checkpoint path in ``logdir`` once, oldest first.
+
+    The first iteration yields the checkpoints already committed (those the state file
+    still lists), then waits for new ones, checking every ``interval_secs``.
+
+    Args:
+        logdir: the training's log directory (it may not exist yet).
+        timeout: stop after this many seconds without a new checkpoint; ``None`` waits
+            forever.
+        interval_secs: seconds between checks of the state file.
+        clock: time source (tests pass a manual clock).
+
+    Returns:
+        An async iterator of checkpoint path prefixes, each restorable with
+        ``tf.train.Checkpoint(...).restore(path)``.
+
+    Raises:
+        ValueError: ``timeout`` or ``interval_secs`` is negative or not a number, or
+            ``logdir`` is a file.
+    """
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0):
+        raise ValueError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
+    if isinstance(interval_secs, bool) or not isinstance(interval_secs, (int, float)) or not (
+        interval_secs > 0 and math.isfinite(interval_secs)
+    ):
+        raise ValueError(f"interval_secs must be a positive number of seconds, got {interval_secs!r}")
+    path = Path(logdir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"logdir {str(path)!r} exists and is not a directory")
+    return CheckpointWatcher(path, timeout=timeout, interval_secs=float(interval_secs), clock=clock)

@@ -1,0 +1,1 @@
+"""Plain file work of checkpoints: names, the state file, commits, writeback, retention."""

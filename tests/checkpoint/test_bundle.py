@@ -1,0 +1,131 @@
+"""Our tensor-bundle writer: plain TensorFlow reads what it writes, checksums included."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from asupervisor._checkpoint import _bundle
+from asupervisor._checkpoint import _manager as _checkpoint
+
+pytestmark = [
+    pytest.mark.usefixtures("no_new_threads"),
+    pytest.mark.skipif(not _bundle.available(), reason="google-crc32c's C library is not installed"),
+]
+
+
+def varied_state() -> dict[str, Any]:
+    """Every dtype the writer handles, odd shapes, and many small variables."""
+    return {
+        "f32": tf.Variable(tf.random.uniform([37, 5], seed=1)),
+        "f64": tf.Variable(tf.random.uniform([3], dtype=tf.float64, seed=2)),
+        "f16": tf.Variable(tf.constant([1.5, -2.25], tf.float16)),
+        "bf16": tf.Variable(tf.constant([0.5, 3.0, -1.0], tf.bfloat16)),
+        "i8": tf.Variable(tf.constant([-3, 7], tf.int8)),
+        "u8": tf.Variable(tf.constant([[1, 255]], tf.uint8)),
+        "i16": tf.Variable(tf.constant([-300], tf.int16)),
+        "u16": tf.Variable(tf.constant([65000], tf.uint16)),
+        "i32": tf.Variable(tf.constant([[1, -2], [3, 4]], tf.int32)),
+        "u32": tf.Variable(tf.constant([4_000_000_000], tf.uint32)),
+        "i64": tf.Variable(tf.constant(-(2**40), tf.int64)),
+        "u64": tf.Variable(tf.constant([2**63], tf.uint64)),
+        "c64": tf.Variable(tf.constant([1 + 2j], tf.complex64)),
+        "c128": tf.Variable(tf.constant([3 - 4j], tf.complex128)),
+        "flag": tf.Variable(True),
+        "empty": tf.Variable(tf.zeros([0, 4])),
+        "scalars": [tf.Variable(float(i), name=f"s{i}") for i in range(300)],
+    }
+
+
+def zeros_like(state: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: [tf.Variable(0.0) for _ in v] if isinstance(v, list) else tf.Variable(tf.zeros_like(v)) for k, v in state.items()
+    }
+
+
+def flat(state: dict[str, Any]) -> list[Any]:
+    out: list[Any] = []
+    for v in state.values():
+        out.extend(v if isinstance(v, list) else [v])
+    return out
+
+
+def write(state: dict[str, Any], prefix: Path, shards: int = 1) -> _checkpoint.Snapshot:
+    snap = _checkpoint.take_snapshot(tf.train.Checkpoint(**state), 1)
+    assert all(_bundle.encodable(t, s) for t, s in zip(snap.tensors, snap.slices))
+    groups = [list(range(j, len(snap.keys), shards)) for j in range(shards)]
+    _bundle.write_bundle(str(prefix), snap.keys, snap.tensors, groups)
+    return snap
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_plain_tf_restores_every_handled_dtype(tmp_path: Path, shards: int) -> None:
+    """Checkpoint.restore of our bundle (1 or 3 data files) matches every object and value."""
+    state = varied_state()
+    write(state, tmp_path / "ckpt", shards)
+    data = sorted(n for n in os.listdir(tmp_path) if ".data-" in n)
+    assert data == [f"ckpt.data-{j:05d}-of-{shards:05d}" for j in range(shards)]
+    fresh = zeros_like(state)
+    tf.train.Checkpoint(**fresh).restore(str(tmp_path / "ckpt")).assert_consumed()
+    for a, b in zip(flat(state), flat(fresh)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert np.array_equal(a.numpy(), b.numpy())
+
+
+def test_load_checkpoint_reads_the_same_as_from_save_v2(tmp_path: Path) -> None:
+    """tf.train.load_checkpoint sees the same keys, shapes, dtypes and values as in SaveV2's files."""
+    state = varied_state()
+    snap = write(state, tmp_path / "ours")
+    _checkpoint._save_v2(snap, str(tmp_path / "tf"), [list(range(len(snap.keys)))])
+    ours, theirs = tf.train.load_checkpoint(str(tmp_path / "ours")), tf.train.load_checkpoint(str(tmp_path / "tf"))
+    assert ours.get_variable_to_shape_map() == theirs.get_variable_to_shape_map()
+    assert ours.get_variable_to_dtype_map() == theirs.get_variable_to_dtype_map()
+    for key in theirs.get_variable_to_shape_map():
+        assert np.array_equal(ours.get_tensor(key), theirs.get_tensor(key)), key
+    # the object graph is a string tensor in TF's encoding, read back byte for byte
+    assert ours.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH") == theirs.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
+
+
+def test_index_over_several_table_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index larger than one table block (here 100 bytes) is read through its block index."""
+    monkeypatch.setattr(_bundle, "_BLOCK_SIZE", 100)
+    state = varied_state()
+    write(state, tmp_path / "ckpt")
+    fresh = zeros_like(state)
+    tf.train.Checkpoint(**fresh).restore(str(tmp_path / "ckpt")).assert_consumed()
+    assert [float(v) for v in fresh["scalars"]] == [float(i) for i in range(300)]
+
+
+@pytest.mark.parametrize("where", ["data", "index"])
+def test_tensorflow_detects_a_flipped_byte(tmp_path: Path, where: str) -> None:
+    """TF's reader checks our checksums: one flipped byte in the data or the index is an error."""
+    big = tf.Variable(tf.random.uniform([1000], seed=3))
+    write({"big": big}, tmp_path / "ckpt")
+    path = tmp_path / ("ckpt.data-00000-of-00001" if where == "data" else "ckpt.index")
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2 if where == "index" else 100] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with pytest.raises((tf.errors.DataLossError, tf.errors.OpError, ValueError)):
+        tf.train.Checkpoint(big=tf.Variable(tf.zeros([1000]))).restore(str(tmp_path / "ckpt")).assert_consumed()
+
+
+def test_variant_tensors_are_left_to_save_v2_and_merged(tmp_path: Path) -> None:
+    """A tf.data iterator's state (a variant tensor) is not ours to write: SaveV2 writes it,
+    our writer the rest, and one merged checkpoint restores both."""
+    it = iter(tf.data.Dataset.range(10))
+    next(it)
+    big = tf.Variable(tf.random.uniform([1000], seed=4))
+    ckpt = tf.train.Checkpoint(it=it, w=big)
+    snap = _checkpoint.take_snapshot(ckpt, 1)
+    assert [_bundle.encodable(t, s) for t, s in zip(snap.tensors, snap.slices)].count(False) == 1
+    _checkpoint.write_snapshot(snap, str(tmp_path / "ckpt"))
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.data-00000-of-00002", "ckpt.data-00001-of-00002", "ckpt.index"]
+    it2 = iter(tf.data.Dataset.range(10))
+    fresh = tf.Variable(tf.zeros([1000]))
+    tf.train.Checkpoint(it=it2, w=fresh).restore(str(tmp_path / "ckpt")).assert_consumed()
+    assert int(next(it2)) == 1 and np.array_equal(fresh.numpy(), big.numpy())

@@ -1,0 +1,260 @@
+"""Multi-worker saving: distributed variables in snapshots, the non-chief's temporary saves.
+
+The two-process tests start real ``MultiWorkerMirroredStrategy`` workers
+(``scripts/mw_train.py``) on localhost ports; the others run in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import asupervisor as asv
+from asupervisor._checkpoint._manager import restore_path, take_snapshot, write_snapshot
+from asupervisor._checkpoint._multi_worker import temp_prefix
+from asupervisor._checkpoint.files import _commit as files
+from asupervisor.testing import ManualClock, capture_logs
+
+pytestmark = pytest.mark.usefixtures("no_new_threads")
+
+
+def test_snapshot_of_strategy_variables_is_read_at_the_boundary(tmp_path: Path) -> None:
+    """Keras and tf.Variables made under a strategy are read when snapshotted, not when written.
+
+    Keras 3 hands TF's checkpoint walk the distributed variable itself; the snapshot must
+    read it there (a SyncOnRead read is a collective in multi-worker training), so updates
+    after the snapshot do not leak into the checkpoint. The model check then matches
+    variables TF wraps for saving, so the checkpoint restores.
+    """
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        dense = tf.keras.layers.Dense(2, kernel_initializer="ones")
+        dense.build((None, 3))
+        mean = tf.keras.metrics.Mean()
+        total = tf.Variable(
+            5.0, synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM
+        )
+    mean.update_state(4.0)
+    ckpt = tf.train.Checkpoint(dense=dense, mean=list(mean.variables), total=total)
+    snap = take_snapshot(ckpt, 1)
+    assert all(isinstance(t, tf.Tensor) for t in snap.tensors)
+    dense.kernel.assign(tf.fill([3, 2], 7.0))  # after the boundary: not in the checkpoint
+    mean.update_state(10.0)
+    total.assign(9.0)
+    write_snapshot(snap, str(tmp_path / "ckpt-1"))
+    restore_path(ckpt, str(tmp_path / "ckpt-1"))
+    assert dense.kernel.numpy().tolist() == [[1.0, 1.0]] * 3
+    assert float(mean.result()) == 4.0
+    assert float(total.read_value()) == 5.0
+
+
+# -- the trigger rule and the non-chief's saves, in this process (plain variables) ------
+
+CLUSTER = {"chief": ["localhost:1"], "worker": ["localhost:2"]}
+
+
+def as_task(monkeypatch: pytest.MonkeyPatch, task: str) -> None:
+    """Make this process ``task`` 0 of a chief + worker cluster, as TF_CONFIG says."""
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": CLUSTER, "task": {"type": task, "index": 0}}))
+
+
+def make_sv(logdir: Path, v: Any, **kwargs: Any) -> asv.Supervisor:
+    kwargs.setdefault("save_model_steps", 2)
+    kwargs.setdefault("clock", ManualClock())
+    return asv.Supervisor(logdir, state={"v": v}, save_summaries_secs=0, handle_signals=False, **kwargs)
+
+
+def test_multi_worker_saving_needs_a_step_cadence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A timer fires at different steps on different workers: seconds alone are refused."""
+    as_task(monkeypatch, "worker")
+    v = tf.Variable(0)
+    with pytest.raises(ValueError, match=r"save_model_secs=600 without save_model_steps.*2 workers"):
+        make_sv(tmp_path, v, save_model_steps=None)
+    assert make_sv(tmp_path, v, save_model_steps=None, save_model_secs=0).config.multi_worker  # no saving
+    assert make_sv(tmp_path, v).config.multi_worker  # steps given, the timer is not used
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a"]}, "task": {"type": "worker", "index": 0}}))
+    assert not make_sv(tmp_path, v, save_model_steps=None).config.multi_worker  # one worker
+
+
+@pytest.mark.anyio
+async def test_chief_saves_by_steps_only_and_final_save_needs_an_agreed_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chief of a multi-worker job: no start-up save, no timer, no save_now; a final
+    save after max_steps, none after a stop only this process asked for."""
+    as_task(monkeypatch, "chief")
+    v = tf.Variable(0)
+    clock = ManualClock()
+    sv = make_sv(tmp_path, v, save_model_secs=1, clock=clock)
+    with capture_logs() as events:
+        async with sv.managed_session() as sess:
+            await sess.run(v.assign_add, 1)
+            clock.advance(5)  # would fire a timer of 1 s (none runs in multi-worker training)
+            with pytest.raises(RuntimeError, match="multi-worker"):
+                await sv.save_now()
+            await sess.run_loop(lambda: v.assign_add(1), max_steps=5)
+    assert [e["step"] for e in events if e["event"] == "checkpoint.saved"] == [2, 4, 5]
+    sv = make_sv(tmp_path, v)
+    with capture_logs() as events:
+        async with sv.managed_session() as sess:
+            await sess.run(v.assign_add, 1)  # step 6: a step save
+            await sess.run(v.assign_add, 1)
+            sess.request_stop()  # this process only: the others go on past step 7
+    assert [e["step"] for e in events if e["event"] == "checkpoint.saved"] == [6]
+    assert any(e["event"] == "checkpoint.skipped" and e["reason"] == "final" for e in events)
+    assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-6")
+
+
+@pytest.mark.anyio
+async def test_non_chief_restores_the_chiefs_checkpoint_and_saves_only_to_a_temp_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A non-chief restores the chief's latest, saves at the same steps into temporary
+    directories it removes, and leaves logdir exactly as it was."""
+    logdir, tmp = tmp_path / "logdir", tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    as_task(monkeypatch, "chief")
+    v = tf.Variable(0)
+    async with make_sv(logdir, v).managed_session() as sess:
+        await sess.run_loop(lambda: v.assign_add(1), max_steps=4)
+    before = {name: (logdir / name).stat().st_mtime_ns for name in os.listdir(logdir)}
+    as_task(monkeypatch, "worker")
+    v.assign(-1)
+    sv = make_sv(logdir, v)
+    with capture_logs() as events:
+        async with sv.managed_session() as sess:
+            assert sv.global_step == 4 and int(v.numpy()) == 4 and not sv.is_chief
+            await sess.run_loop(lambda: v.assign_add(1), max_steps=7)
+    saved = [e for e in events if e["event"] == "checkpoint.worker_saved"]
+    assert [e["step"] for e in saved] == [6, 7]  # steps, then the final save at max_steps
+    assert all(Path(e["tmp"]).parent == tmp and not Path(e["tmp"]).exists() for e in saved)
+    assert os.listdir(tmp) == []
+    assert {name: (logdir / name).stat().st_mtime_ns for name in os.listdir(logdir)} == before
+    assert not [e for e in events if e["event"] == "checkpoint.saved"]
+
+
+# -- two real worker processes ------------------------------------------------------
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "scripts" / "mw_train.py"
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("localhost", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _run_cluster(tmp_path: Path, logdir: Path, max_steps: int, save_steps: int, backend: str) -> list[list[str]]:
+    """Run the chief and one worker to ``max_steps``; their stdout lines (chief first)."""
+    chief_port, worker_port = _free_ports(2)
+    cluster = {"chief": [f"localhost:{chief_port}"], "worker": [f"localhost:{worker_port}"]}
+    procs = []
+    for task in ("chief", "worker"):
+        tmpdir = tmp_path / f"tmp-{task}"
+        tmpdir.mkdir(exist_ok=True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+            "TF_CPP_MIN_LOG_LEVEL": "3",
+            "TMPDIR": str(tmpdir),
+            "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task, "index": 0}}),
+        }
+        args = [sys.executable, str(SCRIPT), str(logdir), str(max_steps), str(save_steps), backend]
+        args.append(str(tmp_path / f"{task}.npz"))
+        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    results: list[tuple[str, str]] = []
+    try:
+        for proc in procs:
+            results.append(proc.communicate(timeout=60))  # a collective out of step hangs: fail
+    finally:
+        for proc in procs[len(results) :]:
+            proc.kill()  # SIGKILL: TensorFlow's multi-worker runtime handles SIGTERM
+            proc.communicate()
+    for proc, (_, err) in zip(procs, results):
+        assert proc.returncode == 0, err[-3000:]
+    return [out.splitlines() for out, _ in results]
+
+
+def _saves(lines: list[str], tag: str) -> list[int]:
+    return [int(line.split()[1]) for line in lines if line.split()[0] == tag]
+
+
+@pytest.mark.timeout(120)
+def test_two_workers_save_together_only_the_chief_writes_and_both_resume(tmp_path: Path) -> None:
+    """MultiWorkerMirroredStrategy, chief + worker, SyncOnRead variables in the state.
+
+    Both take part in every save at the same steps (a snapshot out of step would hang or
+    fail a collective); only the chief writes logdir; the worker's temporary directories
+    are gone, leftovers of an earlier run too; both end with the same weights; a second
+    run of both resumes from the chief's latest checkpoint.
+    """
+    logdir = tmp_path / "logdir"
+    chief, worker = _run_cluster(tmp_path, logdir, 7, 3, "asyncio")
+    assert "RESTORED 0 None" in chief and "RESTORED 0 None" in worker
+    assert _saves(chief, "SAVED") == [3, 6, 7]  # steps, then the final save at max_steps
+    assert _saves(worker, "WORKER_SAVED") == [3, 6, 7]
+    assert _saves(chief, "WORKER_SAVED") == [] and _saves(worker, "SAVED") == []
+    assert not [line for line in chief + worker if line.startswith("ERROR")]
+    worker_tmp = tmp_path / "tmp-worker"
+    for line in worker:
+        if line.startswith("WORKER_SAVED"):
+            used = Path(line.split()[2])
+            assert used.parent == worker_tmp and not used.exists()
+    assert os.listdir(worker_tmp) == [] and os.listdir(tmp_path / "tmp-chief") == []
+    assert sorted(os.listdir(logdir)) == sorted(
+        ["checkpoint"] + [f"model.ckpt-{s}.{ext}" for s in (3, 6, 7) for ext in ("index", "data-00000-of-00001")]
+    )
+    state = files.read_state(logdir)
+    assert state is not None and state.latest == "model.ckpt-7"
+    assert state.paths == ["model.ckpt-3", "model.ckpt-6", "model.ckpt-7"]
+    a, b = np.load(tmp_path / "chief.npz"), np.load(tmp_path / "worker.npz")
+    assert sorted(a.files) == sorted(b.files) and all(a[k].tobytes() == b[k].tobytes() for k in a.files)
+    assert float(a["counter"]) == 14.0  # 7 steps on each of 2 workers, summed on read
+
+    worker_config = {"cluster": {"chief": ["a"], "worker": ["b"]}, "task": {"type": "worker", "index": 0}}
+    cluster = asv.cluster_info({"TF_CONFIG": json.dumps(worker_config)})
+    (worker_tmp / f"{temp_prefix(logdir, cluster)}left-by-a-crash").mkdir()
+    (worker_tmp / "someone-elses").mkdir()
+    chief, worker = _run_cluster(tmp_path, logdir, 12, 3, "trio")
+    restored = f"RESTORED 7 CheckpointInfo(path='{logdir / 'model.ckpt-7'}'"
+    assert chief[0].startswith(restored) and worker[0].startswith(restored)
+    assert _saves(chief, "SAVED") == [9, 12] and _saves(worker, "WORKER_SAVED") == [9, 12]
+    assert chief[-1] == worker[-1] == "DONE 12 max_steps"
+    assert os.listdir(worker_tmp) == ["someone-elses"]
+    assert tf.train.latest_checkpoint(str(logdir)) == str(logdir / "model.ckpt-12")
+    a, b = np.load(tmp_path / "chief.npz"), np.load(tmp_path / "worker.npz")
+    assert all(a[k].tobytes() == b[k].tobytes() for k in a.files)
+    assert float(a["counter"]) == 24.0
+
+
+@pytest.mark.anyio
+async def test_chief_only_checkpoint_hooks_are_refused_in_multi_worker_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CheckpointSaverHook (or MonitoredTrainingSession's) saves on one worker alone: a clear error, not a hang."""
+    as_task(monkeypatch, "chief")
+    v = tf.Variable(0)
+    with pytest.raises(ValueError, match=r"MonitoredTrainingSession .* 2 workers"):
+        asv.MonitoredTrainingSession(tmp_path, state={"v": v}, save_checkpoint_steps=2)
+    hook = asv.CheckpointSaverHook(tmp_path, save_steps=2)
+    with pytest.raises(ValueError, match=r"CheckpointSaverHook .* 2 workers"):
+        async with make_sv(tmp_path, v, hooks=[hook]).managed_session():
+            pass
+    assert tf.train.latest_checkpoint(str(tmp_path)) is None

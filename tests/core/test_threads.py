@@ -1,0 +1,130 @@
+"""The dedicated thread and the thread-to-loop hand-off."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import pytest
+
+from asupervisor._core._handoff import LoopHandle
+from asupervisor._core._threads import DedicatedThread, ThreadClosedError
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_jobs_run_in_order_on_one_thread(no_new_threads: None) -> None:
+    """Submitted callables run FIFO on the same named thread; results come back."""
+    thread = DedicatedThread("asv-test", LoopHandle())
+    thread.start()
+    order: list[int] = []
+    idents: set[int] = set()
+
+    def job(i: int) -> int:
+        order.append(i)
+        idents.add(threading.get_ident())
+        return i * i
+
+    waiters = [thread.submit(job, i) for i in range(20)]
+    results = [await w.wait() for w in waiters]
+    await thread.aclose()
+    assert order == list(range(20))
+    assert results == [i * i for i in range(20)]
+    assert idents == {thread.ident}
+    assert not thread.is_alive()
+
+
+async def test_nowait_jobs_run_in_order_with_the_others(no_new_threads: None) -> None:
+    """``submit_nowait`` jobs take their turn in the FIFO; nothing is handed back for them."""
+    thread = DedicatedThread("asv-test", LoopHandle())
+    thread.start()
+    order: list[int] = []
+    for i in range(5):
+        thread.submit_nowait(order.append, i)
+    await thread.call(order.append, 5)
+    await thread.aclose()
+    assert order == list(range(6))
+    with pytest.raises(ThreadClosedError):
+        thread.submit_nowait(order.append, 6)
+
+
+async def test_errors_cross_the_hand_off_as_themselves() -> None:
+    """An exception in a job is raised to the awaiting task unchanged."""
+    thread = DedicatedThread("asv-test", LoopHandle())
+    thread.start()
+    error = ValueError("in the thread")
+
+    def fail() -> None:
+        raise error
+
+    with pytest.raises(ValueError) as info:
+        await thread.call(fail)
+    assert info.value is error
+    await thread.aclose()
+
+
+async def test_boundary_jobs_jump_the_queue() -> None:
+    """A boundary job runs before ordinary jobs queued earlier but not yet started."""
+    thread = DedicatedThread("asv-test", LoopHandle())
+    thread.start()
+    gate, running = threading.Event(), threading.Event()
+    order: list[str] = []
+    first = thread.submit(lambda: (running.set(), gate.wait(10), order.append("running")))
+    queued = thread.submit(order.append, "queued")
+    await anyio.to_thread.run_sync(running.wait, 10)
+    boundary = thread.submit_at_boundary(order.append, "boundary")
+    gate.set()
+    await first.wait()
+    await queued.wait()
+    await boundary.wait()
+    await thread.aclose()
+    assert order == ["running", "boundary", "queued"]
+
+
+async def test_cancelled_wait_lets_the_job_finish() -> None:
+    """Cancelling the awaiting task does not abandon the job: the wait goes on, shielded."""
+    thread = DedicatedThread("asv-test", LoopHandle())
+    thread.start()
+    started, release = threading.Event(), threading.Event()
+    done: list[bool] = []
+    halted: list[bool] = []
+
+    def job() -> None:
+        started.set()
+        release.wait(10)
+        done.append(True)
+
+    async def release_soon() -> None:
+        await anyio.to_thread.run_sync(started.wait, 10)
+        scope.cancel()
+        await anyio.sleep(0.05)
+        release.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(release_soon)
+        with anyio.CancelScope() as scope:
+            await thread.submit(job).wait(lambda: halted.append(True))
+    assert done == [True]
+    assert halted == [True]
+    await thread.aclose()
+
+
+async def test_closed_thread_refuses_work() -> None:
+    """Submitting to a closed thread raises ThreadClosedError."""
+    thread = DedicatedThread("asv-test", LoopHandle())
+    thread.start()
+    await thread.aclose()
+    with pytest.raises(ThreadClosedError, match="asv-test"):
+        thread.submit(print)
+
+
+async def test_loop_handle_runs_callbacks_from_other_threads() -> None:
+    """call_from_any_thread runs inline on the loop thread and is scheduled from others."""
+    handle = LoopHandle()
+    assert handle.in_loop_thread()
+    seen: list[int] = []
+    handle.call_from_any_thread(lambda: seen.append(threading.get_ident()))
+    assert seen == [threading.get_ident()]
+    waiter = handle.waiter()
+    threading.Thread(target=lambda: handle.call_from_any_thread(lambda: waiter.set_result(threading.get_ident()))).start()
+    assert await waiter.wait() == threading.get_ident()
