@@ -41,6 +41,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from .._core._clock import interval_ticks
 from .._core._services import Service
 from .._core._threads import ThreadClosedError
@@ -70,6 +72,16 @@ def _noop() -> None:
 WHEN_BUSY = ("wait", "skip")
 #: how long an abandoned final save may take to wind down (remove its files)
 _ABANDON_GRACE_SECS = 1.0
+
+
+class _Launched:
+    """The hand-off of one waited-for save: the writer's waiter, once the loop launched it."""
+
+    __slots__ = ("event", "waiter")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.waiter: Waiter[Any] | None = None
 
 
 class CheckpointSaver:
@@ -108,7 +120,6 @@ class CheckpointSaver:
         self._writer: DedicatedThread | None = None
         self._in_flight = 0
         self._error: BaseException | None = None
-        self._waiters: dict[int, Waiter[Any]] = {}
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when a write ends, or on stop
         rt.step_wakers.append(self._wake)
@@ -132,7 +143,7 @@ class CheckpointSaver:
         if error is not None:
             self.rt.control.request_stop(error, reason="service:checkpoint")
             return
-        self._snapshot("steps", force=self.multi_worker, keep=False)
+        self._snapshot("steps", force=self.multi_worker)
 
     def _wait_for_writer(self) -> None:
         """On the step thread: wait until no write is in flight, or the session stops."""
@@ -150,12 +161,12 @@ class CheckpointSaver:
         with self._lock:
             self._idle.notify_all()
 
-    def _snapshot(self, reason: str, *, force: bool, keep: bool) -> int | None:
+    def _snapshot(self, reason: str, *, force: bool, keep: _Launched | None = None) -> int | None:
         """Snapshot now and hand it to the writer; returns the step, ``None`` if skipped.
 
         The hand-off to the writer happens here, whatever becomes of the caller (a
         cancelled ``save()`` must not lose a snapshot it asked for). With ``keep`` the
-        write's waiter is kept for ``save()`` under the step.
+        write's waiter is handed to ``save()`` through it once launched.
         """
         rt = self.rt
         if rt.recovering:
@@ -215,7 +226,7 @@ class CheckpointSaver:
 
     # -- event loop ------------------------------------------------------------------
 
-    def _launch(self, snap: Snapshot, keep: bool) -> None:
+    def _launch(self, snap: Snapshot, keep: _Launched | None) -> None:
         try:
             if self._writer is None:
                 self._writer = self.rt.new_thread("asv-checkpoint")
@@ -227,11 +238,10 @@ class CheckpointSaver:
                 self._idle.notify_all()
                 if self._error is None:
                     self._error = exc
-            return
-        if keep:
-            # a save() cancelled before it took its waiter leaves it here: drop finished ones
-            self._waiters = {k: w for k, w in self._waiters.items() if not w.done}
-            self._waiters[snap.step] = waiter
+            waiter = None
+        if keep is not None:
+            keep.waiter = waiter
+            keep.event.set()
 
     def _take_error(self) -> BaseException | None:
         with self._lock:
@@ -292,15 +302,22 @@ class CheckpointSaver:
                 log.info("checkpoint.waited", reason=reason, step=self.rt.step, secs=round(time.perf_counter() - t0, 4))
                 self.raise_pending()
             force = True
-        step = await self.rt.step_thread.submit_at_boundary(self._snapshot, reason, force=force, keep=wait).wait()
+        launched = _Launched() if wait else None
+        step = await self.rt.step_thread.submit_at_boundary(self._snapshot, reason, force=force, keep=launched).wait()
         if step is None or not wait:
             if wait:  # this step is saved already, or being written
                 await self.drain(abandon_on_cancel=reason == "final")
                 self.raise_pending()
                 return self.checkpointer.last
             return None
-        # The launch was scheduled on the loop before this wait's wake-up: it is there.
-        waiter = self._waiters.pop(step)
+        # The launch was scheduled on the loop by the snapshot job; this wait may have
+        # returned before it ran (its result was set first), so wait for it.
+        assert launched is not None
+        await launched.event.wait()
+        waiter = launched.waiter
+        if waiter is None:  # the writer thread was already closed
+            self.raise_pending()
+            return None
         if reason == "final":  # bounded by the stop's deadline: abandoned when it comes
             info: CheckpointInfo | None = await waiter.wait(self.abandon, grace_secs=_ABANDON_GRACE_SECS)
         else:
