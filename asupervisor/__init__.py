@@ -21,6 +21,7 @@ from ._checkpoint._watch import CheckpointWatcher as CheckpointWatcher
 from ._checkpoint._watch import watch_checkpoints as watch_checkpoints
 from ._cluster import ClusterInfo as ClusterInfo
 from ._cluster import cluster_info as cluster_info
+from ._core._abc import ServiceContext as ServiceContext
 from ._core._clock import Clock as Clock
 from ._core._clock import MonotonicClock as MonotonicClock
 from ._core._hooks import SessionRunContext as SessionRunContext
@@ -29,10 +30,10 @@ from ._core._hooks import SessionRunValues as SessionRunValues
 from ._core._services import LoopedService as LoopedService
 from ._core._services import RestartPolicy as RestartPolicy
 from ._core._services import Service as Service
-from ._core._services import ServiceContext as ServiceContext
 from ._core._session import Session as Session
 from ._core._session import StepContext as StepContext
 from ._core._status import CheckpointInfo as CheckpointInfo
+from ._core._status import QueueStatistics as QueueStatistics
 from ._core._status import Status as Status
 from ._exceptions import CheckpointError as CheckpointError
 from ._exceptions import DeadlineExceededError as DeadlineExceededError
@@ -40,7 +41,6 @@ from ._exceptions import NanLossDuringTrainingError as NanLossDuringTrainingErro
 from ._exceptions import ServiceError as ServiceError
 from ._exceptions import SupervisorError as SupervisorError
 from ._input._queue_runner import QueueRunner as QueueRunner
-from ._input._queue_runner import QueueStatistics as QueueStatistics
 from ._logging import configure_logging as configure_logging
 from ._monitored_session import MonitoredTrainingSession as MonitoredTrainingSession
 from ._session_manager import SessionManager as SessionManager

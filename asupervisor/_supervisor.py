@@ -12,8 +12,10 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from ._assembly import session_parts
 from ._cluster import cluster_info
 from ._config import SupervisorConfig
+from ._core._abc import CheckpointSaving, SessionAttribute
 from ._core._clock import Clock, MonotonicClock
 from ._core._hooks import SessionRunHook
 from ._core._runtime import Runtime
@@ -146,7 +148,7 @@ class Supervisor:
         """
         if self._runtime is not None and not self._runtime.closed:
             raise RuntimeError("this Supervisor already has a running managed session")
-        self._runtime = Runtime(self.config, self._services)
+        self._runtime = Runtime(self.config, self._services, session_parts(self.config))
         return self._runtime
 
     def loop(
@@ -239,7 +241,8 @@ class Supervisor:
         """
         from ._summary._writer import summary_computed
 
-        summary_computed(self._runtime, values, global_step)
+        rt = self._runtime
+        summary_computed(rt if rt is not None and rt._entered and not rt.closed else None, values, global_step)
 
     @property
     def global_step(self) -> int:
@@ -260,16 +263,8 @@ class Supervisor:
         rt = self._runtime
         if rt is None or not rt._entered or rt.closed:
             raise RuntimeError("save_now() needs a running managed_session()")
-        if rt.config.multi_worker:
-            raise RuntimeError(
-                "save_now() is not available in multi-worker training: every worker must "
-                "snapshot at the same step; use save_model_steps"
-            )
-        if rt.saver is None:
-            raise RuntimeError("save_now() needs a logdir and a chief supervisor (is_chief=True)")
-        info = await rt.saver.save("save_now", force=True, wait=True)
-        assert info is not None
-        return info
+        checkpoints: CheckpointSaving = rt.extra(SessionAttribute.checkpoints)
+        return await checkpoints.save_now()
 
     def status(self) -> Status:
         """A frozen snapshot: step, steps/sec, last checkpoint, stop reason, services."""

@@ -2,15 +2,15 @@
 
 One session holds every stock hook (so each got its ``begin``/``after_create_session``);
 between short chunks of steps the benchmark swaps the runtime's :class:`HookRunner` for
-one built from a subset of those hooks, and times ``Runtime.loop_job`` *on the step
+one built from a subset of those hooks, and times ``Steps.run_loop`` *on the step
 thread* (no hand-off in the figure). Contenders, rotated every round so that a noisy
 neighbour hits them all alike:
 
 * ``bare main``: ``for _ in range(n): step()`` on the main thread (the event loop waits);
 * ``bare step-thread``: the same loop on the step thread;
-* ``loop (no hooks)``: ``loop_job`` with no per-step hook (its fast path);
-* ``+ Hook``: ``loop_job`` with that one hook;
-* ``all hooks``: ``loop_job`` with all nine.
+* ``loop (no hooks)``: ``run_loop`` with no per-step hook (its fast path);
+* ``+ Hook``: ``run_loop`` with that one hook;
+* ``all hooks``: ``run_loop`` with all nine.
 
 Each contender's cost is the median over rounds of its difference from ``loop (no
 hooks)`` *in the same round* (paired), in µs per step; medians of per-step times are
@@ -42,6 +42,7 @@ from hooks_overhead import mlp_step, stock_hooks, tiny_step
 
 import asupervisor as asv
 from asupervisor._core._hooks import HookRunner
+from asupervisor._core._steps import Halt
 
 
 def python_step() -> tuple[Callable[[], Any], Any, Any]:
@@ -52,10 +53,6 @@ def python_step() -> tuple[Callable[[], Any], Any, Any]:
     v = tf.Variable(0.0)
     out = {"loss": tf.constant(1.0)}
     return (lambda: out), {"v": v}, v
-
-
-class _Halt:
-    halted = False
 
 
 class _NoOp(asv.SessionRunHook):
@@ -73,7 +70,7 @@ def _bare(step: Callable[[], Any], n: int) -> float:
 def _timed_loop(rt: Any, runner: HookRunner, step: Callable[[], Any], n: int) -> float:
     rt.hooks = runner
     t0 = time.perf_counter()
-    rt.loop_job(step, None, rt.step + n, _Halt())
+    rt.steps.run_loop(step, None, rt.step + n, Halt())
     return time.perf_counter() - t0
 
 

@@ -3,7 +3,7 @@
 Each hook keeps TF1's arguments where they still make sense. Differences that follow from
 TF2: tensors are named by *keys* of the mapping a step returns (``{"loss": loss}``),
 not graph tensors; summaries go to the session's event file (the chief's ``logdir``);
-checkpoints are written through ``Runtime.save_checkpoint_from_step_thread``.
+checkpoints are written through the session's checkpoint part (``save_on_step_thread``).
 
 Per-step cost rules (the hooks run on the step thread around every step): the fire check
 is an int compare (or one clock read for ``*_secs`` timers); nothing is allocated and no
@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._core._abc import SessionAttribute, SessionPart
 from .._core._hooks import NEVER, Gate, SessionRunContext, SessionRunHook, SessionRunValues
 from .._exceptions import NanLossDuringTrainingError
 from .._logging import describe, get_logger
@@ -25,9 +26,9 @@ from .._summary._writer import scalar_entries
 from ._timer import SecondOrStepTimer, ThreadSafeClock, check_every
 
 if TYPE_CHECKING:
+    from .._core._abc import SessionContext, SummarySink
     from .._core._runtime import Runtime
     from .._core._session import Session
-    from .._summary._writer import SummaryWriter
 
 __all__ = [
     "CheckpointSaverHook",
@@ -167,7 +168,7 @@ class StepCounterHook(SessionRunHook):
         clock: ThreadSafeClock | None = None,
     ) -> None:
         self._timer = _hook_timer("every_n_secs", every_n_secs, "every_n_steps", every_n_steps, clock)
-        self._writer: SummaryWriter | None = None
+        self._writer: SummarySink | None = None
         self.steps_per_sec: float | None = None
 
     def begin(self) -> None:
@@ -176,7 +177,7 @@ class StepCounterHook(SessionRunHook):
 
     def after_create_session(self, session: Session) -> None:
         """Find the session's summary writer (none on a worker or without logdir)."""
-        self._writer = _runtime(session).summary_writer
+        self._writer = _runtime(session).extra(SessionAttribute.summary_writer, None)
 
     def _asv_gate(self) -> Gate:
         return _timer_gate(self._timer)
@@ -330,10 +331,10 @@ class NanTensorHook(SessionRunHook):
 
     def after_create_session(self, session: Session) -> None:
         """Check the unread losses before any checkpoint of the state."""
-        self._rt = rt = _runtime(session)
-        if not self._immediate:
-            rt.before_snapshot.append(self._check_all)
-            rt.final_save.insert(0, self._final_check)
+        self._rt = _runtime(session)
+
+    def _asv_part(self) -> SessionPart:
+        return _NanCheck(self)
 
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
         """Keep the loss; stack a full batch and read the one before (or check now: ``immediate``)."""
@@ -396,14 +397,22 @@ class NanTensorHook(SessionRunHook):
         elif self._rt is not None:
             self._rt.control.request_stop(reason="hook")
 
-    async def _final_check(self) -> None:
-        """In the stop's final-checkpoint phase: check the last losses on the step thread."""
-        if self._rt is not None and (self._pending or self._stacked is not None):
-            await self._rt.step_thread.call(self._check_all)
-
     def end(self, session: Session) -> None:
         """Check the losses not checked yet."""
         self._check_all()
+
+
+class _NanCheck(SessionPart):
+    """NanTensorHook's part in the session: before any checkpoint of the state (and
+    before the final one) the losses not read yet are checked; a NaN stops that save."""
+
+    name = "nan_check"
+
+    def __init__(self, hook: NanTensorHook) -> None:
+        self._hook = hook
+
+    def before_snapshot(self) -> None:
+        self._hook._check_all()
 
 
 def _has_nan(value: Any) -> bool:
@@ -470,7 +479,7 @@ class SummarySaverHook(SessionRunHook):
     ) -> None:
         self._timer = _hook_timer("save_secs", save_secs, "save_steps", save_steps, clock)
         self._keys = None if keys is None else tuple(keys)
-        self._writer: SummaryWriter | None = None
+        self._writer: SummarySink | None = None
 
     def begin(self) -> None:
         """Reset the timer."""
@@ -478,7 +487,7 @@ class SummarySaverHook(SessionRunHook):
 
     def after_create_session(self, session: Session) -> None:
         """Find the session's summary writer."""
-        self._writer = _runtime(session).summary_writer
+        self._writer = _runtime(session).extra(SessionAttribute.summary_writer, None)
         if self._writer is None:
             log.debug("summary_saver_hook.inactive", reason="no summary writer (no logdir, or not the chief)")
 
@@ -643,8 +652,10 @@ class ProfilerHook(SessionRunHook):
         elif rt.config.logdir is not None and rt.config.is_chief:
             self._dir = str(rt.config.logdir)
         if self._dir is not None:
-            rt.closers.append(self._aclose)
             _remove_stale_staging(self._dir)
+
+    def _asv_part(self) -> SessionPart:
+        return _ProfilerClose(self)
 
     async def _aclose(self) -> None:
         """A session closer: a trace still open after an error is stopped (on the step thread)."""
@@ -718,6 +729,18 @@ class ProfilerHook(SessionRunHook):
 
 
 _STAGING = ".asv-profile-"  # + "<pid>-<random>": where a trace is written before it is published
+
+
+class _ProfilerClose(SessionPart):
+    """ProfilerHook's part in the session: at the end, a trace still open is stopped."""
+
+    name = "profiler"
+
+    def __init__(self, hook: ProfilerHook) -> None:
+        self._hook = hook
+
+    async def aclose(self, ctx: SessionContext) -> None:
+        await self._hook._aclose()
 
 
 def _remove_stale_staging(output_dir: str) -> None:
@@ -805,7 +828,7 @@ class CheckpointSaverHook(SessionRunHook):
     """Saves a checkpoint every N steps or secs, at the start, and at a clean end.
 
     Saves run on the step thread at a step boundary through the session's checkpoint
-    writer (``Runtime.save_checkpoint_from_step_thread``), so they are consistent.
+    writer (the session's checkpoint part (``save_on_step_thread``)), so they are consistent.
 
     Args:
         checkpoint_dir: where checkpoints go.
@@ -893,7 +916,7 @@ class CheckpointSaverHook(SessionRunHook):
         for listener in self._listeners:
             listener.before_save(session, step)
         started = time.monotonic()
-        self.last_saved_path = rt.save_checkpoint_from_step_thread(self._dir, self._basename)
+        self.last_saved_path = rt.extra(SessionAttribute.checkpoints).save_on_step_thread(self._dir, self._basename)
         log.info(
             "checkpoint_hook.saved",
             global_step=step,

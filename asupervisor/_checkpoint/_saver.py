@@ -48,18 +48,18 @@ from .._core._services import Service
 from .._core._threads import ThreadClosedError
 from .._logging import describe, get_logger
 from ._manager import Checkpointer, SaveAbandoned, Snapshot
-from ._multi_worker import AGREED_STOP_REASONS, WorkerTempWriter
+from ._multi_worker import AGREED_STOP_REASONS
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
 
+    from .._core._abc import SessionContext
     from .._core._handoff import Waiter
-    from .._core._runtime import Runtime
     from .._core._services import ServiceContext
     from .._core._status import CheckpointInfo
     from .._core._threads import DedicatedThread
 
-__all__ = ["CheckpointSaver", "CheckpointService", "restore_on_startup", "services_for"]
+__all__ = ["WHEN_BUSY", "CheckpointSaver", "CheckpointService"]
 
 log = get_logger(__name__)
 
@@ -88,7 +88,7 @@ class CheckpointSaver:
     """Coordinates the saves of one session (see the module docstring).
 
     Args:
-        rt: the session.
+        ctx: the session.
         checkpointer: snapshots, restores and (by default) writes to ``logdir``.
         save_steps: ``save_model_steps``.
         write: writes a snapshot on the writer thread (a non-chief's temporary save);
@@ -101,7 +101,7 @@ class CheckpointSaver:
 
     def __init__(
         self,
-        rt: Runtime,
+        ctx: SessionContext,
         checkpointer: Checkpointer,
         *,
         save_steps: int | None,
@@ -111,7 +111,7 @@ class CheckpointSaver:
     ) -> None:
         if when_busy not in WHEN_BUSY:
             raise ValueError(f"checkpoint_when_busy must be 'wait' or 'skip', got {when_busy!r}")
-        self.rt = rt
+        self.ctx = ctx
         self.when_busy = when_busy
         self.checkpointer = checkpointer
         self.save_steps = save_steps
@@ -122,26 +122,24 @@ class CheckpointSaver:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when a write ends, or on stop
-        rt.step_wakers.append(self._wake)
 
     # -- step thread -----------------------------------------------------------------
 
-    def arm(self) -> None:
-        """On the step thread: set the step at which :meth:`on_step` fires next."""
+    def next_trigger(self, step: int) -> float:
+        """The step at which :meth:`on_step` fires next, after ``step``."""
         n = self.save_steps
-        self.rt.next_trigger_step = math.inf if n is None else (self.rt.step // n + 1) * n
+        return math.inf if n is None else (step // n + 1) * n
 
     def on_step(self) -> None:
         """On the step thread, when the step trigger fires: snapshot and hand off.
 
         With ``when_busy="wait"``, a write still in flight is waited for first.
         """
-        self.arm()
         if self.when_busy == "wait" and not self.multi_worker:
             self._wait_for_writer()
         error = self._take_error()
         if error is not None:
-            self.rt.control.request_stop(error, reason="service:checkpoint")
+            self.ctx.request_stop(error, reason="service:checkpoint")
             return
         self._snapshot("steps", force=self.multi_worker)
 
@@ -151,12 +149,12 @@ class CheckpointSaver:
             if self._in_flight == 0:
                 return
             t0 = time.perf_counter()
-            control = self.rt.control
+            control = self.ctx.control
             while self._in_flight > 0 and not control.stopping:
                 self._idle.wait()
-        log.info("checkpoint.waited", step=self.rt.step, secs=round(time.perf_counter() - t0, 4))
+        log.info("checkpoint.waited", step=self.ctx.global_step, secs=round(time.perf_counter() - t0, 4))
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         """From any thread (a stop): release the step thread's wait for the writer."""
         with self._lock:
             self._idle.notify_all()
@@ -168,35 +166,34 @@ class CheckpointSaver:
         cancelled ``save()`` must not lose a snapshot it asked for). With ``keep`` the
         write's waiter is handed to ``save()`` through it once launched.
         """
-        rt = self.rt
-        if rt.recovering:
-            log.warning("checkpoint.skipped", reason=reason, step=rt.step, why="recovering from a step error")
+        ctx = self.ctx
+        if ctx.recovering:
+            log.warning("checkpoint.skipped", reason=reason, step=ctx.global_step, why="recovering from a step error")
             return None
         with self._lock:
             busy = self._in_flight > 0
         if busy and not force:
             why = (
                 "stopping: the final checkpoint saves the state"
-                if rt.control.stopping
+                if ctx.control.stopping
                 else "busy: the previous save is still being written (checkpoint_when_busy='skip')"
             )
-            log.warning("checkpoint.skipped", reason=reason, step=rt.step, why=why)
+            log.warning("checkpoint.skipped", reason=reason, step=ctx.global_step, why=why)
             return None
         try:
-            for check in rt.before_snapshot:
-                check()
+            ctx.check_before_snapshot()
         except Exception as exc:  # e.g. a NaN loss not read yet: the state is not saved
-            rt.control.state_suspect = True
-            rt.control.request_stop(exc)
-            log.error("checkpoint.skipped", reason=reason, step=rt.step, why=describe(exc))
+            ctx.mark_state_suspect()
+            ctx.request_stop(exc)
+            log.error("checkpoint.skipped", reason=reason, step=ctx.global_step, why=describe(exc))
             return None
-        rt.sync_global_step()
-        snap = self.checkpointer.snapshot(rt.step)
+        ctx.sync_global_step()
+        snap = self.checkpointer.snapshot(ctx.global_step)
         if snap is None:
             return None
         with self._lock:
             self._in_flight += 1
-        rt.loop.call_soon(functools.partial(self._launch, snap, keep))
+        ctx.loop.call_soon(functools.partial(self._launch, snap, keep))
         return snap.step
 
     # -- writer thread ---------------------------------------------------------------
@@ -220,16 +217,14 @@ class CheckpointSaver:
             with self._lock:
                 self._in_flight -= 1
                 self._idle.notify_all()
-        if info is not None:  # None: a non-chief's temporary save
-            self.rt.last_checkpoint = info
-        return info
+        return info  # None: a non-chief's temporary save
 
     # -- event loop ------------------------------------------------------------------
 
     def _launch(self, snap: Snapshot, keep: _Launched | None) -> None:
         try:
             if self._writer is None:
-                self._writer = self.rt.new_thread("asv-checkpoint")
+                self._writer = self.ctx.new_thread("asv-checkpoint")
             waiter = self._writer.submit(self._write, snap)
         except ThreadClosedError as exc:  # the session is already closing its threads
             log.error("checkpoint.failed", step=snap.step, error=describe(exc))
@@ -258,7 +253,7 @@ class CheckpointSaver:
         """From any thread: make the write in flight (and later ones) give up before
         committing; see :meth:`Checkpointer.abandon`."""
         self.checkpointer.abandon()
-        self._wake()
+        self.wake()
 
     async def _writer_free(self) -> None:
         """Wait (cancellably) until the writes handed over so far are done."""
@@ -273,7 +268,7 @@ class CheckpointSaver:
         cancellation abandons the writes in flight and waits at most
         ``_ABANDON_GRACE_SECS`` for the writer to remove their files.
         """
-        await self.rt.step_thread.call(_noop)  # hand-offs made by step jobs are queued
+        await self.ctx.step_thread.call(_noop)  # hand-offs made by step jobs are queued
         if self._writer is not None:
             done = self._writer.submit(_noop)
             if abandon_on_cancel:
@@ -299,11 +294,11 @@ class CheckpointSaver:
             if busy:  # coalesce: one save once the writer is free (missed ticks are dropped)
                 t0 = time.perf_counter()
                 await self._writer_free()
-                log.info("checkpoint.waited", reason=reason, step=self.rt.step, secs=round(time.perf_counter() - t0, 4))
+                log.info("checkpoint.waited", reason=reason, step=self.ctx.global_step, secs=round(time.perf_counter() - t0, 4))
                 self.raise_pending()
             force = True
         launched = _Launched() if wait else None
-        step = await self.rt.step_thread.submit_at_boundary(self._snapshot, reason, force=force, keep=launched).wait()
+        step = await self.ctx.step_thread.submit_at_boundary(self._snapshot, reason, force=force, keep=launched).wait()
         if step is None or not wait:
             if wait:  # this step is saved already, or being written
                 await self.drain(abandon_on_cancel=reason == "final")
@@ -330,12 +325,12 @@ class CheckpointSaver:
 
         In multi-worker training only for a stop every worker reaches at the same step.
         """
-        reason = self.rt.control.reason
+        reason = self.ctx.control.reason
         if self.multi_worker and reason not in AGREED_STOP_REASONS:
             log.warning(
                 "checkpoint.skipped",
                 reason="final",
-                step=self.rt.step,
+                step=self.ctx.global_step,
                 why=f"multi-worker: the other workers may not stop at this step (stop reason {reason})",
             )
             return
@@ -376,66 +371,3 @@ class CheckpointService(Service):
         first = ctx.clock.now() + self.interval_secs
         async for _ in interval_ticks(ctx.clock, self.interval_secs, first_at=first):
             await self.saver.save("timer")
-
-
-def restore_on_startup(rt: Runtime) -> bool:
-    """On the step thread at start-up: set up checkpointing and restore the latest good one.
-
-    Returns whether a checkpoint was restored. Called again for each start-up retry
-    (``Runtime._start_up``): a transient error raised here sets nothing aside.
-
-    Raises:
-        CheckpointError: another model's checkpoint, or checkpoint files of which none loads.
-        tf.errors.AbortedError, tf.errors.UnavailableError: transient; the caller retries.
-    """
-    config = rt.config
-    if config.logdir is None:
-        return False
-    checkpointer = Checkpointer(
-        rt.checkpoint,
-        config.logdir,
-        basename=config.checkpoint_basename,
-        max_to_keep=config.max_to_keep,
-        keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
-    )
-    worker_writer = None
-    if config.is_chief:
-        checkpointer.prepare()
-    elif config.multi_worker:
-        assert config.cluster is not None
-        worker_writer = WorkerTempWriter(config.logdir, config.cluster, basename=config.checkpoint_basename)
-        worker_writer.clean_leftovers()
-    rt.checkpointer = checkpointer
-    path = checkpointer.restore()
-    if path is not None:
-        rt.restored_from = path
-        rt.last_checkpoint = checkpointer.last
-        rt.step = int(rt.global_step_var.numpy())
-        log.info("session.restored", step=rt.step, path=path)
-    if config.is_chief or worker_writer is not None:
-        rt.saver = CheckpointSaver(
-            rt,
-            checkpointer,
-            save_steps=config.save_model_steps,
-            write=None if worker_writer is None else worker_writer.write,
-            multi_worker=config.multi_worker,
-            when_busy=config.checkpoint_when_busy,
-        )
-        rt.saver.arm()
-    return path is not None
-
-
-def services_for(rt: Runtime) -> list[Service]:
-    """The checkpoint service of ``rt`` (chief, or any worker of a multi-worker
-    training, with a logdir and saving enabled)."""
-    saver = rt.saver
-    config = rt.config
-    if saver is None:
-        return []
-    if config.save_model_secs <= 0 and config.save_model_steps is None:
-        return []  # saving disabled: no start-up, timed or final checkpoint
-    rt.final_save.append(saver.final_save)
-    rt.closers.append(saver.aclose)
-    if config.multi_worker:  # steps only, the same on every worker (see _multi_worker)
-        return [CheckpointService(saver, 0, save_at_start=False)]
-    return [CheckpointService(saver, config.save_model_secs, save_at_start=rt.restored_from is None)]

@@ -23,6 +23,12 @@ the earliest step and time, and on other steps calls only the ungated hooks, so 
 waiting for its next firing costs one int compare (and one clock read per clock) per
 step, not a call. When the gate is open every hook is called, in the order given. The
 stock hooks with a timer are gated; a hook without ``_asv_gate`` is called every step.
+
+Hooks with a part in the session. A hook that must act in a session phase beyond the
+hook protocol (NanTensorHook checks unread losses before any snapshot; ProfilerHook
+stops an open trace at the end) has a method ``_asv_part() -> SessionPart``; the engine
+adds that part to the session's parts (:mod:`._parts`), ahead of the features. The
+hooks' public methods stay the hook protocol's.
 """
 
 from __future__ import annotations

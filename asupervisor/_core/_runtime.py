@@ -1,64 +1,66 @@
-"""The engine of one managed session: step thread, stop scope, services, ordered shutdown.
+"""The engine of one managed session: step thread, stop scope, parts, ordered shutdown.
 
 ``Supervisor.managed_session()`` returns a :class:`Runtime`, an async context manager.
+Features are :class:`~._abc.SessionPart` objects the front door hands in; the runtime
+is their :class:`~._abc.SessionContext` and runs their phases in this order.
 
-Start-up: ``hook.begin()`` → state built, restored or initialised (``init_fn``) on the
-step thread → ``local_init_fn`` → ``ready_fn`` check → ``hook.after_create_session()`` →
-services started in the task group, each reporting ready → the stop scope is entered and
-the session is yielded.
+Start-up: parts ``start`` (writers, threads) → ``hook.begin()`` → state built, restored by
+the parts or initialised (``init_fn``) on the step thread → ``local_init_fn`` →
+``ready_fn`` check → ``hook.after_create_session()`` → services started in the task
+group, each reporting ready → the stop scope is entered and the session is yielded.
 
-Shutdown, whatever the cause: stop requested → the step in flight finishes → services
-cancelled → final checkpoint (unless a step or hook raised) → ``hook.end()`` (clean stops
-only) → closers (summaries flushed) → dedicated threads joined → the cause re-raised. One
-deadline, ``stop_grace_secs`` after the stop began, bounds the whole of it: each phase
-gets what is left, a phase that overruns is logged by name (``shutdown.overrun
-phase=...``; a final save overrunning is abandoned, see :mod:`._checkpoint_service`), and
-phases not begun by then are skipped, except closing the writers and joining the
-threads, which together get at most ``_WIND_DOWN_SECS`` more.
+Shutdown, whatever the cause: stop requested → parts woken → the step in flight
+finishes → services cancelled → every part's ``before_snapshot``, then every part's
+``final`` (the final checkpoint; both unless a step or hook raised) → ``hook.end()``
+(clean stops only) → every part's ``aclose`` (summaries flushed) → dedicated threads
+joined → the cause re-raised. One :class:`~._stop.Deadline`, ``stop_grace_secs`` after
+the stop began, bounds the whole of it: each phase gets what is left, a phase that
+overruns is logged by name (``shutdown.overrun phase=...``; a final save overrunning is
+abandoned), and phases not begun by then are skipped, except closing the parts and
+joining the threads, which together get at most ``_WIND_DOWN_SECS`` more.
 
 Only the step thread touches model state. Nothing here blocks the event loop: the only
-waits are for the step thread and for services, all by awaiting.
+waits are for the step thread and for services, all by awaiting. This module imports no
+feature: what a feature offers reaches the engine through :mod:`._abc`.
 """
 
 from __future__ import annotations
 
-import math
-import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from .._checkpoint import _saver as _checkpoint_service
 from .._logging import describe, get_logger
-from .._summary._step_counter import StepCounterService
-from .._summary._writer import SummaryService, SummaryWriter
-from .._tf import is_end_of_data, is_recoverable, tf
-from . import _step_errors as _recovery
+from .._tf import is_end_of_data, tf
+from ._abc import SessionAttribute, SessionPart
 from ._handoff import LoopHandle
 from ._hooks import HookRunner
-from ._services import FailureWindow, Service, supervise
+from ._parts import PartRunner
+from ._services import Service, supervise
 from ._session import Session
 from ._signals import SignalService
-from ._status import CheckpointInfo, Status
-from ._stop import StopControl
+from ._status import Status
+from ._step_errors import StepErrors, recovery_policy, retry_transient
+from ._steps import Steps
+from ._stop import Deadline, StopControl
 from ._threads import DedicatedThread
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
-    from .._checkpoint._manager import Checkpointer
-    from .._config import SupervisorConfig
-    from .._input._queue_runner import QueueStatistics
+    from ._abc import EngineConfig
     from ._clock import Clock
 
 __all__ = ["Runtime"]
 
+T = TypeVar("T")
+
 log = get_logger(__name__)
 
-#: once the stop's grace has run out: the most the closers and thread joins get together
-#: (an abandoned save removing its files, event files flushed)
+#: once the stop's grace has run out: the most closing the parts and joining the threads
+#: get together (an abandoned save removing its files, event files flushed)
 _WIND_DOWN_SECS = 1.0
 
 
@@ -69,69 +71,62 @@ def _add_note(exc: BaseException, note: str) -> None:
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
 
 
-def _same_dir(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
-    """Whether ``a`` and ``b`` name the same directory, however each is spelled."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one does not exist (yet): compare where they would resolve
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
 class Runtime:
-    """One managed session (an async context manager yielding :class:`Session`)."""
+    """One managed session (an async context manager yielding :class:`Session`).
 
-    def __init__(self, config: SupervisorConfig, services: Iterable[Service]) -> None:
+    Args:
+        config: the supervisor's settings.
+        services: the user's services (looped services, queue runners).
+        parts: the features of this session, in order (the front door's assembly).
+    """
+
+    def __init__(self, config: EngineConfig, services: Iterable[Service], parts: Iterable[SessionPart] = ()) -> None:
         self.config = config
         self.clock: Clock = config.clock
         self.stop_grace_secs = config.stop_grace_secs
+        self.is_chief = bool(config.is_chief)
+        self.multi_worker = config.multi_worker
+        self.cluster = config.cluster
         self.hooks = HookRunner(config.hooks)
+        user_services = list(services)
+        # Stock hooks that take part in session phases (NanTensorHook's check before any
+        # snapshot, ...) come first, through their ``_asv_part()``; then the features;
+        # then services that are parts too (queue runners).
+        self.parts = PartRunner(
+            [
+                *(hook._asv_part() for hook in config.hooks if callable(getattr(hook, "_asv_part", None))),
+                *parts,
+                *(service for service in user_services if isinstance(service, SessionPart)),
+            ]
+        )
         self.step = 0  # steps completed; written only by the step thread
         self.last_output: Any = None  # the last step's return value (hooks, summaries)
-        self.steps_per_sec: float | None = None
-        self.last_checkpoint: CheckpointInfo | None = None
-        self.restored_from: str | None = None
         self.closed = False
-        self.checkpoint: Any = None  # the tf.train.Checkpoint holding state + global_step
+        self.state: Any = None  # the tf.train.Checkpoint holding state + global_step
         self.global_step_var: Any = None
-        #: the event-file writer (chief with a logdir only), created on entering
-        self.summary_writer: SummaryWriter | None = None
-        # checkpoints (see _checkpoint_service): set up by _restore() when there is a logdir
-        self.checkpointer: Checkpointer | None = None
-        self.saver: _checkpoint_service.CheckpointSaver | None = None
-        self.next_trigger_step: float = math.inf  # the step loop calls saver.on_step() here
-        self.recovering = False  # a step raised AbortedError/UnavailableError; see _recovery
-        self._recovery = FailureWindow(_recovery.recovery_policy(config.recovery_wait_secs))
-        #: step-thread callables run before any checkpoint of the state is taken (hook
-        #: saves, the checkpoint service's snapshots); one that raises stops that save
-        #: (NanTensorHook checks the losses it has not read yet here)
-        self.before_snapshot: list[Callable[[], None]] = []
-        #: async callables run, in order, in the "final_checkpoint" phase of a stop
-        self.final_save: list[Callable[[], Awaitable[None]]] = []
-        #: async callables run, in order, in the "closers" phase (summaries flushed, ...)
-        self.closers: list[Callable[[], Awaitable[None]]] = []
-        #: callables returning ``{tag: scalar}`` that the summary service writes each tick
-        #: (queue runners register their ``queue/<name>/fraction_full`` here)
-        self.scalar_sources: list[Callable[[], dict[str, float]]] = []
+        self.errors = StepErrors(self)
         #: iterators run_loop finished with; released at shutdown, because destroying a
         #: tf.data iterator can block for seconds while its background work winds down
-        self._spent_iterators: list[Any] = []
-        #: queue name → its ``statistics()`` callable, for ``status().queues``
-        self.queue_stats: dict[str, Callable[[], QueueStatistics]] = {}
-        #: callables releasing a step-thread wait for input; see :meth:`wake_step_thread`
-        self.step_wakers: list[Callable[[], None]] = []
-        self._user_services = list(services)
+        self.spent_iterators: list[Any] = []
+        self._user_services = user_services
         self._service_states: dict[str, str] = {}
+        self._extras: dict[Any, Callable[[], Any]] = {}
         self._threads: list[DedicatedThread] = []
         self._tg: TaskGroup | None = None
         self._scope: anyio.CancelScope | None = None
         self._entered = False
 
-    # -- what services see (ServiceContext) -------------------------------------------
+    # -- SessionContext: what parts and services see -------------------------------------
 
     @property
     def global_step(self) -> int:
         """Steps completed so far."""
         return self.step
+
+    @property
+    def recovering(self) -> bool:
+        """Whether a step error is being recovered from (no snapshot may be taken)."""
+        return self.errors.recovering
 
     def new_thread(self, name: str) -> DedicatedThread:
         """Start a dedicated thread that is joined when the session ends."""
@@ -140,10 +135,43 @@ class Runtime:
         self._threads.append(thread)
         return thread
 
+    def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
+        """Stop the session at the next step boundary; any thread."""
+        self.control.request_stop(exc, reason=reason)
+
+    def mark_state_suspect(self) -> None:
+        """The model state must not be checkpointed any more."""
+        self.control.state_suspect = True
+
+    def run_on_step_thread(self, fn: Callable[..., T], /, *args: Any) -> Awaitable[T]:
+        """On the loop: run ``fn(*args)`` on the step thread and await its result."""
+        result: Awaitable[T] = self.step_thread.call(fn, *args)
+        return result
+
+    def check_before_snapshot(self) -> None:
+        """On the step thread: every part's ``before_snapshot``; raises what one raises."""
+        self.parts.check_before_snapshot()
+
+    def scalar_sources(self) -> tuple[Callable[[], Mapping[str, float]], ...]:
+        """The parts' scalar sources, for the summary writer."""
+        return self.parts.scalar_sources
+
+    def set_step(self, step: int) -> None:
+        """On the step thread, after a restore: the step count restored."""
+        self.step = step
+
+    def extra(self, attribute: Any, default: Any = ...) -> Any:
+        """A capability a part offers (``SessionAttribute.x``), else ``default``."""
+        getter = self._extras.get(attribute)
+        if getter is not None:
+            return getter()
+        if default is ...:
+            raise anyio.TypedAttributeLookupError(f"no part of this session offers {attribute!r}")
+        return default
+
     def wake_step_thread(self) -> None:
         """Release waits for input on the step thread: a stop or a halted ``run_loop``."""
-        for wake in tuple(self.step_wakers):
-            wake()
+        self.parts.wake()
 
     def set_service_state(self, name: str, state: str) -> None:
         """Record a service's state for ``status()``."""
@@ -151,14 +179,15 @@ class Runtime:
 
     def status(self) -> Status:
         """A frozen snapshot of this session."""
+        checkpoints = self.extra(SessionAttribute.checkpoints, None)
         return Status(
             running=self._entered and not self.closed,
             global_step=self.step,
-            steps_per_sec=self.steps_per_sec,
-            last_checkpoint=self.last_checkpoint,
+            steps_per_sec=self.extra(SessionAttribute.steps_per_sec, None),
+            last_checkpoint=None if checkpoints is None else checkpoints.last,
             stop_reason=self.control.reason if self._entered else None,
             services=MappingProxyType(dict(self._service_states)),
-            queues=MappingProxyType({name: stats() for name, stats in self.queue_stats.items()}),
+            queues=MappingProxyType(self.parts.queues()),
         )
 
     # -- step thread work ------------------------------------------------------------
@@ -173,10 +202,12 @@ class Runtime:
         session's clock); past it, the error propagates as itself. Nothing is set aside
         for a transient error.
         """
+        from ._services import FailureWindow
+
         await self.step_thread.call(self._begin_startup)
-        restored: bool = await _recovery.retry_transient(
+        restored: bool = await retry_transient(
             lambda: self.step_thread.call(self._restore_or_init),
-            FailureWindow(_recovery.recovery_policy(self.config.recovery_wait_secs)),
+            FailureWindow(recovery_policy(self.config.recovery_wait_secs)),
             self.clock,
             event="session.start_retrying",
             gave_up="session.start_gave_up",
@@ -190,15 +221,15 @@ class Runtime:
         self._build_state()
 
     def _restore_or_init(self) -> bool:
-        """On the step thread: restore the latest good checkpoint, else ``init_fn``."""
-        restored = self._restore()
+        """On the step thread: the parts restore the latest good checkpoint, else ``init_fn``."""
+        restored = self.parts.restore(self) is not None
         if not restored and self.config.init_fn is not None:
             self.config.init_fn()
         return restored
 
     def _finish_startup(self) -> None:
         """On the step thread: ``local_init_fn``, the ``ready_fn`` check, the step count,
-        ``hook.after_create_session()``."""
+        the parts' step triggers, ``hook.after_create_session()``."""
         config = self.config
         if config.local_init_fn is not None:
             config.local_init_fn()
@@ -207,6 +238,7 @@ class Runtime:
             if not_ready:
                 raise RuntimeError(f"the model is not ready after start-up: {', '.join(not_ready)}")
         self.step = int(self.global_step_var.numpy())
+        self.parts.arm(self.step)
         self.hooks.after_create_session(self.session)
 
     def _build_state(self) -> None:
@@ -227,53 +259,13 @@ class Runtime:
             raise TypeError(f"global_step must be a scalar integer tf.Variable, got {var!r}")
         self.global_step_var = var
         if state is None:
-            self.checkpoint = tf_.train.Checkpoint(global_step=var)
+            self.state = tf_.train.Checkpoint(global_step=var)
         elif isinstance(state, dict):
-            self.checkpoint = tf_.train.Checkpoint(**{**state, "global_step": var})
+            self.state = tf_.train.Checkpoint(**{**state, "global_step": var})
         else:
             if getattr(state, "global_step", None) is not var:
                 state.global_step = var
-            self.checkpoint = state
-
-    def _restore(self) -> bool:
-        """Restore the latest good checkpoint; ``False`` when there is none."""
-        return _checkpoint_service.restore_on_startup(self)
-
-    def save_checkpoint_from_step_thread(self, directory: str | None = None, basename: str | None = None) -> str:
-        """On the step thread: checkpoint the state now and make it the latest; its path.
-
-        What ``CheckpointSaverHook`` saves through. Into the session's own logdir it goes
-        through the session's checkpointer (same commit protocol and retention, and a step
-        already saved is not written twice), however ``directory`` spells it (relative,
-        through ``..`` or a symlink); elsewhere, a one-off checkpointer for that
-        directory with the same protocol.
-        """
-        from .._checkpoint._manager import write_checkpoint_now
-
-        config = self.config
-        target = directory if directory is not None else config.logdir
-        if target is None:
-            raise ValueError("no checkpoint directory: the Supervisor has no logdir")
-        name = basename or config.checkpoint_basename
-        for check in self.before_snapshot:
-            check()
-        self.sync_global_step()
-        own = self.checkpointer
-        if own is not None and name == config.checkpoint_basename and _same_dir(target, own.logdir):
-            snap = own.snapshot(self.step)
-            if snap is None:  # this step is already saved (or being written)
-                return str(own.logdir / f"{name}-{self.step}")
-            info = own.write(snap)
-            self.last_checkpoint = info
-            return info.path
-        return write_checkpoint_now(
-            self.checkpoint,
-            target,
-            name,
-            self.step,
-            max_to_keep=config.max_to_keep,
-            keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
-        )
+            self.state = state
 
     def sync_global_step(self) -> None:
         """On the step thread: make the ``global_step`` variable equal the step count."""
@@ -281,193 +273,21 @@ class Runtime:
         if var is not None:
             var.assign(self.step)
 
-    def _count(self, results: Any) -> int:
-        self.last_output = results
-        self.step += 1
-        return self.step
-
-    def run_one_step(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """On the step thread: one step, with hooks, counted."""
-        if self.step_thread.has_boundary_jobs:
-            self.step_thread.run_boundary_jobs()
-        try:
-            if self.hooks.per_step:
-                results = self.hooks.run_step(self.control, self.session, fn, args, kwargs, self._count)
-            else:
-                results = fn(*args, **kwargs)
-                self.last_output = results
-                self.step += 1
-        except Exception as exc:
-            self._note_step_error(exc)
-            raise
-        if self.step >= self.next_trigger_step:
-            self.saver.on_step()  # type: ignore[union-attr]
-        return results
-
-    def loop_job(
-        self,
-        fn: Callable[..., Any],
-        data: Iterable[Any] | None,
-        max_steps: int | None,
-        halt: Any,
-        checkpoint_iterator: bool | None = None,
-    ) -> tuple[int, str | None]:
-        """On the step thread: the step loop of ``Session.run_loop``.
-
-        Returns ``(steps run, stop reason or None)``. Checks, at every boundary, the stop
-        flag, this loop's halt flag, boundary jobs (snapshots) and ``max_steps``.
-        """
-        control = self.control
-        boundary = self.step_thread._boundary
-        run_boundary = self.step_thread.run_boundary_jobs
-        hooks = self.hooks
-        per_step = hooks.per_step
-        session = self.session
-        count = self._count
-        n = 0
-        reason: str | None = None
-        iterator = None
-        if data is not None:
-            try:
-                iterator = self.make_iterator(data, checkpoint_iterator)
-            except Exception as exc:
-                # No step ran: the state is sound (the final checkpoint is still taken),
-                # but the error stops the session.
-                if not is_end_of_data(exc):
-                    control.record_error(exc)
-                raise
-        try:
-            while not (control.stopping or halt.halted):
-                if boundary:
-                    run_boundary()
-                if max_steps is not None and self.step >= max_steps:
-                    reason = "max_steps"
-                    break
-                if iterator is None:
-                    if per_step:
-                        hooks.run_step(control, session, fn, (), {}, count)
-                    else:
-                        self.last_output = fn()
-                        self.step += 1
-                else:
-                    batch = next(iterator)
-                    if per_step:
-                        hooks.run_step(control, session, fn, (batch,), {}, count)
-                    else:
-                        self.last_output = fn(batch)
-                        self.step += 1
-                n += 1
-                if self.step >= self.next_trigger_step:
-                    self.saver.on_step()  # type: ignore[union-attr]
-        except Exception as exc:
-            if not is_end_of_data(exc):
-                self._note_step_error(exc)
-                raise
-            reason = "end_of_data"
-        finally:
-            halt.steps_run = n  # read by run_loop when this leg fails and is recovered
-            self.sync_global_step()
-            if iterator is not None:
-                self._spent_iterators.append(iterator)
-        halt.finished = True  # ended at a step boundary, without an error
-        return n, reason
-
     def make_iterator(self, data: Iterable[Any], checkpoint_iterator: bool | None = None) -> Any:
-        """On the step thread: an iterator over ``data`` (``iter(data)``).
-
-        The iterator of a ``tf.data.Dataset`` is tracked in the checkpoint (and resumes
-        from it) when there is a logdir, as ``checkpoint_iterator`` says (see
-        ``Session.run_loop`` and :meth:`Checkpointer.track_iterator`).
-
-        Raises:
-            CheckpointError: ``checkpoint_iterator=True`` and the position of ``data``
-                cannot be checkpointed.
-        """
-        from .._checkpoint._iterator_state import serialisation_problem, untrackable_error
-
-        if not isinstance(data, tf().data.Dataset):
-            if checkpoint_iterator:
-                raise untrackable_error(f"data is a {type(data).__name__}, not a tf.data.Dataset")
-            return iter(data)
-        if self.checkpointer is not None:
-            return self.checkpointer.track_iterator(data, checkpoint_iterator)
-        iterator = iter(data)
-        if checkpoint_iterator:  # no checkpoints here, but the same pipeline fails with them
-            problem = serialisation_problem(iterator)
-            if problem is not None:
-                raise untrackable_error(problem)
-        return iterator
-
-    def _note_step_error(self, exc: BaseException, *, recoverable: bool = True) -> None:
-        # On the step thread: keep the error (never lost), mark the state suspect and
-        # raise the stop flag so nothing else runs; the awaiting task cancels the scope.
-        if is_end_of_data(exc):  # the data ran out: a clean stop (TF1 calls hook.end too)
-            return
-        control = self.control
-        if recoverable and self.checkpointer is not None and is_recoverable(exc) and not control.stopping:
-            self.recovering = True  # Session awaits recover(): restore and retry, or give up
-            return
-        control.state_suspect = True
-        control.record_error(exc)
-
-    def step_fn_failed(self, exc: BaseException) -> None:
-        """On the step thread: a ``run_step_fn`` step function raised ``exc`` itself.
-
-        The same as a step raising it: the state is suspect and the error kept, or, for
-        ``AbortedError``/``UnavailableError``, the session recovers; end of data stays
-        a clean stop.
-        """
-        if is_end_of_data(exc):
-            return  # step_failed() stops cleanly (or not, if a swallowed error left us recovering)
-        # A recoverable error that step_fn caught and replaced with this one is not
-        # recovered from: this error decides.
-        self.recovering = False
-        self._note_step_error(exc)
-
-    async def recover(self, exc: BaseException) -> bool:
-        """On the loop thread: after a step error, restore and return whether to retry."""
-        if not self.recovering:
-            return False
-        try:
-            retry = await _recovery.recover(self, self._recovery, exc)
-        except Exception as err:
-            _add_note(exc, f"asupervisor: recovery failed: {err!r}")
-            retry = False
-        if not retry:
-            self.recovering = False
-            self._note_step_error(exc, recoverable=False)
-        return retry
-
-    def step_failed(self, exc: BaseException) -> bool:
-        """On the loop thread: a step raised ``exc``; stop. Returns whether it was end of data."""
-        if self.recovering:  # a caller that does not recover: the error stops the session
-            self.recovering = False
-            self.control.state_suspect = True
-        if is_end_of_data(exc):
-            self.control.request_stop(reason="end_of_data")
-            return True
-        self.control.request_stop(exc)
-        return False
+        """On the step thread: an iterator over ``data``; a part's (the checkpoint part
+        tracks a ``tf.data`` iterator's position) or ``iter(data)``."""
+        iterator = self.parts.iterator_for(self, data, checkpoint_iterator)
+        return iter(data) if iterator is None else iterator
 
     # -- enter / exit ----------------------------------------------------------------
 
     def _services(self) -> list[Service]:
-        config = self.config
         services: list[Service] = []
-        if config.handle_signals:
+        if self.config.handle_signals:
             services.append(SignalService())
-        if config.save_summaries_secs > 0:
-            services.append(StepCounterService(config.save_summaries_secs, self._on_rate))
-            if self.summary_writer is not None:
-                services.append(SummaryService(config.save_summaries_secs, self.summary_writer, self))
-        services.extend(_checkpoint_service.services_for(self))
+        services.extend(self.parts.services(self))
         services.extend(self._user_services)
         return services
-
-    def _on_rate(self, step: int, rate: float) -> None:
-        self.steps_per_sec = rate
-        if self.summary_writer is not None:
-            self.summary_writer.write(step, {"global_step/sec": rate})
 
     async def __aenter__(self) -> Session:
         if self._entered:
@@ -477,8 +297,10 @@ class Runtime:
         self.control = StopControl(self.loop, on_stop=self.wake_step_thread)
         self.session = Session(self)
         self.step_thread = self.new_thread("asv-step")
-        self.summary_writer = SummaryWriter.open(self)
+        self.steps = Steps(self)
         try:
+            self.parts.start(self)
+            self._extras = self.parts.extra_attributes(self)
             restored = await self._start_up()
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
@@ -510,7 +332,7 @@ class Runtime:
         with anyio.CancelScope(shield=True):
             if self._tg is not None:
                 await self._stop_services()
-            await self._close_threads()
+            await self._close_threads(Deadline(self.stop_grace_secs))
         self.closed = True
         log.error("session.start_failed", error=describe(exc))
 
@@ -553,48 +375,58 @@ class Runtime:
         return suppress
 
     async def _shutdown(self, *, clean: bool) -> None:
-        """Stop everything in order, each phase bounded by the rest of the grace period."""
+        """Stop everything in order, each phase bounded by what is left of one deadline."""
         control = self.control
-        grace = self.stop_grace_secs
-        deadline = anyio.current_time() + grace if math.isfinite(grace) else math.inf
+        deadline = Deadline(self.stop_grace_secs)
         # Services first: their task group is exited before any other scope is entered.
         assert self._tg is not None
         await self._stop_services()
-
-        wind_down: list[float] = []  # the deadline of the closers and joins, once set
+        wind_down: list[Deadline] = []  # the deadline of closing and joining, once set
 
         async def phase(name: str, fn: Callable[[], Awaitable[object]], *, winding_down: bool = False) -> None:
             limit = deadline
-            now = anyio.current_time()
             if winding_down:
                 if not wind_down:
-                    wind_down.append(max(deadline, now + _WIND_DOWN_SECS))
+                    wind_down.append(deadline.extended(_WIND_DOWN_SECS))
                 limit = wind_down[0]
-            elif now >= deadline:
-                log.error("shutdown.overrun", phase=name, grace_secs=grace, skipped=True)
+            elif deadline.expired:
+                log.error("shutdown.overrun", phase=name, grace_secs=deadline.grace_secs, skipped=True)
                 return
-            with anyio.CancelScope(shield=True, deadline=limit) as scope:
+            with anyio.CancelScope(shield=True, deadline=limit.at) as scope:
                 try:
                     await fn()
                 except Exception as exc:
                     control.record_secondary(exc, where=name)
             if scope.cancelled_caught:
-                log.error("shutdown.overrun", phase=name, grace_secs=grace)
+                log.error("shutdown.overrun", phase=name, grace_secs=deadline.grace_secs)
 
-        for save in self.final_save:
-            if control.state_suspect:  # also set by a final check (NanTensorHook's last loss)
+        parts = self.parts
+        if not control.state_suspect and parts.before_snapshot:
+            # the last checks of the state (NanTensorHook's unread losses) come before any
+            # final checkpoint; one that raises makes the state suspect
+            await phase("final_checkpoint", lambda: self.step_thread.call(self._final_check))
+        for part in parts.finals:
+            if control.state_suspect:
                 break
-            await phase("final_checkpoint", save)
+            await phase("final_checkpoint", lambda part=part: part.final(self))  # type: ignore[misc]
         await phase("sync_global_step", lambda: self.step_thread.call(self.sync_global_step))
         if clean and not control.state_suspect:
             await phase("hooks_end", lambda: self.step_thread.call(self.hooks.end, self.session))
-        if self._spent_iterators:
-            await phase("iterators", lambda: self.step_thread.call(self._spent_iterators.clear))
-        for closer in self.closers:
-            await phase("closers", closer, winding_down=True)
+        if self.spent_iterators:
+            await phase("iterators", lambda: self.step_thread.call(self.spent_iterators.clear))
+        for part in parts.closers:
+            await phase("closers", lambda part=part: part.aclose(self), winding_down=True)  # type: ignore[misc]
         await phase("threads", lambda: self._close_threads(wind_down[0] if wind_down else deadline), winding_down=True)
         self.closed = True
         log.info("session.stopped", reason=control.reason, global_step=self.step)
+
+    def _final_check(self) -> None:
+        """On the step thread: every ``before_snapshot``; one that raises makes the state suspect."""
+        try:
+            self.parts.check_before_snapshot()
+        except Exception:
+            self.control.state_suspect = True
+            raise
 
     async def _stop_services(self) -> None:
         tg = self._tg
@@ -608,11 +440,8 @@ class Runtime:
             if state not in ("failed", "finished"):
                 self._service_states[name] = "stopped"
 
-    async def _close_threads(self, deadline: float | None = None) -> None:
-        """Join the dedicated threads by ``deadline`` (loop time; default: the grace from now)."""
-        if deadline is None:
-            grace = self.stop_grace_secs
-            deadline = anyio.current_time() + grace if math.isfinite(grace) else math.inf
+    async def _close_threads(self, deadline: Deadline) -> None:
+        """Join the dedicated threads by ``deadline``."""
         # Service threads first, the step thread (which owns the state) last.
         for thread in reversed(self._threads):
-            await thread.aclose_within(max(0.0, deadline - anyio.current_time()))
+            await thread.aclose_within(deadline.remaining())

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
+from ._steps import Halt
+
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
@@ -48,7 +50,7 @@ class StepContext:
     def run_with_hooks(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` as one step: hooks around it, the step counted; returns its result."""
         try:
-            return self._rt.run_one_step(fn, args, kwargs)
+            return self._rt.steps.run_one(fn, args, kwargs)
         except Exception as exc:
             self._step_error = exc
             raise
@@ -68,7 +70,7 @@ class StepContext:
             return step_fn(self)
         except Exception as exc:
             if exc is not self._step_error:
-                self._rt.step_fn_failed(exc)
+                self._rt.errors.step_fn_failed(exc)
             raise
 
 
@@ -121,13 +123,13 @@ class Session:
         while True:  # once more after each successful recovery
             if rt.control.stopping or rt.closed:  # inline: this is the per-call hot path
                 await self._check_running()
-            waiter = rt.step_thread.submit(rt.run_one_step, fn, args, kwargs)
+            waiter = rt.step_thread.submit(rt.steps.run_one, fn, args, kwargs)
             try:
                 return await waiter.wait(grace_secs=rt.config.stop_grace_secs)
             except Exception as exc:
-                if await rt.recover(exc):  # restored the latest checkpoint: run the step again
+                if await rt.errors.recover(exc):  # restored the latest checkpoint: run the step again
                     continue
-                if rt.step_failed(exc):
+                if rt.errors.step_failed(exc):
                     await self._check_running()  # end of data: the session stops right here
                 raise
 
@@ -185,8 +187,8 @@ class Session:
         cancelled = anyio.get_cancelled_exc_class()
         while True:  # a new leg after each successful recovery, from the restored step
             await self._check_running()
-            halt = _Halt(rt.wake_step_thread)
-            waiter = rt.step_thread.submit(rt.loop_job, fn, data, max_steps, halt, checkpoint_iterator)
+            halt = Halt(rt.wake_step_thread)
+            waiter = rt.step_thread.submit(rt.steps.run_loop, fn, data, max_steps, halt, checkpoint_iterator)
             steps: int
             reason: str | None
             try:
@@ -200,10 +202,10 @@ class Session:
                     raise
                 return total + halt.steps_run
             except Exception as exc:
-                if await rt.recover(exc):  # restored the latest checkpoint: go on from there
+                if await rt.errors.recover(exc):  # restored the latest checkpoint: go on from there
                     total += halt.steps_run
                     continue
-                if rt.step_failed(exc):
+                if rt.errors.step_failed(exc):
                     await self._check_running()
                 raise
             break
@@ -245,9 +247,9 @@ class Session:
             try:
                 result = await waiter.wait(grace_secs=rt.config.stop_grace_secs)
             except Exception as exc:
-                if await rt.recover(exc):  # restored the latest checkpoint: call step_fn again
+                if await rt.errors.recover(exc):  # restored the latest checkpoint: call step_fn again
                     continue
-                if rt.step_failed(exc):
+                if rt.errors.step_failed(exc):
                     await self._check_running()
                 raise
             break
@@ -274,25 +276,6 @@ class Session:
 def _iterable(data: object) -> bool:
     """Whether ``iter(data)`` can work, without calling it (that is the step thread's job)."""
     return isinstance(data, Iterable) or hasattr(type(data), "__getitem__")
-
-
-class _Halt:
-    """Tells one running ``run_loop`` to end at the next step boundary; the loop leaves
-    the number of steps it ran in ``steps_run`` and sets ``finished`` when it ended
-    without an error."""
-
-    __slots__ = ("_wake", "finished", "halted", "steps_run")
-
-    def __init__(self, wake: Callable[[], None] | None = None) -> None:
-        self.halted = False
-        self.steps_run = 0
-        self.finished = False
-        self._wake = wake
-
-    def set(self) -> None:
-        self.halted = True
-        if self._wake is not None:  # release a wait for input (a queue runner's)
-            self._wake()
 
 
 def _check_step_fn(step_fn: Callable[..., Any]) -> None:

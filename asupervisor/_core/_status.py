@@ -5,12 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .._input._queue_runner import QueueStatistics
-
-__all__ = ["CheckpointInfo", "Status"]
+__all__ = ["CheckpointInfo", "QueueStatistics", "Status"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +22,29 @@ class CheckpointInfo:
     path: str
     step: int
     time: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueStatistics:
+    """A snapshot of a queue runner's queue (``QueueRunner.statistics()``).
+
+    Attributes:
+        size: items queued now.
+        capacity: the most items the queue holds.
+        produced: items put by the producers in this session.
+        consumed: items taken by the consumer in this session.
+        consumer_wait_secs: total time the consumer waited for an empty queue to fill.
+        fraction_full: ``size / capacity`` (TF1's ``queue/<name>/fraction_full``).
+        max_size: the largest size seen in this session (never above ``capacity``).
+    """
+
+    size: int
+    capacity: int
+    produced: int
+    consumed: int
+    consumer_wait_secs: float
+    fraction_full: float
+    max_size: int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,6 +1,16 @@
-"""Recovery from ``tf.errors.AbortedError`` / ``UnavailableError`` raised by a step.
+"""What a step's error means: end of data, recovery, or a suspect state — and the one
+retry helper.
 
-TF1's ``MonitoredSession`` recreated the session and retried forever. Here a step that
+:class:`StepErrors` holds the semantics, for ``sess.run``, ``run_loop`` and
+``run_step_fn`` alike. On the step thread, :meth:`StepErrors.note` files an error the
+moment a step raises it: the end of the data is a clean stop; ``AbortedError`` /
+``UnavailableError`` mark the session as recovering (when a part can restore); any other
+error is kept (never lost), the state marked suspect (no final checkpoint of a
+half-updated state) and the stop flag raised. On the event loop, the awaiting task then
+calls :meth:`StepErrors.recover` (restore and retry?) and, if not,
+:meth:`StepErrors.step_failed` (stop).
+
+Recovery. TF1's ``MonitoredSession`` recreated the session and retried forever. Here a step that
 raises one of these errors makes the session restore the latest checkpoint (on the step
 thread) and go on, at most :attr:`RecoveryPolicy.max_retries` times within
 :attr:`RecoveryPolicy.window_secs`, waiting a backoff first; past that the error
@@ -11,7 +21,8 @@ loop, decides, waits and restores. Without a checkpoint to restore the error pro
 The backoff starts at ``min(1, recovery_wait_secs)`` seconds and doubles up to
 ``recovery_wait_secs`` (the Supervisor setting), on the supervisor's injectable clock.
 A transient error raised by that restore itself is one more attempt under the same
-policy: it never makes the checkpoint count as corrupt.
+policy: it never makes the checkpoint count as corrupt. :func:`retry_transient` is that
+retry loop, also used for start-up's restore-or-init.
 """
 
 from __future__ import annotations
@@ -22,14 +33,14 @@ from typing import TYPE_CHECKING, TypeVar
 import anyio
 
 from .._logging import describe, get_logger
-from .._tf import is_recoverable
+from .._tf import is_end_of_data, is_recoverable
 from ._services import FailureWindow, RestartPolicy
 
 if TYPE_CHECKING:
     from ._clock import Clock
     from ._runtime import Runtime
 
-__all__ = ["recover", "recovery_policy", "retry_transient"]
+__all__ = ["StepErrors", "recovery_policy", "retry_transient"]
 
 T = TypeVar("T")
 
@@ -48,18 +59,6 @@ def recovery_policy(recovery_wait_secs: float) -> RestartPolicy:
         backoff_secs=min(1.0, recovery_wait_secs),
         max_backoff_secs=recovery_wait_secs,
     )
-
-
-def _restore_for_recovery(rt: Runtime) -> str | None:
-    """On the step thread: restore the latest checkpoint and the step count."""
-    assert rt.checkpointer is not None
-    path = rt.checkpointer.restore(strict=False)
-    if path is not None:
-        rt.step = int(rt.global_step_var.numpy())
-        rt.recovering = False
-        if rt.saver is not None:
-            rt.saver.arm()
-    return path
 
 
 async def retry_transient(
@@ -92,39 +91,111 @@ async def retry_transient(
                 await clock.sleep_until(now + backoff)
 
 
-async def recover(rt: Runtime, failures: FailureWindow, exc: BaseException) -> bool:
-    """On the event loop: restore and return ``True`` to retry, or ``False`` to propagate."""
-    clock = rt.clock
-    now = clock.now()
-    attempt = failures.record(now)
-    if rt.checkpointer is None or attempt > failures.policy.max_restarts:
-        log.error(
-            "session.recovery_gave_up",
-            error=describe(exc),
-            retries=attempt - 1,
-            why="no checkpoint directory" if rt.checkpointer is None else "retry limit reached",
-        )
-        return False
-    backoff = failures.policy.backoff_for(attempt)
-    log.warning("session.recovering", error=describe(exc), attempt=attempt, backoff_secs=backoff)
+def _add_note(exc: BaseException, note: str) -> None:
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
 
-    async def restore() -> str | None:
-        if rt.saver is not None:
-            await rt.saver.drain()  # a checkpoint being written is the one to restore
-        path: str | None = await rt.step_thread.call(_restore_for_recovery, rt)
+
+class StepErrors:
+    """The step-error semantics of one session (see the module docstring)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+        self._failures = FailureWindow(recovery_policy(rt.config.recovery_wait_secs))
+        #: a step raised AbortedError/UnavailableError: the awaiting task will recover()
+        self.recovering = False
+
+    def note(self, exc: BaseException, *, recoverable: bool = True) -> None:
+        """On the step thread: a step raised ``exc`` (see the module docstring)."""
+        if is_end_of_data(exc):  # the data ran out: a clean stop (TF1 calls hook.end too)
+            return
+        rt = self._rt
+        control = rt.control
+        if recoverable and rt.parts.can_restore and is_recoverable(exc) and not control.stopping:
+            self.recovering = True  # the awaiting task calls recover(): restore and retry, or give up
+            return
+        control.state_suspect = True
+        control.record_error(exc)
+
+    def step_fn_failed(self, exc: BaseException) -> None:
+        """On the step thread: a ``run_step_fn`` step function raised ``exc`` itself.
+
+        The same as a step raising it: the state is suspect and the error kept, or, for
+        ``AbortedError``/``UnavailableError``, the session recovers; end of data stays
+        a clean stop.
+        """
+        if is_end_of_data(exc):
+            return  # step_failed() stops cleanly (or not, if a swallowed error left us recovering)
+        # A recoverable error that step_fn caught and replaced with this one is not
+        # recovered from: this error decides.
+        self.recovering = False
+        self.note(exc)
+
+    async def recover(self, exc: BaseException) -> bool:
+        """On the loop: after a step error, restore and return whether to retry the step."""
+        if not self.recovering:
+            return False
+        try:
+            retry = await self._recover(exc)
+        except Exception as err:
+            _add_note(exc, f"asupervisor: recovery failed: {err!r}")
+            retry = False
+        if not retry:
+            self.recovering = False
+            self.note(exc, recoverable=False)
+        return retry
+
+    def step_failed(self, exc: BaseException) -> bool:
+        """On the loop: a step raised ``exc``; stop. Returns whether it was end of data."""
+        control = self._rt.control
+        if self.recovering:  # a caller that does not recover: the error stops the session
+            self.recovering = False
+            control.state_suspect = True
+        if is_end_of_data(exc):
+            control.request_stop(reason="end_of_data")
+            return True
+        control.request_stop(exc)
+        return False
+
+    def _restore(self) -> str | None:
+        """On the step thread: restore the latest checkpoint and the step count."""
+        rt = self._rt
+        path = rt.parts.restore(rt, recovering=True)
+        if path is not None:
+            self.recovering = False
+            rt.parts.arm(rt.step)
         return path
 
-    try:
-        if backoff > 0:
-            await clock.sleep_until(now + backoff)
-        # a transient error of the restore itself is another attempt of the same policy
-        # (never a reason to call the checkpoint corrupt)
-        path = await retry_transient(restore, failures, clock, event="session.recovering")
-    except anyio.get_cancelled_exc_class():
-        rt.control.state_suspect = True  # stopped before the state was restored
-        raise
-    if path is None:
-        log.error("session.recovery_gave_up", error=describe(exc), why="no checkpoint to restore")
-        return False
-    log.info("session.recovered", step=rt.step, path=path)
-    return True
+    async def _recover(self, exc: BaseException) -> bool:
+        rt = self._rt
+        failures = self._failures
+        clock = rt.clock
+        now = clock.now()
+        attempt = failures.record(now)
+        if attempt > failures.policy.max_restarts:
+            log.error("session.recovery_gave_up", error=describe(exc), retries=attempt - 1, why="retry limit reached")
+            return False
+        backoff = failures.policy.backoff_for(attempt)
+        log.warning("session.recovering", error=describe(exc), attempt=attempt, backoff_secs=backoff)
+
+        async def restore() -> str | None:
+            await rt.parts.settle(rt)  # a checkpoint being written is the one to restore
+            path: str | None = await rt.step_thread.call(self._restore)
+            return path
+
+        try:
+            if backoff > 0:
+                await clock.sleep_until(now + backoff)
+            # a transient error of the restore itself is another attempt of the same policy
+            # (never a reason to call the checkpoint corrupt)
+            path = await retry_transient(restore, failures, clock, event="session.recovering")
+        except anyio.get_cancelled_exc_class():
+            rt.control.state_suspect = True  # stopped before the state was restored
+            raise
+        if path is None:
+            log.error("session.recovery_gave_up", error=describe(exc), why="no checkpoint to restore")
+            return False
+        log.info("session.recovered", step=rt.step, path=path)
+        return True

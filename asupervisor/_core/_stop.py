@@ -12,18 +12,19 @@ first being the one ``managed_session()`` raises. This module must never block.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import anyio
+
 from .._logging import describe, get_logger
 
 if TYPE_CHECKING:
-    import anyio
-
     from ._handoff import LoopHandle
 
-__all__ = ["StopControl"]
+__all__ = ["Deadline", "StopControl"]
 
 log = get_logger(__name__)
 
@@ -102,3 +103,32 @@ class StopControl:
         with self._lock:
             if not any(e is exc for e in self.errors):
                 self.errors.append(exc)
+
+
+class Deadline:
+    """The one deadline of a stop, on the loop's clock: ``grace_secs`` after it began.
+
+    Every phase of a shutdown runs under what is left of it (:meth:`remaining`), so
+    phases share one grace period instead of each getting all of it.
+    """
+
+    __slots__ = ("at", "grace_secs")
+
+    def __init__(self, grace_secs: float) -> None:
+        self.grace_secs = grace_secs
+        self.at = anyio.current_time() + grace_secs if math.isfinite(grace_secs) else math.inf
+
+    @property
+    def expired(self) -> bool:
+        """Whether the deadline has passed."""
+        return anyio.current_time() >= self.at
+
+    def remaining(self) -> float:
+        """Seconds left (0 once passed; ``math.inf`` for an infinite grace)."""
+        return max(0.0, self.at - anyio.current_time())
+
+    def extended(self, secs: float) -> Deadline:
+        """A deadline at least ``secs`` from now (the wind-down after the grace ran out)."""
+        later = Deadline(self.grace_secs)
+        later.at = max(self.at, anyio.current_time() + secs)
+        return later

@@ -35,13 +35,14 @@ from __future__ import annotations
 import inspect
 import itertools
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .._core._abc import SessionPart
 from .._core._services import Service, ServiceContext
+from .._core._status import QueueStatistics
 from .._logging import describe, get_logger
 from .._tf import is_end_of_data, tf
 from ._queue import END, BoundedQueue, PutResult
@@ -56,37 +57,6 @@ __all__ = ["QueueRunner", "QueueStatistics"]
 log = get_logger(__name__)
 
 _names = itertools.count()
-
-
-@dataclass(frozen=True, kw_only=True)
-class QueueStatistics:
-    """A snapshot of a queue runner's queue (``QueueRunner.statistics()``).
-
-    Attributes:
-        size: items queued now.
-        capacity: the most items the queue holds.
-        produced: items put by the producers in this session.
-        consumed: items taken by the consumer in this session.
-        consumer_wait_secs: total time the consumer waited for an empty queue to fill.
-        fraction_full: ``size / capacity`` (TF1's ``queue/<name>/fraction_full``).
-        max_size: the largest size seen in this session (never above ``capacity``).
-    """
-
-    size: int
-    capacity: int
-    produced: int
-    consumed: int
-    consumer_wait_secs: float
-    fraction_full: float
-    max_size: int
-
-
-class _RuntimeContext(ServiceContext, Protocol):
-    """The parts of the runtime a queue runner's service uses beyond ``ServiceContext``."""
-
-    scalar_sources: list[Callable[[], dict[str, float]]]
-    step_wakers: list[Callable[[], None]]
-    queue_stats: dict[str, Callable[[], QueueStatistics]]
 
 
 class QueueRunner:
@@ -251,16 +221,32 @@ class _QueueIterator:
         return item
 
 
-class _QueueRunnerService(Service):
-    """The service that runs one queue runner's producers for a session."""
+class _QueueRunnerService(Service, SessionPart):
+    """The service that runs one queue runner's producers for a session; as a session
+    part it releases the step thread's wait for input at a stop and reports the queue's
+    statistics and ``fraction_full`` scalar."""
 
     def __init__(self, qr: QueueRunner) -> None:
         self.qr = qr
         self.name = f"queue_runner:{qr.name}"
+        self._running: BoundedQueue | None = None  # this session's queue, once started
+
+    def wake(self) -> None:
+        """Any thread, at a stop or a halted ``run_loop``: release the consumer's wait."""
+        q = self._running
+        if q is not None:
+            q.interrupt()
+
+    def scalars(self) -> Mapping[str, float]:
+        """``queue/<name>/fraction_full`` once the queue runs."""
+        return {} if self._running is None else self.qr._scalars()
+
+    def queues(self) -> Mapping[str, QueueStatistics]:
+        """This queue's statistics once it runs."""
+        return {} if self._running is None else {self.qr.name: self.qr.statistics()}
 
     async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
         """Start the producers, report ready, and wait for them to finish."""
-        rt: _RuntimeContext = ctx  # type: ignore[assignment]
         qr = self.qr
         if qr._queue is not None and not qr._queue.closed:
             raise RuntimeError(
@@ -268,10 +254,7 @@ class _QueueRunnerService(Service):
             )
         q = BoundedQueue(qr.capacity, qr.threads, ctx.control, ctx.loop)
         qr._queue = q
-        rt.queue_stats[qr.name] = qr.statistics
-        if q.interrupt not in rt.step_wakers:
-            rt.step_wakers.append(q.interrupt)
-        rt.scalar_sources.append(qr._scalars)
+        self._running = q
         log.info("queue_runner.started", queue=qr.name, capacity=qr.capacity, threads=qr.threads)
         try:
             if qr._is_async:

@@ -16,11 +16,11 @@ first.
 :class:`SummaryService` runs every ``save_summaries_secs`` on the chief when ``logdir`` is
 set. At each tick it takes, at a step boundary, the step count and the scalar entries of
 the last step's output mapping (no device sync: only references are taken), and queues
-them with the values of the runtime's ``scalar_sources``. ``global_step/sec`` is written
-when the step-counter service measures it (``Runtime._on_rate``).
+them with the values of the session parts' ``scalars``. ``global_step/sec`` is written
+when the step-counter service measures it (see :mod:`._part`).
 
 Nothing here runs TensorFlow or touches a file on the event loop thread. The writer is
-flushed and closed in the session's ``closers`` phase, after one last summary of the
+flushed and closed in the session's ``aclose`` phase, after one last summary of the
 steps run since the last tick.
 """
 
@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._core._abc import SessionAttribute
 from .._core._clock import interval_ticks
 from .._core._services import Service
 from .._logging import describe, get_logger
@@ -45,8 +46,8 @@ from .._tf import tf
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
 
+    from .._core._abc import SessionContext
     from .._core._handoff import Waiter
-    from .._core._runtime import Runtime
     from .._core._services import ServiceContext
     from .._core._threads import DedicatedThread
 
@@ -150,18 +151,19 @@ def _summary_value(name: str, value: Any) -> Any:
 class SummaryWriter:
     """The session's event-file writer; :meth:`write` may be called from any thread.
 
-    Create it with :meth:`open` (the runtime does, on the chief when ``logdir`` is set).
+    The summary part creates it on the chief when ``logdir`` is set; its thread is joined
+    and the event file flushed and closed when the session ends.
 
     Args:
         logdir: the directory of the event files.
         thread: the dedicated thread all writes run on.
-        runtime: the session (its stop control gets write errors).
+        ctx: the session (write errors stop it).
     """
 
-    def __init__(self, logdir: Path, thread: DedicatedThread, runtime: Runtime) -> None:
+    def __init__(self, logdir: Path, thread: DedicatedThread, ctx: SessionContext) -> None:
         self.logdir = logdir
         self._thread = thread
-        self._rt = runtime
+        self._ctx = ctx
         self._writer: Any = None
         self._closed = False
         # post(): values queued without waking the summary thread; handed over in batches
@@ -170,20 +172,6 @@ class SummaryWriter:
         #: the step of the last periodic summary (the summary service keeps it up to date);
         #: at close, a final summary is written if steps ran since
         self.last_step_written: int | None = None
-
-    @classmethod
-    def open(cls, runtime: Runtime) -> SummaryWriter | None:
-        """The writer for ``runtime`` (on the loop thread), or ``None`` when it writes none.
-
-        Only the chief with a ``logdir`` writes summaries. The writer's thread is joined
-        and the writer flushed and closed when the session ends.
-        """
-        config = runtime.config
-        if config.logdir is None or not config.is_chief:
-            return None
-        writer = cls(Path(config.logdir), runtime.new_thread("asv-summary"), runtime)
-        runtime.closers.append(writer.aclose)
-        return writer
 
     @property
     def closed(self) -> bool:
@@ -264,7 +252,7 @@ class SummaryWriter:
             self._record(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
         except Exception as exc:
             log.error("summary.write_failed", step=step, error=describe(exc))
-            self._rt.control.request_stop(exc, reason="service:summary")
+            self._ctx.request_stop(exc, reason="service:summary")
             raise
 
     def _record(self, event: Any) -> None:
@@ -293,11 +281,11 @@ class SummaryWriter:
         """Write what is queued, then flush and close the event file (a session closer)."""
         if self._closed:
             return
-        rt = self._rt
-        if self.last_step_written is not None and rt.step != self.last_step_written:
+        ctx = self._ctx
+        if self.last_step_written is not None and ctx.global_step != self.last_step_written:
             # the steps since the last tick are not lost: one last summary at stop
-            step, scalars = await rt.step_thread.call(_snapshot, rt)
-            waiter = self.write(step, scalars, tuple(rt.scalar_sources))
+            step, scalars = await ctx.run_on_step_thread(_snapshot, ctx)
+            waiter = self.write(step, scalars, ctx.scalar_sources())
             if waiter is not None:
                 await waiter.wait()
         self._closed = True
@@ -305,9 +293,9 @@ class SummaryWriter:
         log.debug("summary.closed", logdir=str(self.logdir))
 
 
-def _snapshot(rt: Runtime) -> tuple[int, dict[str, Any]]:
+def _snapshot(ctx: SessionContext) -> tuple[int, dict[str, Any]]:
     """On the step thread, at a boundary: the step and its output's scalars (references)."""
-    return rt.step, scalar_entries(rt.last_output)
+    return ctx.global_step, scalar_entries(ctx.last_output)
 
 
 class SummaryService(Service):
@@ -316,33 +304,33 @@ class SummaryService(Service):
     Args:
         interval_secs: seconds between summaries (> 0).
         writer: the session's summary writer.
-        runtime: the session (its step count, last output and scalar sources).
+        ctx: the session (its step count, last output and scalar sources).
     """
 
     name = "summary"
 
-    def __init__(self, interval_secs: float, writer: SummaryWriter, runtime: Runtime) -> None:
+    def __init__(self, interval_secs: float, writer: SummaryWriter, ctx: SessionContext) -> None:
         if not (interval_secs > 0 and math.isfinite(interval_secs)):
             raise ValueError(f"interval_secs must be a positive number, got {interval_secs!r}")
         self.interval_secs = float(interval_secs)
         self.writer = writer
-        self._rt = runtime
+        self._ctx = ctx
 
     async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
         """Tick every ``interval_secs``, the first tick one interval after start."""
-        rt = self._rt
+        session = self._ctx
         task_status.started()
         ctx.set_service_state(self.name, "running")
         last_written = -1
-        self.writer.last_step_written = rt.step
+        self.writer.last_step_written = session.global_step
         first = ctx.clock.now() + self.interval_secs
         async for _ in interval_ticks(ctx.clock, self.interval_secs, first_at=first):
-            step, scalars = await rt.step_thread.submit_at_boundary(_snapshot, rt).wait(
+            step, scalars = await ctx.step_thread.submit_at_boundary(_snapshot, session).wait(
                 grace_secs=ctx.stop_grace_secs
             )
             if step == last_written:  # no step since the last tick: the same values again
                 scalars = {}
-            sources = tuple(rt.scalar_sources)
+            sources = session.scalar_sources()
             if not scalars and not sources:
                 continue
             waiter = self.writer.write(step, scalars, sources)
@@ -351,8 +339,9 @@ class SummaryService(Service):
             last_written = self.writer.last_step_written = step
 
 
-def summary_computed(rt: Runtime | None, values: Mapping[str, Any], global_step: int | None = None) -> None:
-    """``Supervisor.summary_computed``: queue ``values`` for the event file.
+def summary_computed(ctx: SessionContext | None, values: Mapping[str, Any], global_step: int | None = None) -> None:
+    """``Supervisor.summary_computed``: queue ``values`` for the event file (``ctx``:
+    the running session, ``None`` when there is none).
 
     Without a summary writer (no ``logdir``, or not the chief) this does nothing.
     Variables among the values are read at the next step boundary, on the step thread.
@@ -364,19 +353,19 @@ def summary_computed(rt: Runtime | None, values: Mapping[str, Any], global_step:
             raise TypeError(f"summary names must be non-empty strings, got {name!r}")
     if global_step is not None and (isinstance(global_step, bool) or not isinstance(global_step, numbers.Integral)):
         raise TypeError(f"global_step must be an int or None, got {global_step!r}")
-    if rt is None or not rt._entered or rt.closed:
+    if ctx is None:
         raise RuntimeError("summary_computed() needs a running managed_session()")
-    writer = rt.summary_writer
+    writer = ctx.extra(SessionAttribute.summary_writer, None)
     if writer is None:
         log.debug("summary.skipped", reason="no summary writer (no logdir, or not the chief)")
         return
-    step = rt.step if global_step is None else int(global_step)
+    step = ctx.global_step if global_step is None else int(global_step)
     values = dict(values)
     if any(_is_variable(v) for v in values.values()):
 
         def read_variables() -> None:
             writer.write(step, {k: (v.read_value() if _is_variable(v) else v) for k, v in values.items()})
 
-        rt.step_thread.submit_at_boundary(read_variables)
+        ctx.step_thread.submit_at_boundary(read_variables)
         return
     writer.write(step, values)

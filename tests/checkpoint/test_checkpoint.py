@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import asupervisor as asv
 from asupervisor._checkpoint.files import _commit as files
+from asupervisor._core._abc import SessionAttribute
 from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
@@ -433,7 +434,7 @@ async def test_timed_save_while_a_write_is_in_flight_is_skipped_and_logged(tmp_p
         async with sv.managed_session() as sess:
             try:
                 await sv.save_now()
-                saver = sv._runtime.saver  # type: ignore[union-attr]
+                saver = sv._runtime.extra(SessionAttribute.checkpoints).saver  # type: ignore[union-attr, attr-defined]
                 saver._writer.submit(gate.wait)  # the writer is busy until the gate opens
                 await sess.run(bump(state))
                 await _tick(clock, 60)  # step 1 snapshotted, its write queued: in flight

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import asupervisor as asv
 from asupervisor._checkpoint.files import _commit as files
+from asupervisor._core._abc import SessionAttribute
 from asupervisor.testing import ManualClock, capture_logs
 
 # 32 MB: its write and fsync take far longer than ten of the steps below
@@ -109,7 +110,7 @@ async def test_timed_saves_coalesce_while_the_writer_is_busy(tmp_path: Path) -> 
         async with sv.managed_session() as sess:
             try:
                 await sv.save_now()  # step 0 committed
-                saver = sv._runtime.saver  # type: ignore[union-attr]
+                saver = sv._runtime.extra(SessionAttribute.checkpoints).saver  # type: ignore[union-attr, attr-defined]
                 saver._writer.submit(gate.wait)  # the writer is busy until the gate opens
                 await sess.run(bump(state))
                 await _tick(clock, 60)  # step 1 snapshotted, its write queued behind the gate

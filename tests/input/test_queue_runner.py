@@ -445,7 +445,7 @@ async def test_statistics_in_status_and_scalar_sources(no_new_threads: None) -> 
         rt = sv._runtime
         assert rt is not None
         scalars: dict[str, float] = {}
-        for source_fn in rt.scalar_sources:
+        for source_fn in rt.scalar_sources():
             scalars.update(source_fn())
         assert scalars["queue/feed/fraction_full"] == 1.0
         await sess.run_loop(lambda item: None, data=qr)

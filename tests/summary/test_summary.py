@@ -13,6 +13,7 @@ import tensorflow as tf
 from eventfiles import read_events, steps_of
 
 import asupervisor as asv
+from asupervisor._core._abc import SessionAttribute
 from asupervisor.testing import ManualClock
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_new_threads")]
@@ -95,13 +96,26 @@ async def test_service_reads_outputs_only_on_the_summary_thread_at_ticks(tmp_pat
 
 
 async def test_scalar_sources_are_written_each_tick(tmp_path: Path) -> None:
-    """Callables in ``rt.scalar_sources`` (queue runners' fill levels) are written at each tick."""
+    """The ``scalars`` of every session part (queue runners' fill levels) are written at each tick."""
+    from anyio.abc import TaskStatus
+
+    from asupervisor._core._abc import SessionPart
+
     clock = ManualClock()
     levels = iter([0.25, 0.75])
+
+    class Levels(asv.Service, SessionPart):
+        name = "levels"
+
+        def scalars(self) -> dict[str, float]:
+            return {"queue/input/fraction_full": next(levels)}
+
+        async def run(self, ctx: asv.ServiceContext, *, task_status: TaskStatus[None]) -> None:
+            task_status.started()
+
     sv = make_sv(tmp_path, clock)
+    sv.add_service(Levels())
     async with sv.managed_session() as sess:
-        assert sv._runtime is not None
-        sv._runtime.scalar_sources.append(lambda: {"queue/input/fraction_full": next(levels)})
         await sess.run(lambda: None)
         await tick(clock, 60)
         await sess.run(lambda: None)
@@ -175,8 +189,8 @@ async def test_post_error_stops_the_session(tmp_path: Path) -> None:
     sv = make_sv(tmp_path, clock)
     with pytest.raises(TypeError, match="cannot write summary"):
         async with sv.managed_session() as sess:
-            assert sv._runtime is not None and sv._runtime.summary_writer is not None
-            sv._runtime.summary_writer.post(1, {"bad": np.array([1j])})
+            assert sv._runtime is not None and sv._runtime.extra(SessionAttribute.summary_writer, None) is not None
+            sv._runtime.extra(SessionAttribute.summary_writer, None).post(1, {"bad": np.array([1j])})
             while not sess.should_stop():
                 await anyio.lowlevel.checkpoint()
             await sess.run(lambda: None)
@@ -202,8 +216,8 @@ async def test_posts_reach_the_summary_thread_in_batches_in_order(
             return value
 
     async with sv.managed_session():
-        assert sv._runtime is not None and sv._runtime.summary_writer is not None
-        writer = sv._runtime.summary_writer
+        assert sv._runtime is not None and sv._runtime.extra(SessionAttribute.summary_writer, None) is not None
+        writer = sv._runtime.extra(SessionAttribute.summary_writer, None)
         writer._handed_at = 0.0  # as if just handed over: with no time limit, only size counts
         for step in range(1, 4):
             writer.post(step, {"x": ThreadRecordingTensor(float(step), reads)})
@@ -225,8 +239,8 @@ async def test_event_file_is_flushed_and_closed_on_stop(tmp_path: Path) -> None:
         for i in range(20):
             sv.summary_computed({"x": float(i)}, global_step=i)
     assert steps_of(read_events(tmp_path), "x") == list(range(20))
-    assert sv._runtime is not None and sv._runtime.summary_writer is not None
-    assert sv._runtime.summary_writer.closed
+    assert sv._runtime is not None and sv._runtime.extra(SessionAttribute.summary_writer, None) is not None
+    assert sv._runtime.extra(SessionAttribute.summary_writer, None).closed
 
 
 async def test_steps_after_the_last_tick_are_summarised_at_stop(tmp_path: Path) -> None:

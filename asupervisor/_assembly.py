@@ -1,0 +1,40 @@
+"""The assembly: which parts make up a session of a ``Supervisor``.
+
+The one place that names concrete features. ``Supervisor.managed_session()`` hands the
+engine (``_core``) the parts built here from the supervisor's settings, in the order
+their phases run within each phase: summaries (so the writer is open for the hooks),
+then checkpoints. Stock hooks and services that are parts too (queue runners) are added
+by the engine itself, from the hooks and services it is given.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._checkpoint._part import CheckpointPart
+from ._summary._part import SummaryPart
+
+if TYPE_CHECKING:
+    from ._config import SupervisorConfig
+    from ._core._abc import SessionPart
+
+__all__ = ["session_parts"]
+
+
+def session_parts(config: SupervisorConfig) -> list[SessionPart]:
+    """The feature parts of one session of a supervisor with ``config``."""
+    return [
+        SummaryPart(config.logdir, is_chief=bool(config.is_chief), interval_secs=config.save_summaries_secs),
+        CheckpointPart(
+            config.logdir,
+            basename=config.checkpoint_basename,
+            is_chief=bool(config.is_chief),
+            cluster=config.cluster,
+            multi_worker=config.multi_worker,
+            save_secs=config.save_model_secs,
+            save_steps=config.save_model_steps,
+            max_to_keep=config.max_to_keep,
+            keep_every_n_hours=config.keep_checkpoint_every_n_hours,
+            when_busy=config.checkpoint_when_busy,
+        ),
+    ]

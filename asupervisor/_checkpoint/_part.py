@@ -1,0 +1,283 @@
+"""The checkpoint part of a session: restore at start-up, every save, the final checkpoint.
+
+:class:`CheckpointPart` is what the engine knows of checkpoints (through
+``SessionPart``): it restores the latest good checkpoint at start-up (and again to
+recover from an aborted step), tracks ``run_loop``'s ``tf.data`` iterator, fires the
+step saves (its ``next_trigger``/``on_step``), runs the checkpoint service (timed and
+start-up saves), takes the final checkpoint and waits for writes in flight at the end.
+It offers ``SessionAttribute.checkpoints`` (``save_now``, the last checkpoint, saves for
+``CheckpointSaverHook``). The decisions of when to save live in :mod:`._saver`; the
+snapshots, writes and restores in :mod:`._manager`. Never imports another feature.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._core._abc import SessionAttribute, SessionPart
+from .._logging import get_logger
+from .._tf import tf
+from ._manager import Checkpointer, write_checkpoint_now
+from ._multi_worker import WorkerTempWriter
+from ._saver import CheckpointSaver, CheckpointService
+
+if TYPE_CHECKING:
+    from .._cluster import ClusterInfo
+    from .._core._abc import SessionContext
+    from .._core._services import Service
+    from .._core._status import CheckpointInfo
+
+__all__ = ["CheckpointPart"]
+
+log = get_logger(__name__)
+
+
+def _same_dir(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether ``a`` and ``b`` name the same directory, however each is spelled."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist (yet): compare where they would resolve
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+class CheckpointPart(SessionPart):
+    """Checkpoints of one session (see the module docstring).
+
+    Args:
+        logdir: the checkpoint directory (``None``: no checkpoints of the session's own).
+        basename: checkpoint file prefix.
+        is_chief: the chief writes checkpoints.
+        cluster: the cluster (multi-worker: every worker snapshots at the same steps).
+        multi_worker: whether this is one of several training workers.
+        save_secs: ``save_model_secs`` (0: no timed saves).
+        save_steps: ``save_model_steps``.
+        max_to_keep: checkpoints kept (``None``: all).
+        keep_every_n_hours: also keep one checkpoint per this many hours.
+        when_busy: ``checkpoint_when_busy``.
+    """
+
+    name = "checkpoint"
+
+    def __init__(
+        self,
+        logdir: str | Path | None,
+        *,
+        basename: str,
+        is_chief: bool,
+        cluster: ClusterInfo | None,
+        multi_worker: bool,
+        save_secs: float,
+        save_steps: int | None,
+        max_to_keep: int | None,
+        keep_every_n_hours: float | None,
+        when_busy: str,
+    ) -> None:
+        self.logdir = None if logdir is None else Path(logdir)
+        self.basename = basename
+        self.is_chief = is_chief
+        self.cluster = cluster
+        self.multi_worker = multi_worker
+        self.save_secs = save_secs
+        self.save_steps = save_steps
+        self.max_to_keep = max_to_keep
+        self.keep_every_n_hours = keep_every_n_hours
+        self.when_busy = when_busy
+        self.checkpointer: Checkpointer | None = None
+        self.saver: CheckpointSaver | None = None
+        self._restored_from: str | None = None
+        self._ctx: SessionContext | None = None
+
+    def start(self, ctx: SessionContext) -> None:
+        """Keep the session for saves made on behalf of hooks and front doors."""
+        self._ctx = ctx
+
+    @property
+    def restorable(self) -> bool:
+        """Whether a checkpoint directory is set up (a step error can then be recovered from)."""
+        return self.checkpointer is not None
+
+    @property
+    def saving(self) -> bool:
+        """Whether this session saves checkpoints (start-up, timed, step and final saves)."""
+        return self.saver is not None and (self.save_secs > 0 or self.save_steps is not None)
+
+    # -- what the other parts and the front doors see (CheckpointSaving) -----------------
+
+    @property
+    def last(self) -> CheckpointInfo | None:
+        """The latest committed checkpoint of the logdir, or ``None``."""
+        return None if self.checkpointer is None else self.checkpointer.last
+
+    @property
+    def restored_from(self) -> str | None:
+        """The checkpoint this session started from, or ``None``."""
+        return self._restored_from
+
+    def extra_attributes(self, ctx: SessionContext) -> Mapping[Any, Callable[[], Any]]:
+        """``SessionAttribute.checkpoints``: this part."""
+        return {SessionAttribute.checkpoints: lambda: self}
+
+    def save_on_step_thread(self, directory: str | None = None, basename: str | None = None) -> str:
+        """On the step thread: checkpoint the state now and make it the latest; its path.
+
+        What ``CheckpointSaverHook`` saves through. Into the session's own logdir it goes
+        through the session's checkpointer (same commit protocol and retention, and a step
+        already saved is not written twice), however ``directory`` spells it (relative,
+        through ``..`` or a symlink); elsewhere, a one-off checkpointer for that
+        directory with the same protocol.
+        """
+        target = directory if directory is not None else self.logdir
+        if target is None:
+            raise ValueError("no checkpoint directory: the Supervisor has no logdir")
+        name = basename or self.basename
+        ctx = self._ctx
+        assert ctx is not None, "the session has not started"
+        ctx.check_before_snapshot()
+        ctx.sync_global_step()
+        step = ctx.global_step
+        own = self.checkpointer
+        if own is not None and name == self.basename and _same_dir(target, own.logdir):
+            snap = own.snapshot(step)
+            if snap is None:  # this step is already saved (or being written)
+                return str(own.logdir / f"{name}-{step}")
+            return own.write(snap).path
+        return write_checkpoint_now(
+            ctx.state,
+            target,
+            name,
+            step,
+            max_to_keep=self.max_to_keep,
+            keep_checkpoint_every_n_hours=self.keep_every_n_hours,
+        )
+
+    async def save_now(self) -> CheckpointInfo:
+        """``Supervisor.save_now()``: a checkpoint at the next step boundary, committed."""
+        if self.multi_worker:
+            raise RuntimeError(
+                "save_now() is not available in multi-worker training: every worker must "
+                "snapshot at the same step; use save_model_steps"
+            )
+        if self.saver is None:
+            raise RuntimeError("save_now() needs a logdir and a chief supervisor (is_chief=True)")
+        info = await self.saver.save("save_now", force=True, wait=True)
+        assert info is not None
+        return info
+
+    # -- session phases ----------------------------------------------------------------
+
+    def restore(self, ctx: SessionContext, *, recovering: bool = False) -> str | None:
+        """On the step thread: set up checkpointing and restore the latest good checkpoint.
+
+        At start-up: called again for each start-up retry (``Runtime._start_up``), so a
+        transient error raised here sets nothing aside. When ``recovering``: restores the
+        latest checkpoint without setting any aside.
+
+        Raises:
+            CheckpointError: another model's checkpoint, or checkpoint files of which
+                none loads.
+            tf.errors.AbortedError, tf.errors.UnavailableError: transient; the caller retries.
+        """
+        if self.logdir is None:
+            return None
+        if recovering:
+            assert self.checkpointer is not None
+            path = self.checkpointer.restore(strict=False)
+            if path is not None:
+                ctx.set_step(int(ctx.global_step_var.numpy()))
+            return path
+        checkpointer = Checkpointer(
+            ctx.state,
+            self.logdir,
+            basename=self.basename,
+            max_to_keep=self.max_to_keep,
+            keep_checkpoint_every_n_hours=self.keep_every_n_hours,
+        )
+        worker_writer = None
+        if self.is_chief:
+            checkpointer.prepare()
+        elif self.multi_worker:
+            assert self.cluster is not None
+            worker_writer = WorkerTempWriter(self.logdir, self.cluster, basename=self.basename)
+            worker_writer.clean_leftovers()
+        self.checkpointer = checkpointer
+        path = checkpointer.restore()
+        self._restored_from = path
+        if path is not None:
+            ctx.set_step(int(ctx.global_step_var.numpy()))
+            log.info("session.restored", step=ctx.global_step, path=path)
+        if self.is_chief or worker_writer is not None:
+            self.saver = CheckpointSaver(
+                ctx,
+                checkpointer,
+                save_steps=self.save_steps,
+                write=None if worker_writer is None else worker_writer.write,
+                multi_worker=self.multi_worker,
+                when_busy=self.when_busy,
+            )
+        return path
+
+    async def settle(self, ctx: SessionContext) -> None:
+        """Before a recovery's restore: a checkpoint being written is the one to restore."""
+        if self.saver is not None:
+            await self.saver.drain()
+
+    def next_trigger(self, step: int) -> float:
+        """The next multiple of ``save_model_steps`` (when this session saves)."""
+        return float("inf") if self.saver is None else self.saver.next_trigger(step)
+
+    def on_step(self, ctx: SessionContext) -> None:
+        """A step save is due: snapshot now and hand it to the writer."""
+        assert self.saver is not None
+        self.saver.on_step()
+
+    def services(self, ctx: SessionContext) -> Iterable[Service]:
+        """The checkpoint service (start-up and timed saves), when this session saves."""
+        if self.saver is None or not self.saving:
+            return []  # saving disabled: no start-up, timed or final checkpoint
+        if self.multi_worker:  # steps only, the same on every worker (see _multi_worker)
+            return [CheckpointService(self.saver, 0, save_at_start=False)]
+        return [CheckpointService(self.saver, self.save_secs, save_at_start=self._restored_from is None)]
+
+    def iterator_for(self, ctx: SessionContext, data: Any, checkpoint_iterator: bool | None) -> Iterator[Any] | None:
+        """A ``tf.data`` iterator tracked in checkpoints as ``checkpoint_iterator`` says.
+
+        Raises:
+            CheckpointError: ``checkpoint_iterator=True`` and the position of ``data``
+                cannot be checkpointed (or ``data`` is not a ``tf.data.Dataset``).
+        """
+        from ._iterator_state import serialisation_problem, untrackable_error
+
+        if not isinstance(data, tf().data.Dataset):
+            if checkpoint_iterator:
+                raise untrackable_error(f"data is a {type(data).__name__}, not a tf.data.Dataset")
+            return None
+        if self.checkpointer is not None:
+            iterator: Iterator[Any] = self.checkpointer.track_iterator(data, checkpoint_iterator)
+            return iterator
+        iterator = iter(data)
+        if checkpoint_iterator:  # no checkpoints here, but the same pipeline fails with them
+            problem = serialisation_problem(iterator)
+            if problem is not None:
+                raise untrackable_error(problem)
+        return iterator
+
+    def wake(self) -> None:
+        """At a stop: release the step thread's wait for the writer."""
+        if self.saver is not None:
+            self.saver.wake()
+
+    async def final(self, ctx: SessionContext) -> None:
+        """The final checkpoint."""
+        if self.saving:
+            assert self.saver is not None
+            await self.saver.final_save()
+
+    async def aclose(self, ctx: SessionContext) -> None:
+        """Wait for writes in flight (abandoned at the stop's deadline); raise an error
+        none has raised yet."""
+        if self.saving:
+            assert self.saver is not None
+            await self.saver.aclose()

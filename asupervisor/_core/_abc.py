@@ -1,0 +1,353 @@
+"""The narrow interface between the engine and the features: what a part may use and offer.
+
+Features (checkpoints, summaries, input, the stock hooks) are written against these
+types, never against the engine's ``Runtime``:
+
+* :class:`ServiceContext` — what a running :class:`~asupervisor.Service` may use (public).
+* :class:`SessionContext` — what a session part may use: the step count, the clock, the
+  step thread, stop requests, dedicated threads, the other parts' capabilities
+  (:meth:`SessionContext.extra`).
+* :class:`SessionPart` — a piece of a session; every method is an optional no-op, and
+  the engine works out once which parts implement which phase (:mod:`._parts`), so a
+  phase nobody implements costs nothing.
+* :class:`SessionAttribute` — typed capabilities a part offers the others (the summary
+  writer, checkpoint saving, ...), looked up with ``ctx.extra(SessionAttribute.x)``, as
+  anyio's typed attributes are.
+
+This module must not import TensorFlow nor any feature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
+
+from anyio import TypedAttributeSet, typed_attribute
+
+if TYPE_CHECKING:
+    from .._cluster import ClusterInfo
+    from ._clock import Clock
+    from ._handoff import LoopHandle
+    from ._services import Service
+    from ._status import CheckpointInfo, QueueStatistics
+    from ._stop import StopControl
+    from ._threads import DedicatedThread
+
+__all__ = [
+    "CheckpointSaving",
+    "EngineConfig",
+    "ServiceContext",
+    "SessionAttribute",
+    "SessionContext",
+    "SessionPart",
+    "SummarySink",
+    "context_of",
+]
+
+T = TypeVar("T")
+D = TypeVar("D")
+
+
+class ServiceContext(Protocol):
+    """What the supervisor offers a running service."""
+
+    clock: Clock
+    loop: LoopHandle
+    control: StopControl
+    step_thread: DedicatedThread
+    stop_grace_secs: float
+
+    @property
+    def global_step(self) -> int:
+        """The number of steps completed so far (a Python int, no device sync)."""
+        ...
+
+    def new_thread(self, name: str) -> DedicatedThread:
+        """A dedicated thread for blocking work; started, and joined at session end."""
+        ...
+
+    def set_service_state(self, name: str, state: str) -> None:
+        """Record a service's state for ``Supervisor.status()``."""
+        ...
+
+
+class SessionContext(ServiceContext, Protocol):
+    """What session parts (and the stock hooks, through ``context_of(session)``) may use.
+
+    Everything a :class:`ServiceContext` offers, and:
+    """
+
+    #: whether this process writes checkpoints and summaries
+    is_chief: bool
+    #: whether this is one worker of a multi-worker training (every worker steps together)
+    multi_worker: bool
+    #: this process's place in the cluster (``None`` outside a cluster)
+    cluster: ClusterInfo | None
+
+    @property
+    def last_output(self) -> Any:
+        """What the last step returned (read on the step thread, or at a boundary)."""
+        ...
+
+    @property
+    def recovering(self) -> bool:
+        """Whether a step raised ``AbortedError``/``UnavailableError`` and the session is
+        about to restore: no snapshot of the half-done step may be taken."""
+        ...
+
+    def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
+        """Stop the session at the next step boundary; any thread (the first error wins)."""
+        ...
+
+    def mark_state_suspect(self) -> None:
+        """The model state must not be checkpointed any more (a NaN loss, a failed step)."""
+        ...
+
+    def run_on_step_thread(self, fn: Callable[..., T], /, *args: Any) -> Awaitable[T]:
+        """On the loop: run ``fn(*args)`` on the step thread and await its result."""
+        ...
+
+    def check_before_snapshot(self) -> None:
+        """On the step thread: every part's ``before_snapshot``; raises what one raises."""
+        ...
+
+    def scalar_sources(self) -> tuple[Callable[[], Mapping[str, float]], ...]:
+        """The parts' ``scalars`` methods, for the summary writer."""
+        ...
+
+    def sync_global_step(self) -> None:
+        """On the step thread: make the ``global_step`` variable equal the step count."""
+        ...
+
+    def set_step(self, step: int) -> None:
+        """On the step thread, after a restore: the step count restored."""
+        ...
+
+    @property
+    def state(self) -> Any:
+        """The ``tf.train.Checkpoint`` holding the model state and the global step."""
+        ...
+
+    @property
+    def global_step_var(self) -> Any:
+        """The ``global_step`` ``tf.Variable`` (``None`` before start-up built it)."""
+        ...
+
+    @overload
+    def extra(self, attribute: T) -> T: ...
+
+    @overload
+    def extra(self, attribute: T, default: D) -> T | D: ...
+
+    def extra(self, attribute: Any, default: Any = ...) -> Any:
+        """A capability a part offers (``SessionAttribute.x``); ``default`` when none
+        does (without a default: ``anyio.TypedAttributeLookupError``)."""
+        ...
+
+
+class EngineConfig(Protocol):
+    """The settings the engine reads (``SupervisorConfig`` has them all)."""
+
+    @property
+    def clock(self) -> Clock:
+        """The session's clock."""
+        ...
+
+    @property
+    def stop_grace_secs(self) -> float:
+        """How long a stop may take."""
+        ...
+
+    @property
+    def recovery_wait_secs(self) -> float:
+        """The longest backoff before a recovery."""
+        ...
+
+    @property
+    def handle_signals(self) -> bool:
+        """Whether SIGINT/SIGTERM stop the session."""
+        ...
+
+    @property
+    def hooks(self) -> Sequence[Any]:
+        """The per-step hooks."""
+        ...
+
+    @property
+    def state(self) -> Any:
+        """The model state (a ``tf.train.Checkpoint`` or a dict)."""
+        ...
+
+    @property
+    def global_step(self) -> Any:
+        """The ``global_step`` variable, if given."""
+        ...
+
+    @property
+    def init_fn(self) -> Callable[[], Any] | None:
+        """Initialises a state not restored."""
+        ...
+
+    @property
+    def local_init_fn(self) -> Callable[[], Any] | None:
+        """Runs after restore-or-init."""
+        ...
+
+    @property
+    def ready_fn(self) -> Callable[[], Iterable[str]] | None:
+        """Names what is not ready."""
+        ...
+
+    @property
+    def logdir(self) -> Any:
+        """The log directory, or ``None``."""
+        ...
+
+    @property
+    def is_chief(self) -> bool | None:
+        """Whether this process writes checkpoints and summaries."""
+        ...
+
+    @property
+    def cluster(self) -> ClusterInfo | None:
+        """The cluster from ``TF_CONFIG``."""
+        ...
+
+    @property
+    def multi_worker(self) -> bool:
+        """Whether this process is one of several training workers."""
+        ...
+
+
+def context_of(session: Any) -> SessionContext:
+    """The :class:`SessionContext` behind a ``Session`` (what a stock hook may use of it)."""
+    ctx: SessionContext = session._rt
+    return ctx
+
+
+class SummarySink(Protocol):
+    """The event-file writer, as other parts and hooks use it (any thread)."""
+
+    def write(self, step: int, values: Mapping[str, Any]) -> object:
+        """Queue ``values`` for ``step``; returns a waiter (or ``None`` once closed)."""
+        ...
+
+    def post(self, step: int, values: Mapping[str, Any]) -> None:
+        """Queue ``values`` for ``step`` cheaply, written in batches (the step thread's way)."""
+        ...
+
+
+class CheckpointSaving(Protocol):
+    """Checkpoint saving, as the front doors and ``CheckpointSaverHook`` use it."""
+
+    @property
+    def last(self) -> CheckpointInfo | None:
+        """The latest committed checkpoint of the session's logdir, or ``None``."""
+        ...
+
+    @property
+    def restored_from(self) -> str | None:
+        """The checkpoint this session started from, or ``None``."""
+        ...
+
+    def save_on_step_thread(self, directory: str | None = None, basename: str | None = None) -> str:
+        """On the step thread: checkpoint the state now and make it the latest; its path."""
+        ...
+
+    async def save_now(self) -> CheckpointInfo:
+        """On the loop: a checkpoint at the next step boundary, once it is committed."""
+        ...
+
+
+class SessionAttribute(TypedAttributeSet):
+    """Typed capabilities a part offers the others (see :meth:`SessionContext.extra`)."""
+
+    #: the event-file writer (the chief with a logdir only)
+    summary_writer: SummarySink = typed_attribute()
+    #: checkpoint saving (always offered; without a logdir only other directories)
+    checkpoints: CheckpointSaving = typed_attribute()
+    #: the latest steps/sec measured (``None`` before the first measurement)
+    steps_per_sec: float | None = typed_attribute()
+
+
+class SessionPart:
+    """A piece of a session; override only what the part does (all methods are no-ops).
+
+    Which part implements which method is worked out once per session, so a method no
+    part overrides costs nothing. The engine calls them in its phase order, never in
+    the order of a list: ``start`` and ``extra_attributes`` as the session is entered; at
+    start-up ``restore`` (step thread); then ``services`` are
+    started; while running ``on_step`` when the global step reaches the part's
+    ``next_trigger`` and ``iterator_for`` for ``run_loop``'s data; at a stop ``wake``
+    (any thread), then, unless the state is suspect, every ``before_snapshot`` and then
+    every ``final``; then ``aclose``.
+
+    Attributes:
+        name: shown in logs.
+    """
+
+    name: str = "part"
+
+    @property
+    def restorable(self) -> bool:
+        """Whether :meth:`restore` can bring back a saved state now (a step raising
+        ``AbortedError``/``UnavailableError`` is then recovered from)."""
+        return False
+
+    def start(self, ctx: SessionContext) -> None:
+        """On the loop, as the session is entered, before start-up: open what the part
+        needs for the whole session (its threads, writers)."""
+
+    def services(self, ctx: SessionContext) -> Iterable[Service]:
+        """The services to start in the session's task group (after start-up)."""
+        return ()
+
+    def extra_attributes(self, ctx: SessionContext) -> Mapping[Any, Callable[[], Any]]:
+        """The capabilities this part offers: ``{SessionAttribute.x: getter}``."""
+        return {}
+
+    def restore(self, ctx: SessionContext, *, recovering: bool = False) -> str | None:
+        """On the step thread: restore the state; the path restored, or ``None``.
+
+        At start-up (``recovering=False``), and again after a step raised
+        ``AbortedError``/``UnavailableError`` (``recovering=True``: no checks that
+        would set checkpoints aside).
+        """
+        return None
+
+    async def settle(self, ctx: SessionContext) -> None:
+        """On the loop, before a recovery's restore: let work in flight finish."""
+
+    def next_trigger(self, step: int) -> float:
+        """On the step thread: the global step at which :meth:`on_step` runs next
+        (``math.inf``: never); asked after start-up, a restore and each ``on_step``."""
+        return float("inf")
+
+    def on_step(self, ctx: SessionContext) -> None:
+        """On the step thread, at the step boundary :meth:`next_trigger` named."""
+
+    def iterator_for(self, ctx: SessionContext, data: Any, checkpoint_iterator: bool | None) -> Iterator[Any] | None:
+        """On the step thread: an iterator over ``data`` (a ``tf.data.Dataset``) tracked
+        by this part, or ``None`` to leave it to the next part (``iter(data)`` at last)."""
+        return None
+
+    def before_snapshot(self) -> None:
+        """On the step thread, before any snapshot of the state; raising stops that save
+        (and, at a stop, the final checkpoint)."""
+
+    def scalars(self) -> Mapping[str, float]:
+        """Scalars for the summary writer's ticks (``{tag: value}``)."""
+        return {}
+
+    def queues(self) -> Mapping[str, QueueStatistics]:
+        """Queue statistics for ``status().queues``."""
+        return {}
+
+    def wake(self) -> None:
+        """Any thread, at a stop or a halted ``run_loop``: release a step-thread wait."""
+
+    async def final(self, ctx: SessionContext) -> None:
+        """The stop's "final checkpoint" phase (skipped when the state is suspect)."""
+
+    async def aclose(self, ctx: SessionContext) -> None:
+        """The stop's "closers" phase (flush and close what the part opened)."""

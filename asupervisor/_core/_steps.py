@@ -1,0 +1,165 @@
+"""The step loop of one session, built once when the session starts.
+
+:class:`Steps` runs on the step thread: one counted step (``sess.run``,
+``StepContext.run_with_hooks``) and ``run_loop``'s whole loop. Whether hooks run around
+each step is decided once, when the session is entered (``run_one`` is the hooked or the
+plain body), so a plain step pays for no hook check. After each step the parts' step
+trigger (``PartRunner.next_trigger_step``, a precomputed step number) is compared, and
+only when it is reached does a part run (the checkpoint part's snapshot). At every step
+boundary of ``run_loop`` the loop checks the stop flag, its own halt flag, boundary jobs
+(snapshots, summaries) and ``max_steps``.
+
+An error raised by a step goes to :mod:`._step_errors` (kept, state marked suspect, or
+recovery for ``AbortedError``/``UnavailableError``); the end of the data is a clean stop.
+This module must never touch the event loop nor block it: it runs on the step thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from .._tf import is_end_of_data
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ["Halt", "Steps"]
+
+
+class Halt:
+    """Tells one running ``run_loop`` to end at the next step boundary; the loop leaves
+    the number of steps it ran in ``steps_run`` and sets ``finished`` when it ended
+    without an error."""
+
+    __slots__ = ("_wake", "finished", "halted", "steps_run")
+
+    def __init__(self, wake: Callable[[], None] | None = None) -> None:
+        self.halted = False
+        self.steps_run = 0
+        self.finished = False
+        self._wake = wake
+
+    def set(self) -> None:
+        """Any thread: end the loop at the next boundary (and release a wait for input)."""
+        self.halted = True
+        if self._wake is not None:  # release a wait for input (a queue runner's)
+            self._wake()
+
+
+class Steps:
+    """The step bodies of one session (see the module docstring)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+        #: one counted step with hooks around it: ``run_one(fn, args, kwargs)``
+        self.run_one: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any] = (
+            self._run_one_hooked if rt.hooks.per_step else self._run_one_plain
+        )
+
+    def _count(self, results: Any) -> int:
+        rt = self._rt
+        rt.last_output = results
+        rt.step += 1
+        return rt.step
+
+    def _run_one_plain(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        rt = self._rt
+        thread = rt.step_thread
+        if thread.has_boundary_jobs:
+            thread.run_boundary_jobs()
+        try:
+            results = fn(*args, **kwargs)
+        except Exception as exc:
+            rt.errors.note(exc)
+            raise
+        rt.last_output = results
+        rt.step += 1
+        parts = rt.parts
+        if rt.step >= parts.next_trigger_step:
+            parts.fire(rt, rt.step)
+        return results
+
+    def _run_one_hooked(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        rt = self._rt
+        thread = rt.step_thread
+        if thread.has_boundary_jobs:
+            thread.run_boundary_jobs()
+        try:
+            results = rt.hooks.run_step(rt.control, rt.session, fn, args, kwargs, self._count)
+        except Exception as exc:
+            rt.errors.note(exc)
+            raise
+        parts = rt.parts
+        if rt.step >= parts.next_trigger_step:
+            parts.fire(rt, rt.step)
+        return results
+
+    def run_loop(
+        self,
+        fn: Callable[..., Any],
+        data: Iterable[Any] | None,
+        max_steps: int | None,
+        halt: Halt,
+        checkpoint_iterator: bool | None = None,
+    ) -> tuple[int, str | None]:
+        """On the step thread: the step loop of ``Session.run_loop``.
+
+        Returns ``(steps run, stop reason or None)``.
+        """
+        rt = self._rt
+        control = rt.control
+        boundary = rt.step_thread._boundary
+        run_boundary = rt.step_thread.run_boundary_jobs
+        hooks = rt.hooks
+        per_step = hooks.per_step
+        session = rt.session
+        count = self._count
+        parts = rt.parts
+        n = 0
+        reason: str | None = None
+        iterator = None
+        if data is not None:
+            try:
+                iterator = rt.make_iterator(data, checkpoint_iterator)
+            except Exception as exc:
+                # No step ran: the state is sound (the final checkpoint is still taken),
+                # but the error stops the session.
+                if not is_end_of_data(exc):
+                    control.record_error(exc)
+                raise
+        try:
+            while not (control.stopping or halt.halted):
+                if boundary:
+                    run_boundary()
+                if max_steps is not None and rt.step >= max_steps:
+                    reason = "max_steps"
+                    break
+                if iterator is None:
+                    if per_step:
+                        hooks.run_step(control, session, fn, (), {}, count)
+                    else:
+                        rt.last_output = fn()
+                        rt.step += 1
+                else:
+                    batch = next(iterator)
+                    if per_step:
+                        hooks.run_step(control, session, fn, (batch,), {}, count)
+                    else:
+                        rt.last_output = fn(batch)
+                        rt.step += 1
+                n += 1
+                if rt.step >= parts.next_trigger_step:
+                    parts.fire(rt, rt.step)
+        except Exception as exc:
+            if not is_end_of_data(exc):
+                rt.errors.note(exc)
+                raise
+            reason = "end_of_data"
+        finally:
+            halt.steps_run = n  # read by run_loop when this leg fails and is recovered
+            rt.sync_global_step()
+            if iterator is not None:
+                rt.spent_iterators.append(iterator)
+        halt.finished = True  # ended at a step boundary, without an error
+        return n, reason
