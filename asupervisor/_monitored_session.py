@@ -171,7 +171,7 @@ class MonitoredTrainingSession:
         tb: TracebackType | None,
     ) -> bool:
         assert self._runtime is not None
-        return await self._runtime.__aexit__(exc_type, exc, tb)
+        return bool(await self._runtime.__aexit__(exc_type, exc, tb))
 
 
 def _is_loop_clock(clock: Clock) -> bool:

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from eventfiles import read_events
-from test_summary import tick
+from eventfiles import read_events, tick
 
 import asupervisor as asv
 from asupervisor.testing import ManualClock

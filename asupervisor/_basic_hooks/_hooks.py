@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._core._abc import SessionAttribute, SessionPart
 from .._core._hooks import NEVER, Gate, SessionRunContext, SessionRunHook, SessionRunValues
+from .._core._outputs import scalar_entries
 from .._exceptions import NanLossDuringTrainingError
 from .._logging import describe, get_logger
-from .._summary._writer import scalar_entries
 from ._timer import SecondOrStepTimer, ThreadSafeClock, check_every
 
 if TYPE_CHECKING:

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 from anyio import TypedAttributeSet, typed_attribute
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .._cluster import ClusterInfo
     from ._clock import Clock
     from ._handoff import LoopHandle
@@ -83,6 +85,8 @@ class SessionContext(ServiceContext, Protocol):
     multi_worker: bool
     #: this process's place in the cluster (``None`` outside a cluster)
     cluster: ClusterInfo | None
+    #: the supervisor's log directory (``None``: none)
+    logdir: Path | None
 
     @property
     def last_output(self) -> Any:

@@ -26,8 +26,10 @@ feature: what a feature offers reaches the engine through :mod:`._abc`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from types import MappingProxyType, TracebackType
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -71,7 +73,7 @@ def _add_note(exc: BaseException, note: str) -> None:
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
 
 
-class Runtime:
+class Runtime(anyio.AsyncContextManagerMixin):
     """One managed session (an async context manager yielding :class:`Session`).
 
     Args:
@@ -87,6 +89,7 @@ class Runtime:
         self.is_chief = bool(config.is_chief)
         self.multi_worker = config.multi_worker
         self.cluster = config.cluster
+        self.logdir: Path | None = None if config.logdir is None else Path(config.logdir)
         self.hooks = HookRunner(config.hooks)
         user_services = list(services)
         # Stock hooks that take part in session phases (NanTensorHook's check before any
@@ -113,7 +116,6 @@ class Runtime:
         self._extras: dict[Any, Callable[[], Any]] = {}
         self._threads: list[DedicatedThread] = []
         self._tg: TaskGroup | None = None
-        self._scope: anyio.CancelScope | None = None
         self._entered = False
 
     # -- SessionContext: what parts and services see -------------------------------------
@@ -289,7 +291,48 @@ class Runtime:
         services.extend(self._user_services)
         return services
 
-    async def __aenter__(self) -> Session:
+    @asynccontextmanager
+    async def __asynccontextmanager__(self) -> AsyncIterator[Session]:
+        """The session's lifetime: start up, yield the session, stop in order, raise the cause.
+
+        The body runs inside the stop scope: a stop from anywhere cancels it, and the
+        scope swallows its own cancellation. Whatever ended the body (it returned, raised,
+        was cancelled from outside, or the scope was cancelled) becomes the stop's reason;
+        then :meth:`_shutdown` runs the phases; then the first error of the session is
+        raised as itself (others attached as notes), or the body's own exception goes on.
+        """
+        restored = await self._start()
+        scope = self.control.scope = anyio.CancelScope()
+        ended: BaseException | None = None
+        try:
+            with scope:
+                if self.control.stopping:  # a service failed or a stop came in during start-up
+                    scope.cancel()
+                log.info(
+                    "session.started",
+                    global_step=self.step,
+                    restored=restored,
+                    logdir=str(self.logdir) if self.logdir else None,
+                )
+                yield self.session
+        except GeneratorExit:  # never exited (the context manager was dropped): nothing to run
+            raise
+        except BaseException as exc:  # what the body raised, less the scope's own cancellation
+            ended = exc  # raised again below, unless it is the end of the data
+        suppress = self._stop_for(ended)
+        control = self.control
+        await self._shutdown(clean=not control.errors and not control.state_suspect)
+        if control.errors:
+            first = control.errors[0]
+            for other in control.errors[1:]:
+                _add_note(first, f"asupervisor: also raised during this session: {other!r}")
+            raise first
+        if ended is not None and not suppress:
+            raise ended
+
+    async def _start(self) -> bool:
+        """Start-up up to the services (see the module docstring); returns whether it
+        restored. A failure undoes what was started and propagates."""
         if self._entered:
             raise RuntimeError("a managed session can be entered only once")
         self._entered = True
@@ -309,21 +352,10 @@ class Runtime:
                     raise ValueError(f"two services are named {service.name!r}; names must be unique")
                 self._service_states[service.name] = "starting"
                 await self._tg.start(supervise, service, self)
-            self._scope = anyio.CancelScope()
-            self.control.scope = self._scope
-            self._scope.__enter__()
         except BaseException as exc:
             await self._abort_start(exc)
             raise
-        if self.control.stopping:  # a service failed or a stop came in during start-up
-            self._scope.cancel()
-        log.info(
-            "session.started",
-            global_step=self.step,
-            restored=restored,
-            logdir=str(self.config.logdir) if self.config.logdir else None,
-        )
-        return self.session
+        return restored
 
     async def _abort_start(self, exc: BaseException) -> None:
         """Start-up failed: undo what was started; the caller re-raises ``exc``."""
@@ -336,43 +368,23 @@ class Runtime:
         self.closed = True
         log.error("session.start_failed", error=describe(exc))
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
+    def _stop_for(self, ended: BaseException | None) -> bool:
+        """Request the stop that ``ended`` (what ended the body) means; whether the body's
+        exception is swallowed (the end of the data is a clean stop)."""
         control = self.control
-        assert self._scope is not None
-        # The stop scope swallows its own cancellation: then the body's exception (a
-        # cancellation) must be suppressed by returning True.
-        try:
-            suppress = bool(self._scope.__exit__(exc_type, exc, tb))
-        except BaseException as remaining:  # trio: the body's group minus the scope's Cancelled
-            suppress, exc = False, remaining
-        if suppress:
-            exc = None
-        if exc is None:
+        if ended is None:
             control.request_stop(reason="completed")
-        elif isinstance(exc, anyio.get_cancelled_exc_class()):
+        elif isinstance(ended, anyio.get_cancelled_exc_class()):
             control.request_stop(reason="cancelled")  # the caller's scope: app shutdown
-        elif isinstance(exc, Exception) and is_end_of_data(exc):
+        elif isinstance(ended, Exception) and is_end_of_data(ended):
             control.request_stop(reason="end_of_data")
-            suppress = True
-        elif isinstance(exc, Exception):
-            control.request_stop(exc)
+            return True
+        elif isinstance(ended, Exception):
+            control.request_stop(ended)
         else:  # KeyboardInterrupt, SystemExit: stop without calling it clean
-            control.request_stop(reason=f"error:{type(exc).__name__}")
+            control.request_stop(reason=f"error:{type(ended).__name__}")
             control.state_suspect = True
-        await self._shutdown(clean=not control.errors and not control.state_suspect)
-        if control.errors:
-            first = control.errors[0]
-            for other in control.errors[1:]:
-                _add_note(first, f"asupervisor: also raised during this session: {other!r}")
-            if first is exc:
-                return False
-            raise first
-        return suppress
+        return False
 
     async def _shutdown(self, *, clean: bool) -> None:
         """Stop everything in order, each phase bounded by what is left of one deadline."""

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core._abc import SessionAttribute
 from .._core._clock import interval_ticks
+from .._core._outputs import is_variable, scalar_entries
 from .._core._services import Service
 from .._logging import describe, get_logger
 from .._tf import tf
@@ -51,42 +52,9 @@ if TYPE_CHECKING:
     from .._core._services import ServiceContext
     from .._core._threads import DedicatedThread
 
-__all__ = ["SummaryService", "SummaryWriter", "scalar_entries"]
+__all__ = ["SummaryService", "SummaryWriter"]
 
 log = get_logger(__name__)
-
-
-def _is_variable(value: Any) -> bool:
-    tf_ = tf()
-    return isinstance(value, tf_.Variable)
-
-
-def scalar_entries(output: Any) -> dict[str, Any]:
-    """The scalar entries of a step's output mapping, as references (no device sync).
-
-    Call on the step thread: variables among the values are read (``read_value()``, an
-    op, not a sync) so that no other thread ever reads a variable. Non-scalar and
-    non-numeric values are left out; a non-mapping output gives ``{}``.
-    """
-    if not isinstance(output, Mapping):
-        return {}
-    scalars: dict[str, Any] = {}
-    for name, value in output.items():
-        if isinstance(value, bool) or not isinstance(name, str):
-            continue
-        if isinstance(value, numbers.Real):
-            scalars[name] = value
-            continue
-        shape = getattr(value, "shape", None)
-        dtype = getattr(value, "dtype", None)
-        if shape is None or dtype is None or len(shape) != 0:
-            continue
-        if not (getattr(dtype, "is_floating", False) or getattr(dtype, "is_integer", False)):
-            kind = getattr(dtype, "kind", None)  # numpy
-            if kind not in ("f", "i", "u"):
-                continue
-        scalars[name] = value.read_value() if _is_variable(value) else value
-    return scalars
 
 
 _file_counter = itertools.count()
@@ -361,10 +329,10 @@ def summary_computed(ctx: SessionContext | None, values: Mapping[str, Any], glob
         return
     step = ctx.global_step if global_step is None else int(global_step)
     values = dict(values)
-    if any(_is_variable(v) for v in values.values()):
+    if any(is_variable(v) for v in values.values()):
 
         def read_variables() -> None:
-            writer.write(step, {k: (v.read_value() if _is_variable(v) else v) for k, v in values.items()})
+            writer.write(step, {k: (v.read_value() if is_variable(v) else v) for k, v in values.items()})
 
         ctx.step_thread.submit_at_boundary(read_variables)
         return

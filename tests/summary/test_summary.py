@@ -10,7 +10,7 @@ import anyio.lowlevel
 import numpy as np
 import pytest
 import tensorflow as tf
-from eventfiles import read_events, steps_of
+from eventfiles import SERVICES, read_events, steps_of, tick
 
 import asupervisor as asv
 from asupervisor._core._abc import SessionAttribute
@@ -18,27 +18,11 @@ from asupervisor.testing import ManualClock
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_new_threads")]
 
-SERVICES = 2  # the step counter and the summary service sleep on the clock
-
-
 def make_sv(logdir: Path | None, clock: ManualClock, **kwargs: Any) -> asv.Supervisor:
     kwargs.setdefault("state", {"v": tf.Variable(0.0)})
     return asv.Supervisor(
         logdir, save_summaries_secs=60, save_model_secs=0, handle_signals=False, clock=clock, **kwargs
     )
-
-
-async def tick(clock: ManualClock, secs: float, sleepers: int = SERVICES) -> None:
-    """Move the clock and return once every service has done its tick and sleeps again.
-
-    The summary service always awaits the step thread in a tick, so the number of
-    sleepers drops below ``sleepers`` until its tick is done.
-    """
-    await clock.wait_for_sleepers(sleepers)
-    clock.advance(secs)
-    while clock.sleepers >= sleepers:  # let them wake up
-        await anyio.lowlevel.checkpoint()
-    await clock.wait_for_sleepers(sleepers)
 
 
 class ThreadRecordingTensor:
