@@ -127,10 +127,8 @@ class Session:
             try:
                 return await waiter.wait(grace_secs=rt.config.stop_grace_secs)
             except Exception as exc:
-                if await rt.errors.recover(exc):  # restored the latest checkpoint: run the step again
+                if await self._recovered(exc):  # restored the latest checkpoint: run the step again
                     continue
-                if rt.errors.step_failed(exc):
-                    await self._check_running()  # end of data: the session stops right here
                 raise
 
     async def run_loop(
@@ -202,11 +200,9 @@ class Session:
                     raise
                 return total + halt.steps_run
             except Exception as exc:
-                if await rt.errors.recover(exc):  # restored the latest checkpoint: go on from there
+                if await self._recovered(exc):  # restored the latest checkpoint: go on from there
                     total += halt.steps_run
                     continue
-                if rt.errors.step_failed(exc):
-                    await self._check_running()
                 raise
             break
         if reason is not None:
@@ -247,10 +243,8 @@ class Session:
             try:
                 result = await waiter.wait(grace_secs=rt.config.stop_grace_secs)
             except Exception as exc:
-                if await rt.errors.recover(exc):  # restored the latest checkpoint: call step_fn again
+                if await self._recovered(exc):  # restored the latest checkpoint: call step_fn again
                     continue
-                if rt.errors.step_failed(exc):
-                    await self._check_running()
                 raise
             break
         if ctx._stop:
@@ -258,6 +252,17 @@ class Session:
         return result
 
     _checked_step_fn: Any = None  # the last step_fn whose signature was checked
+
+    async def _recovered(self, exc: Exception) -> bool:
+        """A step raised ``exc``: whether the latest checkpoint was restored so the step
+        may run again (:mod:`._step_errors`); if not, the session stops (at once for the
+        end of the data) and the caller raises ``exc``."""
+        errors = self._rt.errors
+        if await errors.recover(exc):
+            return True
+        if errors.step_failed(exc):
+            await self._check_running()  # end of data: the session stops right here
+        return False
 
     async def _check_running(self) -> None:
         # A stopped session has a cancelled scope: this checkpoint ends the body here.
