@@ -828,7 +828,7 @@ class CheckpointSaverHook(SessionRunHook):
     """Saves a checkpoint every N steps or secs, at the start, and at a clean end.
 
     Saves run on the step thread at a step boundary through the session's checkpoint
-    writer (the session's checkpoint part (``save_on_step_thread``)), so they are consistent.
+    writer (the checkpoint part's ``save_on_step_thread``), so they are consistent.
 
     Args:
         checkpoint_dir: where checkpoints go.
