@@ -35,6 +35,7 @@ from ._core._session import StepContext as StepContext
 from ._core._status import CheckpointInfo as CheckpointInfo
 from ._core._status import QueueStatistics as QueueStatistics
 from ._core._status import Status as Status
+from ._core._status import exit_code as exit_code
 from ._exceptions import CheckpointError as CheckpointError
 from ._exceptions import DeadlineExceededError as DeadlineExceededError
 from ._exceptions import NanLossDuringTrainingError as NanLossDuringTrainingError
@@ -87,6 +88,7 @@ __all__ = [
     "SupervisorError",
     "cluster_info",
     "configure_logging",
+    "exit_code",
     "watch_checkpoints",
 ]
 

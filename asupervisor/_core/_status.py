@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["CheckpointInfo", "QueueStatistics", "Status"]
+__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PREEMPTED", "CheckpointInfo", "QueueStatistics", "Status", "exit_code"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,3 +69,54 @@ class Status:
     stop_reason: str | None = None
     services: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     queues: Mapping[str, QueueStatistics] = field(default_factory=lambda: MappingProxyType({}))
+
+
+#: training completed: ``max_steps``, the end of the data, the body returned, a stop
+#: requested by the program or a hook
+EXIT_OK = 0
+#: the session ended on an error (a step, a hook, a service, start-up)
+EXIT_ERROR = 1
+#: interrupted by the user: SIGINT (Ctrl-C), or the application cancelled the session
+#: (128 + SIGINT, what a shell reports for a Ctrl-C'd program)
+EXIT_INTERRUPTED = 130
+#: preempted: SIGTERM or another termination signal from a scheduler (128 + SIGTERM);
+#: non-zero so Kubernetes and SLURM count the job as not finished and run it again
+EXIT_PREEMPTED = 143
+
+_COMPLETED = frozenset({"completed", "max_steps", "end_of_data", "requested", "hook"})
+
+
+def exit_code(status: Status) -> int:
+    """The status a command should exit with after the session ``status`` describes.
+
+    ``0`` when training completed (``max_steps``, end of data, the body returned, a stop
+    requested by the program or a hook); ``130`` when interrupted (SIGINT, or the
+    application cancelled the session); ``143`` when preempted (SIGTERM; another signal
+    ``128 + its number``), so a scheduler runs the job again and it resumes from its last
+    checkpoint; ``1`` on an error (``error:<Type>``, a failed service). See
+    ``docs/sessions.md`` ("Exit status") for how Kubernetes and SLURM treat them.
+
+    Args:
+        status: ``Supervisor.status()`` after ``managed_session()`` exited.
+
+    Raises:
+        TypeError: ``status`` is not a :class:`Status`.
+        ValueError: the session is still running.
+    """
+    if not isinstance(status, Status):
+        raise TypeError(f"exit_code() takes a Status (sv.status()), got {status!r}")
+    if status.running:
+        raise ValueError("exit_code() needs a finished session; this one is still running")
+    reason = status.stop_reason
+    if reason is None or reason in _COMPLETED:
+        return EXIT_OK
+    if reason == "cancelled" or reason == "signal:SIGINT":
+        return EXIT_INTERRUPTED
+    if reason.startswith("signal:"):
+        import signal
+
+        try:
+            return 128 + int(signal.Signals[reason.removeprefix("signal:")])
+        except (KeyError, ValueError):
+            return EXIT_PREEMPTED
+    return EXIT_ERROR

@@ -25,6 +25,7 @@ async def main() -> None:
     async with sv.managed_session() as sess:
         await sess.run_loop(step)
     print(f"stop_reason={sv.status().stop_reason} v={int(v.numpy())} step={sv.global_step}", flush=True)
+    sys.exit(asv.exit_code(sv.status()))  # what a training command should exit with
 
 
 if __name__ == "__main__":
