@@ -62,7 +62,9 @@ class Supervisor:
             ``save_model_steps`` is saved; timed saves coalesce into one once the writer
             is free. ``"skip"``: such saves are skipped (logged ``checkpoint.skipped``).
         hooks: per-step ``SessionRunHook`` objects.
-        handle_signals: SIGINT and SIGTERM request a graceful stop (main thread only).
+        handle_signals: SIGINT and SIGTERM request a graceful stop; a second one abandons
+            the final checkpoint; the application's own handler is called too and put back
+            at the end (main thread only).
         queue_runners: input queue runners started with the session.
         clock: the time source of timers and services (tests pass a manual clock).
 

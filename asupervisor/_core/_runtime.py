@@ -42,7 +42,7 @@ from ._hooks import HookRunner
 from ._parts import PartRunner
 from ._services import Service, supervise
 from ._session import Session
-from ._signals import SignalService
+from ._signals import SignalHandlers
 from ._status import Status
 from ._step_errors import StepErrors, recovery_policy, retry_transient
 from ._steps import Steps
@@ -117,6 +117,11 @@ class Runtime(anyio.AsyncContextManagerMixin):
         self._threads: list[DedicatedThread] = []
         self._tg: TaskGroup | None = None
         self._entered = False
+        self._signals: SignalHandlers | None = None
+        #: a second signal came: the stop's remaining work is abandoned
+        self._hurried = False
+        self._deadline: Deadline | None = None  # the stop's, once it began
+        self._phase_scope: anyio.CancelScope | None = None  # the shutdown phase running
 
     # -- SessionContext: what parts and services see -------------------------------------
 
@@ -284,10 +289,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
     # -- enter / exit ----------------------------------------------------------------
 
     def _services(self) -> list[Service]:
-        services: list[Service] = []
-        if self.config.handle_signals:
-            services.append(SignalService())
-        services.extend(self.parts.services(self))
+        services: list[Service] = list(self.parts.services(self))
         services.extend(self._user_services)
         return services
 
@@ -321,7 +323,10 @@ class Runtime(anyio.AsyncContextManagerMixin):
             ended = exc  # raised again below, unless it is the end of the data
         suppress = self._stop_for(ended)
         control = self.control
-        await self._shutdown(clean=not control.errors and not control.state_suspect)
+        try:
+            await self._shutdown(clean=not control.errors and not control.state_suspect)
+        finally:
+            self._restore_signals()
         if control.errors:
             first = control.errors[0]
             for other in control.errors[1:]:
@@ -338,6 +343,9 @@ class Runtime(anyio.AsyncContextManagerMixin):
         self._entered = True
         self.loop = LoopHandle()
         self.control = StopControl(self.loop, on_stop=self.wake_step_thread)
+        if self.config.handle_signals:  # from now on, a signal is a graceful stop
+            self._signals = SignalHandlers(self.loop, self._on_signal, self._on_signal_again)
+            self._signals.install()
         self.session = Session(self)
         self.step_thread = self.new_thread("asv-step")
         self.steps = Steps(self)
@@ -365,8 +373,31 @@ class Runtime(anyio.AsyncContextManagerMixin):
             if self._tg is not None:
                 await self._stop_services()
             await self._close_threads(Deadline(self.stop_grace_secs))
+        self._restore_signals()
         self.closed = True
         log.error("session.start_failed", error=describe(exc))
+
+    def _restore_signals(self) -> None:
+        if self._signals is not None:
+            self._signals.restore()
+            self._signals = None
+
+    def _on_signal(self, name: str) -> None:
+        """On the loop, at the first SIGINT/SIGTERM: a graceful stop."""
+        log.warning("session.signal", signal=name)
+        self.control.request_stop(reason=f"signal:{name}")
+
+    def _on_signal_again(self, name: str) -> None:
+        """On the loop, at a later signal: abandon what is left of the stop's work (the
+        final checkpoint being written is abandoned; closing and joining still run)."""
+        log.warning("session.signal", signal=name, action="abandon the final checkpoint and stop now")
+        self.control.request_stop(reason=f"signal:{name}")
+        self._hurried = True
+        deadline = self._deadline
+        if deadline is not None:
+            deadline.at = min(deadline.at, anyio.current_time())
+            if self._phase_scope is not None:
+                self._phase_scope.deadline = deadline.at
 
     def _stop_for(self, ended: BaseException | None) -> bool:
         """Request the stop that ``ended`` (what ended the body) means; whether the body's
@@ -389,7 +420,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
     async def _shutdown(self, *, clean: bool) -> None:
         """Stop everything in order, each phase bounded by what is left of one deadline."""
         control = self.control
-        deadline = Deadline(self.stop_grace_secs)
+        deadline = self._deadline = Deadline(0.0 if self._hurried else self.stop_grace_secs)
         # Services first: their task group is exited before any other scope is entered.
         assert self._tg is not None
         await self._stop_services()
@@ -405,10 +436,14 @@ class Runtime(anyio.AsyncContextManagerMixin):
                 log.error("shutdown.overrun", phase=name, grace_secs=deadline.grace_secs, skipped=True)
                 return
             with anyio.CancelScope(shield=True, deadline=limit.at) as scope:
+                if not winding_down:
+                    self._phase_scope = scope  # a second signal cuts it short
                 try:
                     await fn()
                 except Exception as exc:
                     control.record_secondary(exc, where=name)
+                finally:
+                    self._phase_scope = None
             if scope.cancelled_caught:
                 log.error("shutdown.overrun", phase=name, grace_secs=deadline.grace_secs)
 

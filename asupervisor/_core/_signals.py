@@ -1,48 +1,105 @@
 """SIGINT/SIGTERM as graceful stop requests (``handle_signals=True``).
 
-The first signal requests a stop (reason ``signal:SIGTERM``), after which the default
-handlers are back in place, so a second Ctrl-C interrupts the process the usual way.
-Signal handlers can only be installed from the main thread; elsewhere (an application
-that runs the loop in another thread) this service logs that and does nothing.
+The handlers are installed when the session starts (before start-up, so a SIGTERM
+during a long restore is already a graceful stop) and put back when it has ended. The
+first signal requests a stop (reason ``signal:SIGTERM``): the step in flight finishes and
+the final checkpoint is saved. A second one, while the session is still stopping,
+abandons the stop's remaining work: the final checkpoint being written is abandoned (its
+files removed, the previous checkpoint stays the latest) and the session ends at once;
+the same on both backends.
+
+Cooperation with the application. A handler the application installed before (uvicorn's,
+for one) is called too, at every signal, so the application shuts down as it would
+have; at the end the handler that was there before is put back (unless the application
+replaced ours meanwhile). The event loop's own Ctrl-C machinery (asyncio's runner
+cancelling the main task, trio's ``KeyboardInterrupt``) and Python's default handlers are
+not called: the session's graceful stop replaces them while it runs.
+
+Handlers can only be installed from the main thread. A session whose event loop runs in
+another thread (an application running training in a worker thread) installs none,
+logs ``signals.not_installed``, and leaves signals to the application: stop it with
+``sv.request_stop()`` from the application's own handler.
+
+A handler runs on the main thread between two bytecodes, possibly in the middle of the
+event loop's own code: it only schedules its work on the loop (``call_soon``, which both
+backends allow from a signal handler), never touches a cancel scope itself.
 """
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
-from typing import TYPE_CHECKING
-
-import anyio
+from collections.abc import Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from .._logging import get_logger
-from ._services import Service
 
 if TYPE_CHECKING:
-    from anyio.abc import TaskStatus
+    from ._handoff import LoopHandle
 
-    from ._services import ServiceContext
-
-__all__ = ["SignalService"]
+__all__ = ["SignalHandlers"]
 
 log = get_logger(__name__)
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: modules whose handlers are the event loop's own Ctrl-C machinery (not chained)
+_LOOP_MACHINERY = ("asyncio", "trio", "anyio")
 
-class SignalService(Service):
-    """Turns the first SIGINT or SIGTERM into ``request_stop(reason="signal:<NAME>")``."""
 
-    name = "signals"
+def _chainable(handler: Any) -> bool:
+    """Whether ``handler`` is an application's handler to call too (not a default, not
+    ignored, not the event loop's own Ctrl-C machinery)."""
+    if not callable(handler) or handler is signal.default_int_handler:
+        return False
+    while isinstance(handler, functools.partial):  # asyncio's runner installs a partial
+        handler = handler.func
+    module = getattr(getattr(handler, "__func__", handler), "__module__", None) or ""
+    return module.split(".")[0] not in _LOOP_MACHINERY
 
-    async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
-        """Wait for one signal, request a stop, then restore the default handlers."""
+
+class SignalHandlers:
+    """The session's SIGINT/SIGTERM handlers (see the module docstring).
+
+    Args:
+        loop: the session's event loop (handlers schedule their work there).
+        on_first: called on the loop with the signal's name at the first signal.
+        on_again: called on the loop with the signal's name at each later signal.
+    """
+
+    def __init__(self, loop: LoopHandle, on_first: Callable[[str], None], on_again: Callable[[str], None]) -> None:
+        self._loop = loop
+        self._on_first = on_first
+        self._on_again = on_again
+        self._previous: dict[int, Any] = {}
+        self._received = 0
+
+    def install(self) -> bool:
+        """Install the handlers; ``False`` (logged) off the main thread."""
         if threading.current_thread() is not threading.main_thread():
-            log.info("signals.not_installed", why="event loop is not on the main thread")
-            task_status.started()
-            return
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            task_status.started()
-            ctx.set_service_state(self.name, "running")
-            async for signum in signals:
-                name = signal.Signals(signum).name
-                log.warning("session.signal", signal=name)
-                ctx.control.request_stop(reason=f"signal:{name}")
-                break
+            log.info("signals.not_installed", why="the event loop is not on the main thread")
+            return False
+        for signum in SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return True
+
+    def restore(self) -> None:
+        """Put back the handlers that were there before (ours only, if still ours)."""
+        previous, self._previous = self._previous, {}
+        for signum, handler in previous.items():
+            if signal.getsignal(signum) == self._handle:  # a bound method: compare, not `is`
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        # On the main thread, between two bytecodes: schedule, then chain.
+        name = signal.Signals(signum).name
+        self._received += 1
+        react = self._on_first if self._received == 1 else self._on_again
+        try:
+            self._loop.call_soon(lambda: react(name))
+        except RuntimeError:  # the loop has finished (asyncio: closed; trio: RunFinishedError)
+            pass
+        previous = self._previous.get(signum)
+        if previous is not None and _chainable(previous):
+            previous(signum, frame)

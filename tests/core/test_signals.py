@@ -38,3 +38,98 @@ def test_signal_stops_training_gracefully(backend: str, signum: signal.Signals) 
     assert last.startswith(f"stop_reason=signal:{signum.name} ")
     fields = dict(part.split("=") for part in last.split())
     assert fields["v"] == fields["step"]  # the step in flight finished; none was cut
+
+
+SIGNAL_TRAIN = Path(__file__).parent / "scripts" / "signal_train.py"
+
+
+def _start(backend: str, logdir: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.Popen(
+        [sys.executable, str(SIGNAL_TRAIN), backend, str(logdir), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _leftovers(logdir: Path) -> list[str]:
+    return sorted(n for n in os.listdir(logdir) if ".asv-tmp-" in n)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_second_signal_abandons_the_final_checkpoint(tmp_path: Path, backend: str) -> None:
+    """A second Ctrl-C while the final checkpoint of a 256 MB state is being saved
+    abandons it the same way on both backends: nothing of it stays, the checkpoint taken
+    before stays the latest, the process ends at once (not after the 120 s grace) with
+    the interrupted status 130."""
+    import time
+
+    logdir = tmp_path / "run"
+    with _start(backend, logdir, "--mb", "256") as proc:
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            ready = proc.stdout.readline().split()
+            assert ready[0] == "ready", ready
+            saved_step = int(ready[1])
+            proc.send_signal(signal.SIGINT)
+            for line in proc.stderr:  # the first signal is taken: the stop has begun
+                if "session.signal" in line:
+                    break
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+            secs = time.monotonic() - t0
+        finally:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert secs < 30, f"the second Ctrl-C took {secs:.1f} s to end the process"
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("stop_reason=signal:SIGINT ")
+    assert last.endswith(f"latest={logdir / f'model.ckpt-{saved_step}'}"), last
+    assert _leftovers(logdir) == []
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sigterm_during_start_up_is_a_graceful_stop(tmp_path: Path, backend: str) -> None:
+    """A SIGTERM while the state is being initialised (a slow ``init_fn``) does not kill
+    the process: start-up completes, the session stops before the first step with a
+    checkpoint of the initialised state, and the process exits preempted (143)."""
+    logdir = tmp_path / "run"
+    with _start(backend, logdir, "--slow-init") as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "init"
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 143, out + err
+    last = out.strip().splitlines()[-1]
+    assert last == f"stop_reason=signal:SIGTERM latest={logdir / 'model.ckpt-0'}", last
+    assert _leftovers(logdir) == []
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_applications_handler_is_called_too_and_put_back(tmp_path: Path, backend: str) -> None:
+    """A handler the application installed before the session (a web server's) is called
+    at the signal as well as the graceful stop (final checkpoint taken), and is the
+    handler again once the session has ended."""
+    logdir = tmp_path / "run"
+    with _start(backend, logdir, "--app-handler") as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().split()[0] == "ready"
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 143, out + err
+    lines = out.strip().splitlines()
+    assert "app-handler SIGTERM" in lines
+    assert "handler-restored True" in lines
+    stop = lines[-1]
+    assert stop.startswith("stop_reason=signal:SIGTERM latest=")
+    step = int(lines[-2].split()[1])
+    assert stop.endswith(f"latest={logdir / f'model.ckpt-{step}'}")  # the final checkpoint
