@@ -26,6 +26,8 @@ feature: what a feature offers reaches the engine through :mod:`._abc`.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -39,6 +41,7 @@ from .._tf import is_end_of_data, tf
 from ._abc import SessionAttribute, SessionPart
 from ._handoff import LoopHandle
 from ._hooks import HookRunner
+from ._outputs import scalar_entries
 from ._parts import PartRunner
 from ._services import Service, supervise
 from ._session import Session
@@ -47,7 +50,7 @@ from ._status import Status
 from ._step_errors import StepErrors, recovery_policy, retry_transient
 from ._steps import Steps
 from ._stop import Deadline, StopControl
-from ._threads import DedicatedThread
+from ._threads import DedicatedThread, ThreadClosedError
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -61,6 +64,8 @@ T = TypeVar("T")
 
 log = get_logger(__name__)
 
+#: ``status().metrics`` is read from the step output at most this often (seconds)
+_METRICS_EVERY_SECS = 1.0
 #: once the stop's grace has run out: the most closing the parts and joining the threads
 #: get together (an abandoned save removing its files, event files flushed)
 _WIND_DOWN_SECS = 1.0
@@ -111,6 +116,14 @@ class Runtime(anyio.AsyncContextManagerMixin):
         #: iterators run_loop finished with; released at shutdown, because destroying a
         #: tf.data iterator can block for seconds while its background work winds down
         self.spent_iterators: list[Any] = []
+        #: the ``max_steps`` of the ``run_loop`` running now (``_steps`` sets it)
+        self.max_steps: int | None = None
+        # for status(): when the session started, the latest step-output scalars
+        self._started: tuple[float, float, int] | None = None  # (time.time(), monotonic, step)
+        self._metrics: dict[str, float] = {}
+        self._metrics_at = -math.inf  # time.monotonic() of the last sample
+        self._sampling = False
+        self._restarts: dict[str, int] = {}
         self._user_services = user_services
         self._service_states: dict[str, str] = {}
         self._extras: dict[Any, Callable[[], Any]] = {}
@@ -181,21 +194,68 @@ class Runtime(anyio.AsyncContextManagerMixin):
         self.parts.wake()
 
     def set_service_state(self, name: str, state: str) -> None:
-        """Record a service's state for ``status()``."""
+        """Record a service's state for ``status()`` (a restart is counted)."""
         self._service_states[name] = state
+        if state == "restarting":
+            self._restarts[name] = self._restarts.get(name, 0) + 1
 
     def status(self) -> Status:
-        """A frozen snapshot of this session."""
+        """A frozen snapshot of this session; any thread."""
+        running = self._entered and not self.closed
+        step = self.step
         checkpoints = self.extra(SessionAttribute.checkpoints, None)
+        rate = self.extra(SessionAttribute.steps_per_sec, None)
+        if rate is None and self._started is not None:  # before the step counter's first tick
+            elapsed = time.monotonic() - self._started[1]  # not the session clock: any thread
+            if elapsed > 0 and step > self._started[2]:
+                rate = (step - self._started[2]) / elapsed
+        max_steps = self.max_steps
+        eta = None
+        if max_steps is not None and rate:
+            eta = max(0, max_steps - step) / rate
+        if running:
+            self._refresh_metrics()
         return Status(
-            running=self._entered and not self.closed,
-            global_step=self.step,
-            steps_per_sec=self.extra(SessionAttribute.steps_per_sec, None),
+            running=running,
+            global_step=step,
+            steps_per_sec=rate,
             last_checkpoint=None if checkpoints is None else checkpoints.last,
             stop_reason=self.control.reason if self._entered else None,
             services=MappingProxyType(dict(self._service_states)),
             queues=MappingProxyType(self.parts.queues()),
+            metrics=MappingProxyType(dict(self._metrics)),
+            max_steps=max_steps,
+            started_at=None if self._started is None else self._started[0],
+            eta_secs=eta,
+            restarts=MappingProxyType(dict(self._restarts)),
         )
+
+    def _refresh_metrics(self) -> None:
+        """Ask for a new sample of the step output's scalars, at most once a second (the
+        next ``status()`` shows it): read at a step boundary, never per step."""
+        if self._sampling or time.monotonic() - self._metrics_at < _METRICS_EVERY_SECS:
+            return
+        self._sampling = True
+        try:
+            self.step_thread.submit_at_boundary(self._sample_metrics)
+        except ThreadClosedError:  # the session is closing
+            self._sampling = False
+
+    def _sample_metrics(self) -> None:
+        # On the step thread, at a boundary: one host read of each scalar (not per step).
+        try:
+            metrics: dict[str, float] = {}
+            for name, value in scalar_entries(self.last_output).items():
+                try:
+                    metrics[name] = float(value)
+                except (TypeError, ValueError):
+                    continue
+            self._metrics = metrics
+        except Exception as exc:  # never let a status read fail a step
+            log.debug("status.metrics_failed", error=describe(exc))
+        finally:
+            self._metrics_at = time.monotonic()
+            self._sampling = False
 
     # -- step thread work ------------------------------------------------------------
 
@@ -353,6 +413,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
             self.parts.start(self)
             self._extras = self.parts.extra_attributes(self)
             restored = await self._start_up()
+            self._started = (time.time(), time.monotonic(), self.step)
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
             for service in self._services():

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from types import MappingProxyType
+from typing import Any
 
 __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PREEMPTED", "CheckpointInfo", "QueueStatistics", "Status", "exit_code"]
 
@@ -54,12 +55,19 @@ class Status:
     Attributes:
         running: whether a managed session is active.
         global_step: steps completed (restored step included).
-        steps_per_sec: the step counter's last measurement, ``None`` before the first.
+        steps_per_sec: the step counter's last measurement; before its first one, the
+            rate since the session started (``None`` until a step ran).
         last_checkpoint: the last committed checkpoint, if any.
         stop_reason: why the session stopped or is stopping, ``None`` while running.
         services: each service's state (``starting``, ``running``, ``backoff``,
             ``failed``, ``finished``, ``stopped``).
         queues: statistics of each queue runner, by name.
+        metrics: the latest scalar values of the step's output (``loss``, ...), read at a
+            step boundary at most once a second, never per step (empty until read).
+        max_steps: the ``max_steps`` of the ``run_loop`` running now, else ``None``.
+        started_at: when the session started (``time.time()``), ``None`` before.
+        eta_secs: seconds until ``max_steps`` at ``steps_per_sec``, else ``None``.
+        restarts: how many times each service was restarted after a failure.
     """
 
     running: bool
@@ -69,6 +77,23 @@ class Status:
     stop_reason: str | None = None
     services: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     queues: Mapping[str, QueueStatistics] = field(default_factory=lambda: MappingProxyType({}))
+    metrics: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    max_steps: int | None = None
+    started_at: float | None = None
+    eta_secs: float | None = None
+    restarts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """This status as plain JSON types (``json.dumps`` takes it as it is)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Mapping):
+                value = {k: asdict(v) if is_dataclass(v) and not isinstance(v, type) else v for k, v in value.items()}
+            elif is_dataclass(value) and not isinstance(value, type):
+                value = asdict(value)
+            out[f.name] = value
+        return out
 
 
 #: training completed: ``max_steps``, the end of the data, the body returned, a stop

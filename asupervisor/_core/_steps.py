@@ -128,6 +128,7 @@ class Steps:
                 if not is_end_of_data(exc):
                     control.record_error(exc)
                 raise
+        rt.max_steps = max_steps
         try:
             while not (control.stopping or halt.halted):
                 if boundary:
@@ -158,6 +159,7 @@ class Steps:
             reason = "end_of_data"
         finally:
             halt.steps_run = n  # read by run_loop when this leg fails and is recovered
+            rt.max_steps = None
             rt.sync_global_step()
             if iterator is not None:
                 rt.spent_iterators.append(iterator)
