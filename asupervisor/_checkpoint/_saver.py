@@ -268,7 +268,9 @@ class CheckpointSaver:
         cancellation abandons the writes in flight and waits at most
         ``_ABANDON_GRACE_SECS`` for the writer to remove their files.
         """
-        await self.ctx.step_thread.call(_noop)  # hand-offs made by step jobs are queued
+        # hand-offs made by step-boundary jobs are queued on the loop by now; at a boundary,
+        # not as an ordinary job, which would wait for a running run_loop to end
+        await self.ctx.step_thread.submit_at_boundary(_noop).wait()
         if self._writer is not None:
             done = self._writer.submit(_noop)
             if abandon_on_cancel:

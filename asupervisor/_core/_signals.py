@@ -74,6 +74,7 @@ class SignalHandlers:
         self._on_again = on_again
         self._previous: dict[int, Any] = {}
         self._received = 0
+        self._retired = False
 
     def install(self) -> bool:
         """Install the handlers; ``False`` (logged) off the main thread."""
@@ -85,14 +86,31 @@ class SignalHandlers:
         return True
 
     def restore(self) -> None:
-        """Put back the handlers that were there before (ours only, if still ours)."""
-        previous, self._previous = self._previous, {}
-        for signum, handler in previous.items():
+        """Put back the handlers that were there before.
+
+        Where a handler installed after ours is still in place (another session's, the
+        application's), ours stays in its chain but retires: it then only passes each
+        signal on to the handler it replaced, as if it had never been there.
+        """
+        self._retired = True
+        for signum, handler in self._previous.items():
             if signal.getsignal(signum) == self._handle:  # a bound method: compare, not `is`
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
+    def _pass_on(self, signum: int, frame: FrameType | None) -> None:
+        """A retired handler: what the replaced handler would have done."""
+        previous = self._previous.get(signum)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous in (signal.SIG_DFL, None):
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         # On the main thread, between two bytecodes: schedule, then chain.
+        if self._retired:
+            self._pass_on(signum, frame)
+            return
         name = signal.Signals(signum).name
         self._received += 1
         react = self._on_first if self._received == 1 else self._on_again

@@ -54,10 +54,21 @@ def _start(backend: str, logdir: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def _finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[str, str]:
+    """Wait for the child; if it hangs, kill it and fail with what it printed."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"the child did not exit within {timeout} s\nstdout:\n{out}\nstderr:\n{err}") from None
+
+
 def _leftovers(logdir: Path) -> list[str]:
     return sorted(n for n in os.listdir(logdir) if ".asv-tmp-" in n)
 
 
+@pytest.mark.timeout(240)  # a 256 MB state on a loaded machine
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_second_signal_abandons_the_final_checkpoint(tmp_path: Path, backend: str) -> None:
     """A second Ctrl-C while the final checkpoint of a 256 MB state is being saved
@@ -79,7 +90,7 @@ def test_second_signal_abandons_the_final_checkpoint(tmp_path: Path, backend: st
                     break
             t0 = time.monotonic()
             proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=60)
+            out, err = _finish(proc)
             secs = time.monotonic() - t0
         finally:
             proc.kill()
@@ -91,6 +102,7 @@ def test_second_signal_abandons_the_final_checkpoint(tmp_path: Path, backend: st
     assert _leftovers(logdir) == []
 
 
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_sigterm_during_start_up_is_a_graceful_stop(tmp_path: Path, backend: str) -> None:
     """A SIGTERM while the state is being initialised (a slow ``init_fn``) does not kill
@@ -102,7 +114,7 @@ def test_sigterm_during_start_up_is_a_graceful_stop(tmp_path: Path, backend: str
             assert proc.stdout is not None
             assert proc.stdout.readline().strip() == "init"
             proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=60)
+            out, err = _finish(proc)
         finally:
             proc.kill()
     assert proc.returncode == 143, out + err
@@ -111,6 +123,7 @@ def test_sigterm_during_start_up_is_a_graceful_stop(tmp_path: Path, backend: str
     assert _leftovers(logdir) == []
 
 
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_the_applications_handler_is_called_too_and_put_back(tmp_path: Path, backend: str) -> None:
     """A handler the application installed before the session (a web server's) is called
@@ -122,7 +135,7 @@ def test_the_applications_handler_is_called_too_and_put_back(tmp_path: Path, bac
             assert proc.stdout is not None
             assert proc.stdout.readline().split()[0] == "ready"
             proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=60)
+            out, err = _finish(proc)
         finally:
             proc.kill()
     assert proc.returncode == 143, out + err
