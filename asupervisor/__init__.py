@@ -2,6 +2,22 @@
 
 Importing this package is cheap and has no side effects: it does not import TensorFlow,
 configure logging or touch an event loop. See ``docs/`` for the concepts.
+
+The package is built in five layers; each imports only from the layers above it in this
+list (``tests/test_layers.py`` enforces it, type-only imports and import circles
+included; ``docs/architecture.md`` draws it):
+
+1. leaves — ``_exceptions``, ``_tf``, ``_cluster``, ``_logging``: nothing of ours but
+   ``_exceptions``.
+2. ``_core`` — the engine: threads, stop, services, hooks, parts, the step loop, the
+   session's lifetime, status. Leaves and itself; never a feature. Features reach it only
+   through ``_core/_abc.py`` (``SessionContext``, ``SessionPart``).
+3. features — ``_checkpoint``, ``_summary``, ``_input``, ``_basic_hooks``: ``_core`` and
+   leaves, never each other (what one offers another goes through typed attributes).
+4. front doors — ``_supervisor``, ``_monitored_session``, ``_session_manager``,
+   ``_config``, ``_assembly``, ``testing``: anything below; ``_assembly`` alone names the
+   features' session parts.
+5. this ``__init__`` — re-exports only.
 """
 
 from __future__ import annotations
@@ -21,7 +37,6 @@ from ._checkpoint._watch import CheckpointWatcher as CheckpointWatcher
 from ._checkpoint._watch import watch_checkpoints as watch_checkpoints
 from ._cluster import ClusterInfo as ClusterInfo
 from ._cluster import cluster_info as cluster_info
-from ._core._abc import ServiceContext as ServiceContext
 from ._core._clock import Clock as Clock
 from ._core._clock import MonotonicClock as MonotonicClock
 from ._core._hooks import SessionRunContext as SessionRunContext
@@ -30,6 +45,7 @@ from ._core._hooks import SessionRunValues as SessionRunValues
 from ._core._services import LoopedService as LoopedService
 from ._core._services import RestartPolicy as RestartPolicy
 from ._core._services import Service as Service
+from ._core._services import ServiceContext as ServiceContext
 from ._core._session import Session as Session
 from ._core._session import StepContext as StepContext
 from ._core._status import CheckpointInfo as CheckpointInfo

@@ -46,7 +46,7 @@ __all__ = [
 log = get_logger(__name__)
 
 
-def _runtime(session: Session) -> Runtime:
+def _runtime(session: Session) -> Any:
     return session._rt
 
 

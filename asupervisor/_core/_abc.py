@@ -3,7 +3,8 @@
 Features (checkpoints, summaries, input, the stock hooks) are written against these
 types, never against the engine's ``Runtime``:
 
-* :class:`ServiceContext` — what a running :class:`~asupervisor.Service` may use (public).
+* :class:`~._services.ServiceContext` — what a running :class:`~asupervisor.Service` may
+  use (public); :class:`SessionContext` extends it.
 * :class:`SessionContext` — what a session part may use: the step count, the clock, the
   step thread, stop requests, dedicated threads, the other parts' capabilities
   (:meth:`SessionContext.extra`).
@@ -24,21 +25,19 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from anyio import TypedAttributeSet, typed_attribute
 
+from ._services import ServiceContext
+
 if TYPE_CHECKING:
     from pathlib import Path
 
     from .._cluster import ClusterInfo
     from ._clock import Clock
-    from ._handoff import LoopHandle
     from ._services import Service
     from ._status import CheckpointInfo, QueueStatistics
-    from ._stop import StopControl
-    from ._threads import DedicatedThread
 
 __all__ = [
     "CheckpointSaving",
     "EngineConfig",
-    "ServiceContext",
     "SessionAttribute",
     "SessionContext",
     "SessionPart",
@@ -48,29 +47,6 @@ __all__ = [
 
 T = TypeVar("T")
 D = TypeVar("D")
-
-
-class ServiceContext(Protocol):
-    """What the supervisor offers a running service."""
-
-    clock: Clock
-    loop: LoopHandle
-    control: StopControl
-    step_thread: DedicatedThread
-    stop_grace_secs: float
-
-    @property
-    def global_step(self) -> int:
-        """The number of steps completed so far (a Python int, no device sync)."""
-        ...
-
-    def new_thread(self, name: str) -> DedicatedThread:
-        """A dedicated thread for blocking work; started, and joined at session end."""
-        ...
-
-    def set_service_state(self, name: str, state: str) -> None:
-        """Record a service's state for ``Supervisor.status()``."""
-        ...
 
 
 class SessionContext(ServiceContext, Protocol):

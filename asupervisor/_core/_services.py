@@ -23,7 +23,7 @@ import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import structlog
@@ -31,11 +31,13 @@ from anyio.abc import TaskStatus
 
 from .._exceptions import ServiceError
 from .._logging import describe, get_logger
-from ._abc import ServiceContext
 from ._clock import interval_ticks
 
 if TYPE_CHECKING:
+    from ._clock import Clock
+    from ._handoff import LoopHandle
     from ._stop import StopControl
+    from ._threads import DedicatedThread
 
 __all__ = ["FailureWindow", "LoopedService", "RestartPolicy", "Service", "ServiceContext"]
 
@@ -86,6 +88,29 @@ class FailureWindow:
         while times and times[0] < now - self.policy.window_secs:
             times.popleft()
         return len(times)
+
+
+class ServiceContext(Protocol):
+    """What the supervisor offers a running service."""
+
+    clock: Clock
+    loop: LoopHandle
+    control: StopControl
+    step_thread: DedicatedThread
+    stop_grace_secs: float
+
+    @property
+    def global_step(self) -> int:
+        """The number of steps completed so far (a Python int, no device sync)."""
+        ...
+
+    def new_thread(self, name: str) -> DedicatedThread:
+        """A dedicated thread for blocking work; started, and joined at session end."""
+        ...
+
+    def set_service_state(self, name: str, state: str) -> None:
+        """Record a service's state for ``Supervisor.status()``."""
+        ...
 
 
 class Service:

@@ -18,7 +18,7 @@ import anyio.lowlevel
 from ._steps import Halt
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from ._engine import Engine
 
 __all__ = ["Session", "StepContext"]
 
@@ -31,7 +31,7 @@ class StepContext:
 
     __slots__ = ("_rt", "_step_error", "_stop")
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Engine) -> None:
         self._rt = runtime
         self._stop = False
         #: the last error ``run_with_hooks`` raised (already handled as a step error)
@@ -40,7 +40,8 @@ class StepContext:
     @property
     def session(self) -> Session:
         """The session this step belongs to."""
-        return self._rt.session
+        session: Session = self._rt.session
+        return session
 
     @property
     def global_step(self) -> int:
@@ -77,7 +78,7 @@ class StepContext:
 class Session:
     """Runs steps for the body of ``async with sv.managed_session() as sess``."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Engine) -> None:
         self._rt = runtime
 
     @property

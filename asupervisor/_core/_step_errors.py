@@ -38,7 +38,7 @@ from ._services import FailureWindow, RestartPolicy
 
 if TYPE_CHECKING:
     from ._clock import Clock
-    from ._runtime import Runtime
+    from ._engine import Engine
 
 __all__ = ["StepErrors", "recovery_policy", "retry_transient"]
 
@@ -101,7 +101,7 @@ def _add_note(exc: BaseException, note: str) -> None:
 class StepErrors:
     """The step-error semantics of one session (see the module docstring)."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Engine) -> None:
         self._rt = rt
         self._failures = FailureWindow(recovery_policy(rt.config.recovery_wait_secs))
         #: a step raised AbortedError/UnavailableError: the awaiting task will recover()

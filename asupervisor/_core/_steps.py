@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .._tf import is_end_of_data
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from ._engine import Engine
 
 __all__ = ["Halt", "Steps"]
 
@@ -50,7 +50,7 @@ class Halt:
 class Steps:
     """The step bodies of one session (see the module docstring)."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Engine) -> None:
         self._rt = rt
         #: one counted step with hooks around it: ``run_one(fn, args, kwargs)``
         self.run_one: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any] = (

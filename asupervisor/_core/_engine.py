@@ -1,0 +1,128 @@
+"""What the engine's own pieces see of the session: the :class:`Engine` protocol.
+
+The step loop (:mod:`._steps`), the step-error semantics (:mod:`._step_errors`) and the
+session handle (:mod:`._session`) work on the running session through this protocol,
+which :class:`~._runtime.Runtime` implements, so none of them imports ``_runtime`` (no
+import circle, type-only ones included). Features never use it: they see
+:class:`~._abc.SessionContext`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ._abc import SessionContext
+
+if TYPE_CHECKING:
+    from ._abc import EngineConfig
+    from ._parts import PartRunner
+    from ._stop import StopControl
+
+__all__ = ["Engine", "HookCalls", "StepBodies", "StepErrorHandling"]
+
+
+class HookCalls(Protocol):
+    """What the step loop uses of ``HookRunner``."""
+
+    per_step: bool
+
+    def run_step(
+        self,
+        control: StopControl,
+        session: Any,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        step_done: Callable[[Any], int],
+    ) -> Any:
+        """One step with hooks around it."""
+        ...
+
+
+class StepErrorHandling(Protocol):
+    """What the step loop and the session use of ``StepErrors``."""
+
+    recovering: bool
+
+    def note(self, exc: BaseException, *, recoverable: bool = True) -> None:
+        """On the step thread: a step raised ``exc``."""
+        ...
+
+    def step_fn_failed(self, exc: BaseException) -> None:
+        """On the step thread: a ``run_step_fn`` step function raised ``exc`` itself."""
+        ...
+
+    async def recover(self, exc: BaseException) -> bool:
+        """On the loop: restore and return whether to retry the step."""
+        ...
+
+    def step_failed(self, exc: BaseException) -> bool:
+        """On the loop: stop after ``exc``; whether it was the end of the data."""
+        ...
+
+
+class StepBodies(Protocol):
+    """What the session uses of ``Steps``."""
+
+    run_one: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+
+    def run_loop(
+        self,
+        fn: Callable[..., Any],
+        data: Iterable[Any] | None,
+        max_steps: int | None,
+        halt: Any,
+        checkpoint_iterator: bool | None = None,
+    ) -> tuple[int, str | None]:
+        """On the step thread: ``run_loop``'s loop."""
+        ...
+
+
+class Engine(SessionContext, Protocol):
+    """The running session as the engine's pieces see it (``Runtime`` implements it)."""
+
+    step: int
+    closed: bool
+    control: StopControl
+    last_output: Any
+    max_steps: int | None
+    spent_iterators: list[Any]
+
+    @property
+    def config(self) -> EngineConfig:
+        """The supervisor's settings."""
+        ...
+
+    @property
+    def parts(self) -> PartRunner:
+        """The session's parts, by phase."""
+        ...
+
+    @property
+    def hooks(self) -> HookCalls:
+        """The per-step hooks."""
+        ...
+
+    @property
+    def errors(self) -> StepErrorHandling:
+        """The step-error semantics."""
+        ...
+
+    @property
+    def steps(self) -> StepBodies:
+        """The step bodies."""
+        ...
+
+    @property
+    def session(self) -> Any:
+        """The ``Session`` handed to the body."""
+        ...
+
+    def make_iterator(self, data: Iterable[Any], checkpoint_iterator: bool | None = None) -> Any:
+        """On the step thread: an iterator over ``data``."""
+        ...
+
+    def wake_step_thread(self) -> None:
+        """Release waits for input on the step thread."""
+        ...

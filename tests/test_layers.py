@@ -1,0 +1,205 @@
+"""The layer rule written at the top of ``asupervisor/__init__.py``, checked on the source.
+
+Every module of the package is parsed (nothing is imported) and each of its imports of
+the package — module level, in functions, under ``if TYPE_CHECKING:`` alike — is checked:
+
+1. leaves (``_exceptions``, ``_tf``, ``_cluster``, ``_logging``) import nothing of ours but
+   ``_exceptions``;
+2. ``_core`` imports leaves and itself, never a feature nor a front door;
+3. a feature (any other subpackage: ``_checkpoint``, ``_summary``, ``_input``,
+   ``_basic_hooks``, ...) imports ``_core``, leaves and itself, never another feature nor
+   a front door;
+4. front doors (the other top-level modules) import anything but ``__init__``;
+   ``_assembly`` is the only one naming a feature's session part;
+5. ``__init__`` only re-exports.
+
+And there is no import circle between modules, type-only imports included.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import asupervisor
+
+PACKAGE = Path(asupervisor.__file__).resolve().parent
+LEAVES = {"_exceptions", "_tf", "_cluster", "_logging"}
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module, dotted under the package ("_core._runtime")
+    target: str  # the imported module, dotted under the package ("_checkpoint._part")
+    line: int
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts)
+
+
+def _resolve(root: Path, name: str) -> str:
+    """The module a dotted name under the package refers to (a package's ``__init__``)."""
+    if (root / Path(*name.split("."))).is_dir():
+        return f"{name}.__init__" if name else "__init__"
+    return name
+
+
+def imports_of(root: Path, package: str = "asupervisor") -> list[Import]:
+    """Every import of the package by its own modules."""
+    found: list[Import] = []
+    for path in sorted(root.rglob("*.py")):
+        mod = module_name(root, path)
+        pkg_parts = mod.split(".")[:-1]
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg_parts[: len(pkg_parts) - (node.level - 1)] if node.level > 1 else pkg_parts
+                    if node.level - 1 > len(pkg_parts):
+                        continue
+                    prefix = ".".join(base + ([node.module] if node.module else []))
+                elif node.module and (node.module == package or node.module.startswith(package + ".")):
+                    prefix = node.module[len(package) + 1 :] if node.module != package else ""
+                else:
+                    continue
+                for alias in node.names:
+                    candidate = f"{prefix}.{alias.name}" if prefix else alias.name
+                    is_module = (root / Path(*candidate.split("."))).with_suffix(".py").exists() or (
+                        root / Path(*candidate.split("."))
+                    ).is_dir()
+                    targets.append(candidate if is_module else prefix)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith(package + "."):
+                        targets.append(alias.name[len(package) + 1 :])
+            for target in dict.fromkeys(targets):
+                found.append(Import(mod, _resolve(root, target), node.lineno))
+    return found
+
+
+def layer_of(module: str) -> str:
+    """``leaf``, ``core``, ``feature:<name>``, ``front`` or ``init``."""
+    top = module.split(".")[0]
+    if module == "__init__":
+        return "init"
+    if top in LEAVES:
+        return "leaf"
+    if top == "_core":
+        return "core"
+    if "." in module:  # a subpackage other than _core
+        return f"feature:{top}"
+    return "front"
+
+
+def violations(root: Path) -> list[str]:
+    """Imports breaking the layer rule (see the module docstring), one line each."""
+    problems = []
+    for imp in imports_of(root):
+        src, dst = layer_of(imp.module), layer_of(imp.target)
+        where = f"{imp.module.replace('.', '/')}.py:{imp.line} imports {imp.target}"
+        if imp.target.split(".")[0] == imp.module.split(".")[0] and src != "front":
+            continue  # within one package (or a leaf importing itself)
+        if src == "leaf" and imp.target != "_exceptions":
+            problems.append(f"{where}: a leaf imports only _exceptions")
+        elif src == "core" and dst not in ("core", "leaf"):
+            problems.append(f"{where}: _core imports leaves and itself only")
+        elif src.startswith("feature:") and dst not in ("core", "leaf"):
+            problems.append(f"{where}: a feature imports _core and leaves only")
+        elif src == "front" and dst == "init":
+            problems.append(f"{where}: nothing imports the package's __init__")
+        elif src == "front" and imp.module != "_assembly" and imp.target.endswith("._part"):
+            problems.append(f"{where}: only _assembly names a feature's session part")
+    return problems
+
+
+def cycles(root: Path) -> list[list[str]]:
+    """Import circles between modules (type-only imports included)."""
+    graph: dict[str, set[str]] = {}
+    for imp in imports_of(root):
+        if imp.target != imp.module:
+            graph.setdefault(imp.module, set()).add(imp.target)
+    found: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return found
+
+
+def test_the_package_keeps_its_layers() -> None:
+    """No module of asupervisor imports across the layer rule."""
+    assert violations(PACKAGE) == []
+
+
+def test_no_import_circles() -> None:
+    """No import circle between asupervisor's modules, type-only imports included."""
+    assert cycles(PACKAGE) == []
+
+
+def test_init_only_re_exports() -> None:
+    """``__init__`` imports names as ``X as X`` and lists them in a sorted ``__all__``."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            for alias in node.names:
+                assert alias.asname == alias.name, f"__init__ line {node.lineno}: import {alias.name} as {alias.name}"
+    assert asupervisor.__all__ == sorted(asupervisor.__all__)
+
+
+def test_the_rule_is_written_where_a_newcomer_looks() -> None:
+    """The docstring of ``asupervisor/__init__.py`` states the layers and names this test."""
+    doc = asupervisor.__doc__ or ""
+    for word in ("leaves", "_core", "features", "front doors", "tests/test_layers.py"):
+        assert word in doc
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"_core/_engine.py": "from .._checkpoint import _part\n"}, "_core imports leaves and itself only"),
+        ({"_summary/_writer.py": "from .._checkpoint._part import X\n"}, "a feature imports _core and leaves only"),
+        ({"_summary/_writer.py": "from .. import _supervisor\n"}, "a feature imports _core and leaves only"),
+        ({"_logging.py": "from ._core import _stop\n"}, "a leaf imports only _exceptions"),
+        ({"_supervisor.py": "from ._checkpoint._part import CheckpointPart\n"}, "only _assembly names"),
+        ({"_core/_engine.py": "def f():\n    import asupervisor._input._queue\n"}, "_core imports leaves"),
+    ],
+)
+def test_the_checker_finds_each_kind_of_violation(tmp_path: Path, files: dict[str, str], expected: str) -> None:
+    """Fed a small package with one known violation, the checker reports it."""
+    for name in ("__init__.py", "_core/__init__.py", "_checkpoint/__init__.py", "_summary/__init__.py",
+                 "_input/__init__.py", "_checkpoint/_part.py", "_input/_queue.py", "_core/_stop.py",
+                 "_supervisor.py", "_logging.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = violations(tmp_path)
+    assert any(expected in problem for problem in found), found
+
+
+def test_the_checker_finds_a_type_only_circle(tmp_path: Path) -> None:
+    """A circle made of a runtime import and a ``TYPE_CHECKING`` import is found."""
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "_a.py").write_text("from ._b import B\n")
+    (tmp_path / "_b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._a import A\n")
+    assert cycles(tmp_path) == [["_a", "_b", "_a"]]
