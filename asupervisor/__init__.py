@@ -22,17 +22,17 @@ included; ``docs/architecture.md`` draws it):
 
 from __future__ import annotations
 
-from ._basic_hooks._hooks import CheckpointSaverHook as CheckpointSaverHook
-from ._basic_hooks._hooks import CheckpointSaverListener as CheckpointSaverListener
-from ._basic_hooks._hooks import FinalOpsHook as FinalOpsHook
-from ._basic_hooks._hooks import GlobalStepWaiterHook as GlobalStepWaiterHook
-from ._basic_hooks._hooks import LoggingTensorHook as LoggingTensorHook
-from ._basic_hooks._hooks import NanTensorHook as NanTensorHook
-from ._basic_hooks._hooks import ProfilerHook as ProfilerHook
-from ._basic_hooks._hooks import StepCounterHook as StepCounterHook
-from ._basic_hooks._hooks import StopAtStepHook as StopAtStepHook
-from ._basic_hooks._hooks import SummarySaverHook as SummarySaverHook
+from ._basic_hooks._checkpoint import CheckpointSaverHook as CheckpointSaverHook
+from ._basic_hooks._checkpoint import CheckpointSaverListener as CheckpointSaverListener
+from ._basic_hooks._final_ops import FinalOpsHook as FinalOpsHook
+from ._basic_hooks._logging import LoggingTensorHook as LoggingTensorHook
+from ._basic_hooks._nan import NanTensorHook as NanTensorHook
+from ._basic_hooks._profiler import ProfilerHook as ProfilerHook
+from ._basic_hooks._step_counter import StepCounterHook as StepCounterHook
+from ._basic_hooks._stop import StopAtStepHook as StopAtStepHook
+from ._basic_hooks._summary import SummarySaverHook as SummarySaverHook
 from ._basic_hooks._timer import SecondOrStepTimer as SecondOrStepTimer
+from ._basic_hooks._waiter import GlobalStepWaiterHook as GlobalStepWaiterHook
 from ._checkpoint._watch import CheckpointWatcher as CheckpointWatcher
 from ._checkpoint._watch import watch_checkpoints as watch_checkpoints
 from ._cluster import ClusterInfo as ClusterInfo

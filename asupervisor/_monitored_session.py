@@ -23,7 +23,9 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ._basic_hooks._hooks import CheckpointSaverHook, StepCounterHook, SummarySaverHook
+from ._basic_hooks._checkpoint import CheckpointSaverHook
+from ._basic_hooks._step_counter import StepCounterHook
+from ._basic_hooks._summary import SummarySaverHook
 from ._core._hooks import SessionRunHook
 from ._supervisor import Supervisor
 

@@ -203,3 +203,17 @@ def test_the_checker_finds_a_type_only_circle(tmp_path: Path) -> None:
     (tmp_path / "_a.py").write_text("from ._b import B\n")
     (tmp_path / "_b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._a import A\n")
     assert cycles(tmp_path) == [["_a", "_b", "_a"]]
+
+
+def test_features_never_reach_into_the_engine() -> None:
+    """No feature touches ``session._rt`` (the engine behind a session): they use
+    ``context_of(session)``, the narrow ``SessionContext``."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = module_name(PACKAGE, path)
+        if not layer_of(module).startswith("feature:"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "_rt":
+                offenders.append(f"{module}:{node.lineno}")
+    assert offenders == []
