@@ -8,7 +8,7 @@ A save has two halves:
   snapshot is consistent and costs no copy of the data on the step thread.
 * :meth:`Checkpointer.write` runs **on the checkpoint writer thread**: it writes the
   snapshot with TF's ``SaveV2`` op as an ordinary TF2 object checkpoint under a temporary
-  prefix, then commits it (:mod:`._checkpoint_files`), applies retention and updates
+  prefix, then commits it (:mod:`.files`), applies retention and updates
   :attr:`Checkpointer.last`.
 
 Restore (:func:`restore_latest`, also used by ``SessionManager``) tries the newest
@@ -45,7 +45,7 @@ from .._logging import describe, get_logger
 from .._tf import tf
 from . import _bundle
 from ._walk_cache import WalkCache, plain_variable
-from .files import _commit as files
+from .files import _commit, _names, _state_file, _writeback
 
 __all__ = [
     "Checkpointer",
@@ -611,10 +611,10 @@ class RestoreOutcome:
     corrupt: list[str] = field(default_factory=list)
     gone: list[str] = field(default_factory=list)
     state_problem: str | None = None
-    state: files.CheckpointState | None = None
+    state: _state_file.CheckpointState | None = None
 
 
-def _candidates(logdir: Path, basename: str | None) -> tuple[list[str], files.CheckpointState | None, str | None]:
+def _candidates(logdir: Path, basename: str | None) -> tuple[list[str], _state_file.CheckpointState | None, str | None]:
     """Checkpoint prefixes (absolute) to try, newest first; the state read; its problem.
 
     A readable state file naming an existing latest checkpoint is trusted: its
@@ -624,7 +624,7 @@ def _candidates(logdir: Path, basename: str | None) -> tuple[list[str], files.Ch
     file (unreadable, naming nothing, or its latest gone), or a missing one while
     checkpoints exist: every checkpoint, newest step first.
     """
-    state, problem = files.inspect_state(logdir)
+    state, problem = _state_file.inspect_state(logdir)
     names: list[str] = []
     if state is not None:
         names = [n for n in state.paths if n != state.latest] + ([state.latest] if state.latest is not None else [])
@@ -633,17 +633,17 @@ def _candidates(logdir: Path, basename: str | None) -> tuple[list[str], files.Ch
             problem = "it names no checkpoint"
         elif not os.path.exists(_absolute(logdir, state.latest) + ".index"):
             problem = f"it names {state.latest}, whose files are gone"
-    on_disk = files.scan_checkpoints(logdir, basename) if (basename is not None or problem is not None) else []
+    on_disk = _names.scan_checkpoints(logdir, basename) if (basename is not None or problem is not None) else []
     if state is None or problem is not None:
         # unnamed and incomplete (an index alone, a shard missing): not a checkpoint of
         # ours (with a sound state file, restore_newest checks only those it reaches)
-        on_disk = [n for n in on_disk if n in names or files.missing_files(logdir / n) is None]
+        on_disk = [n for n in on_disk if n in names or _names.missing_files(logdir / n) is None]
     if state is None and problem is None and on_disk:
         problem = "it is missing"
     if problem is None:
         ordered = names + [n for n in on_disk if n not in names]
     else:
-        steps = {n: files.step_of(Path(n).name) for n in {*names, *on_disk}}
+        steps = {n: _names.step_of(Path(n).name) for n in {*names, *on_disk}}
         stepped = sorted((n for n in steps if steps[n] is not None), key=lambda n: -(steps[n] or 0))
         ordered = stepped + [n for n in names if steps[n] is None]
     return [_absolute(logdir, n) for n in ordered], state, problem
@@ -683,16 +683,16 @@ def restore_newest(checkpoint: Any, logdir: Path, *, strict: bool, basename: str
     paths, state, problem = _candidates(logdir, basename)
     outcome = RestoreOutcome(state_problem=problem, state=state)
     if problem is not None:
-        log.error("checkpoint.state_damaged", path=str(logdir / files.STATE_FILE), reason=problem,
+        log.error("checkpoint.state_damaged", path=str(logdir / _names.STATE_FILE), reason=problem,
                   action="restoring the newest checkpoint on disk that loads")
     failures: list[tuple[str, str]] = []
     named = set() if state is None else {_absolute(logdir, n) for n in (*state.paths, state.latest) if n}
     for path in paths:
-        reason = files.missing_files(Path(path))
+        reason = _names.missing_files(Path(path))
         if reason is not None and path not in named:
             log.debug("checkpoint.ignored", path=path, reason=reason)  # not ours: left alone
             continue
-        if reason is not None and not os.path.exists(path + ".index") and not files.checkpoint_files(Path(path)):
+        if reason is not None and not os.path.exists(path + ".index") and not _names.checkpoint_files(Path(path)):
             outcome.gone.append(path)
             log.warning("checkpoint.gone", path=path, action="trying the previous one")
             continue
@@ -786,7 +786,7 @@ class Checkpointer:
         """
         try:
             self.logdir.mkdir(parents=True, exist_ok=True)
-            files.probe_writable(self.logdir)
+            _commit.probe_writable(self.logdir)
         except OSError as exc:
             target = exc.filename or self.logdir
             raise CheckpointError(
@@ -795,7 +795,7 @@ class Checkpointer:
                 + (f" (errno {exc.errno})" if exc.errno is not None else "")
                 + "; give a writable directory with free space"
             ) from exc
-        files.clean_leftovers(self.logdir)
+        _commit.clean_leftovers(self.logdir)
         self._owner = True
 
     def restore(self, *, strict: bool = True) -> str | None:
@@ -818,7 +818,7 @@ class Checkpointer:
         elif path is None and self._owner and outcome.state_problem is not None:
             self._set_aside_state(outcome.state_problem)
         if path is not None:
-            step = files.step_of(Path(path).name)
+            step = _names.step_of(Path(path).name)
             self.last = CheckpointInfo(path=path, step=step if step is not None else -1, time=os.path.getmtime(path + ".index"))
             self.last_snapshot_step = self.last.step
         return path
@@ -835,33 +835,33 @@ class Checkpointer:
         latest = _relative_name(self.logdir, restored)
         tag = "corrupt-" + time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.wall_clock()))
         with _commit_lock(self.logdir):
-            state, problem = files.inspect_state(self.logdir)
+            state, problem = _state_file.inspect_state(self.logdir)
             if outcome is not None and outcome.state_problem is not None:
                 problem = outcome.state_problem
-            restored_step = files.step_of(Path(restored).name)
+            restored_step = _names.step_of(Path(restored).name)
             if problem is not None or state is None:
                 names = [
-                    n for n in reversed(files.scan_checkpoints(self.logdir, self.basename))
+                    n for n in reversed(_names.scan_checkpoints(self.logdir, self.basename))
                     if n not in bad
-                    and (restored_step is None or (files.step_of(n) or 0) <= restored_step)
-                    and files.missing_files(self.logdir / n) is None
+                    and (restored_step is None or (_names.step_of(n) or 0) <= restored_step)
+                    and _names.missing_files(self.logdir / n) is None
                 ]
                 if latest not in names:
                     names.append(latest)
                 stamps = [os.path.getmtime(self.logdir / f"{n}.index") for n in names]
                 preserved = state.last_preserved if state is not None else 0.0
-                repaired = files.CheckpointState(latest, names, stamps, preserved)
+                repaired = _state_file.CheckpointState(latest, names, stamps, preserved)
             else:
                 kept = [(p, t) for p, t in zip(state.paths, state.timestamps) if p not in bad]
                 if latest not in [p for p, _ in kept]:
                     kept.append((latest, os.path.getmtime(restored + ".index")))
-                    kept.sort(key=lambda pt: files.step_of(Path(pt[0]).name) or -1)
-                repaired = files.CheckpointState(latest, [p for p, _ in kept], [t for _, t in kept], state.last_preserved)
-            files.write_state(self.logdir, repaired)
+                    kept.sort(key=lambda pt: _names.step_of(Path(pt[0]).name) or -1)
+                repaired = _state_file.CheckpointState(latest, [p for p, _ in kept], [t for _, t in kept], state.last_preserved)
+            _state_file.write_state(self.logdir, repaired)
             if problem is not None or (outcome is not None and outcome.gone):
                 log.warning(
                     "checkpoint.state_repaired",
-                    path=str(self.logdir / files.STATE_FILE),
+                    path=str(self.logdir / _names.STATE_FILE),
                     problem=problem or "it names checkpoints whose files are gone",
                     gone=[Path(p).name for p in outcome.gone] if outcome is not None and outcome.gone else None,
                     set_aside=sorted(Path(p).name for p in corrupt) or None,
@@ -869,7 +869,7 @@ class Checkpointer:
                     paths=repaired.paths,
                 )
             for name in sorted({Path(p).name for p in corrupt}):
-                moved = files.set_aside(self.logdir / name, tag)
+                moved = _commit.set_aside(self.logdir / name, tag)
                 log.warning("checkpoint.set_aside", path=str(self.logdir / name), files=moved)
 
     def _set_aside_state(self, problem: str) -> None:
@@ -877,14 +877,14 @@ class Checkpointer:
         ``checkpoint.corrupt-<time>`` (kept for inspection), so that the first save
         starts a new one instead of keeping what it named."""
         tag = "corrupt-" + time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.wall_clock()))
-        source = self.logdir / files.STATE_FILE
-        target = self.logdir / f"{files.STATE_FILE}.{tag}"
+        source = self.logdir / _names.STATE_FILE
+        target = self.logdir / f"{_names.STATE_FILE}.{tag}"
         with _commit_lock(self.logdir):
             try:
                 os.replace(source, target)
             except FileNotFoundError:
                 return
-            files.fsync_path(self.logdir)
+            _writeback.fsync_path(self.logdir)
         log.warning("checkpoint.state_repaired", path=str(source), problem=problem, set_aside=target.name, latest=None)
 
     def snapshot(self, step: int) -> Snapshot | None:
@@ -1020,19 +1020,19 @@ class Checkpointer:
         t0 = time.perf_counter()
         name = f"{self.basename}-{snapshot.step}"
         final = self.logdir / name
-        tmp = self.logdir / f"{name}{files.TMP_MARKER}{secrets.token_hex(4)}"
+        tmp = self.logdir / f"{name}{_names.TMP_MARKER}{secrets.token_hex(4)}"
         check = self._check_abandon
         try:
             check()
-            with files.early_writeback(tmp):
+            with _writeback.early_writeback(tmp):
                 write_snapshot(snapshot, str(tmp), check)
-            files.sync_data(tmp, check)  # the long wait for the disk, abandonable
+            _writeback.sync_data(tmp, check)  # the long wait for the disk, abandonable
             with _commit_lock(self.logdir):
                 check()  # the last point where the save can be given up
                 info, state, delete = self._plan(name, snapshot, min_keep)
-                files.commit(tmp, final, state, [self.logdir / old for old in delete])  # now it is the latest
+                _commit.commit(tmp, final, state, [self.logdir / old for old in delete])  # now it is the latest
         except BaseException as exc:
-            files.remove_partial(tmp)
+            _commit.remove_partial(tmp)
             error = _write_error(exc, final, snapshot.step)
             if error is not None:
                 raise error from exc
@@ -1041,7 +1041,7 @@ class Checkpointer:
         self.last_commit_secs = time.perf_counter() - t0
         for old in delete:
             try:
-                files.retire_checkpoint(self.logdir / old)
+                _commit.retire_checkpoint(self.logdir / old)
             except OSError as exc:  # marked pending: the next start removes it
                 log.error("checkpoint.cleanup_failed", path=str(self.logdir / old), error=describe(exc))
         with self._lock:
@@ -1059,24 +1059,24 @@ class Checkpointer:
 
     def _plan(
         self, name: str, snapshot: Snapshot, min_keep: int = 1
-    ) -> tuple[CheckpointInfo, files.CheckpointState, list[str]]:
+    ) -> tuple[CheckpointInfo, _state_file.CheckpointState, list[str]]:
         """The state file naming ``name``, its checkpoint, and the checkpoints retention drops."""
         now = self.wall_clock()
-        state = files.read_own_state(self.logdir) or files.CheckpointState(last_preserved=self.started_at)
+        state = _state_file.read_own_state(self.logdir) or _state_file.CheckpointState(last_preserved=self.started_at)
         if state.last_preserved == 0.0:
             state.last_preserved = self.started_at
         keep = [(p, t) for p, t in zip(state.paths, state.timestamps) if p != name]
-        latest_step = files.step_of(state.latest) if state.latest else None
+        latest_step = _names.step_of(state.latest) if state.latest else None
         if latest_step is not None and latest_step > snapshot.step and state.latest in state.paths:
             # an older snapshot committed after a newer checkpoint (a hook's synchronous
             # save): keep it in step order and leave the newer one the latest
-            at = next((i for i, (p, _) in enumerate(keep) if (files.step_of(p) or -1) > snapshot.step), len(keep))
+            at = next((i for i, (p, _) in enumerate(keep) if (_names.step_of(p) or -1) > snapshot.step), len(keep))
             keep.insert(at, (name, now))
             latest = state.latest
         else:
             keep.append((name, now))
             latest = name
-        state = files.CheckpointState(latest, [p for p, _ in keep], [t for _, t in keep], state.last_preserved)
+        state = _state_file.CheckpointState(latest, [p for p, _ in keep], [t for _, t in keep], state.last_preserved)
         prefix = f"{self.basename}-"
 
         def managed(path: str, stamp: float) -> bool:
@@ -1084,7 +1084,7 @@ class Checkpointer:
             # stamped in the future (a clock reset): as tf.train.CheckpointManager
             return path.startswith(prefix) and path[len(prefix) :].isdigit() and stamp <= now
 
-        state, delete = files.select_retention(
+        state, delete = _commit.select_retention(
             state,
             max_to_keep=None if self.max_to_keep is None else max(self.max_to_keep, min_keep),
             keep_every_secs=self.keep_every_secs,

@@ -12,14 +12,14 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint.files import _commit as files
+from asupervisor._checkpoint.files import _commit, _names, _state_file, _writeback
 from asupervisor._core._abc import SessionAttribute
 from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
 
 #: early writeback uses Linux's sync_file_range; elsewhere it is a documented no-op
-LINUX_WRITEBACK = pytest.mark.skipif(files._sync_file_range is None, reason="sync_file_range is Linux only")
+LINUX_WRITEBACK = pytest.mark.skipif(_writeback._sync_file_range is None, reason="sync_file_range is Linux only")
 
 
 def make_state() -> dict[str, Any]:
@@ -147,7 +147,7 @@ async def test_save_model_steps_saves_at_multiples(tmp_path: Path) -> None:
             await sess.run(bump(state))
             if sess.global_step in (3, 7):
                 await sv.save_now()  # also: nothing is in flight when the trigger fires
-    seen = [files.step_of(p) for p in files.read_state(tmp_path).paths]  # type: ignore[union-attr]
+    seen = [_names.step_of(p) for p in _state_file.read_state(tmp_path).paths]  # type: ignore[union-attr]
     assert seen == [0, 3, 4, 7, 8, 9]
     assert plain_restore(tmp_path) == (9.0, 9)  # the final save
 
@@ -166,7 +166,7 @@ async def test_no_final_checkpoint_after_a_step_error(tmp_path: Path) -> None:
         async with sv.managed_session() as sess:
             await sess.run(bump(state))
             await sess.run(bad)
-    assert files.read_state(tmp_path).latest == "model.ckpt-0"  # type: ignore[union-attr]
+    assert _state_file.read_state(tmp_path).latest == "model.ckpt-0"  # type: ignore[union-attr]
 
 
 @pytest.mark.anyio
@@ -185,21 +185,21 @@ async def test_retention_leftovers_and_foreign_files(tmp_path: Path) -> None:
     names = listing(tmp_path)
     assert not [n for n in names if ".asv-tmp-" in n]
     assert {"other.ckpt-1.index", "model.ckpt-999.index", "notes.txt"} <= set(names)
-    assert files.read_state(tmp_path).paths == ["model.ckpt-2", "model.ckpt-3"]  # type: ignore[union-attr]
+    assert _state_file.read_state(tmp_path).paths == ["model.ckpt-2", "model.ckpt-3"]  # type: ignore[union-attr]
     assert "model.ckpt-0.index" not in names and "model.ckpt-1.index" not in names
 
 
 def test_retention_policy_keeps_one_per_n_hours() -> None:
     """keep_checkpoint_every_n_hours keeps old checkpoints spaced by the period for good."""
     hour = 3600.0
-    state = files.CheckpointState(
+    state = _state_file.CheckpointState(
         "c5", ["c1", "c2", "c3", "c4", "c5"], [0.5 * hour, 1.2 * hour, 1.5 * hour, 2.4 * hour, 3.0 * hour], 0.0
     )
-    kept, delete = files.select_retention(state, max_to_keep=2, keep_every_secs=hour)
+    kept, delete = _commit.select_retention(state, max_to_keep=2, keep_every_secs=hour)
     assert kept.paths == ["c4", "c5"]
     assert delete == ["c1", "c3"]  # c2 (1.2 h after the last preserved, 0) is kept for good
     assert kept.last_preserved == 1.2 * hour
-    kept, delete = files.select_retention(state, max_to_keep=1, keep_every_secs=None)
+    kept, delete = _commit.select_retention(state, max_to_keep=1, keep_every_secs=None)
     assert kept.paths == ["c5"] and delete == ["c1", "c2", "c3", "c4"]
 
 
@@ -222,21 +222,21 @@ async def test_commits_and_deletions_cut_short_are_finished_at_start(tmp_path: P
     import shutil
 
     await _two_checkpoints(tmp_path)  # model.ckpt-0, -2, -4 named
-    state = files.read_state(tmp_path)
+    state = _state_file.read_state(tmp_path)
     assert state is not None and state.paths == ["model.ckpt-0", "model.ckpt-2", "model.ckpt-4"]
-    files.write_state(tmp_path, files.CheckpointState("model.ckpt-4", state.paths[1:], state.timestamps[1:]))
+    _state_file.write_state(tmp_path, _state_file.CheckpointState("model.ckpt-4", state.paths[1:], state.timestamps[1:]))
     (tmp_path / "model.ckpt-0.index").unlink()  # retention of step 0, cut short
-    (tmp_path / f"model.ckpt-0{files.PENDING}").touch()
-    for f in files.checkpoint_files(tmp_path / "model.ckpt-4"):  # a commit of step 6, cut short
+    (tmp_path / f"model.ckpt-0{_names.PENDING}").touch()
+    for f in _names.checkpoint_files(tmp_path / "model.ckpt-4"):  # a commit of step 6, cut short
         shutil.copy(f, tmp_path / f.name.replace("model.ckpt-4", "model.ckpt-6"))
-    (tmp_path / f"model.ckpt-6{files.PENDING}").touch()
-    (tmp_path / f"model.ckpt-4{files.PENDING}").touch()  # committed; the marker outlived it
+    (tmp_path / f"model.ckpt-6{_names.PENDING}").touch()
+    (tmp_path / f"model.ckpt-4{_names.PENDING}").touch()  # committed; the marker outlived it
     state_ = make_state()
     async with supervisor(tmp_path, state_).managed_session() as sess:
         assert sess.global_step == 4
     names = listing(tmp_path)
     assert not [n for n in names if n.startswith(("model.ckpt-0.", "model.ckpt-6.")) or ".asv-tmp-" in n]
-    assert files.missing_files(tmp_path / "model.ckpt-4") is None and files.missing_files(tmp_path / "model.ckpt-2") is None
+    assert _names.missing_files(tmp_path / "model.ckpt-4") is None and _names.missing_files(tmp_path / "model.ckpt-2") is None
 
 
 @pytest.mark.anyio
@@ -269,12 +269,12 @@ async def test_corrupt_latest_falls_back_to_previous(tmp_path: Path, damage: str
             assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-2")
     corrupt = [e for e in logs if e["event"] == "checkpoint.corrupt"]
     assert len(corrupt) == 1 and corrupt[0]["path"].endswith("model.ckpt-4") and corrupt[0]["reason"]
-    assert not files.checkpoint_files(tmp_path / "model.ckpt-4")
+    assert not _names.checkpoint_files(tmp_path / "model.ckpt-4")
     aside = [n for n in listing(tmp_path) if n.startswith("model.ckpt-4.corrupt-")]
     assert aside and [e["files"] for e in logs if e["event"] == "checkpoint.set_aside"] == [aside]
-    assert files.read_state(tmp_path) == files.CheckpointState(
-        "model.ckpt-2", ["model.ckpt-0", "model.ckpt-2"], files.read_state(tmp_path).timestamps,  # type: ignore[union-attr]
-        files.read_state(tmp_path).last_preserved,  # type: ignore[union-attr]
+    assert _state_file.read_state(tmp_path) == _state_file.CheckpointState(
+        "model.ckpt-2", ["model.ckpt-0", "model.ckpt-2"], _state_file.read_state(tmp_path).timestamps,  # type: ignore[union-attr]
+        _state_file.read_state(tmp_path).last_preserved,  # type: ignore[union-attr]
     )
 
 
@@ -323,7 +323,7 @@ async def test_background_write_error_is_raised_not_lost(tmp_path: Path) -> None
             await sv.save_now()  # the start-up save is committed: step 2's will not be skipped
             await sess.run_loop(bump(state), max_steps=3)
     assert isinstance(info.value.__cause__, OSError)
-    assert "model.ckpt-2" not in files.read_state(tmp_path).paths  # type: ignore[union-attr]
+    assert "model.ckpt-2" not in _state_file.read_state(tmp_path).paths  # type: ignore[union-attr]
     assert not [n for n in listing(tmp_path) if ".asv-tmp-" in n]
     plain_restore(tmp_path)  # whatever is latest is complete
 
@@ -410,7 +410,7 @@ async def test_unavailable_past_the_retry_bound_propagates(tmp_path: Path) -> No
         async with sv.managed_session() as sess:
             await sess.run(step)
     assert len(calls) == 4  # the first try and three retries
-    assert files.read_state(tmp_path).latest == "model.ckpt-0"  # type: ignore[union-attr]
+    assert _state_file.read_state(tmp_path).latest == "model.ckpt-0"  # type: ignore[union-attr]
 
 
 async def _tick(clock: ManualClock, secs: float) -> None:
@@ -465,7 +465,7 @@ def test_synchronous_save_shares_the_commit_protocol(tmp_path: Path) -> None:
     ckpt.global_step.assign(4)
     assert write_checkpoint_now(ckpt, tmp_path, "model.ckpt", 4, max_to_keep=5) == str(tmp_path / "model.ckpt-4")
     background.write(older)
-    recorded = files.read_state(tmp_path)
+    recorded = _state_file.read_state(tmp_path)
     assert recorded is not None
     assert recorded.latest == "model.ckpt-4" and recorded.paths == ["model.ckpt-3", "model.ckpt-4"]
     assert plain_restore(tmp_path) == (1.0, 4)
@@ -544,7 +544,7 @@ def test_early_writeback_covers_every_data_file_and_stays_restorable(
     while SaveV2 runs; it ends with the write, and plain TF restores the result."""
     from asupervisor._checkpoint import _manager as _checkpoint
 
-    real = files._sync_file_range
+    real = _writeback._sync_file_range
     assert real is not None
     flushed: set[str] = set()
 
@@ -552,8 +552,8 @@ def test_early_writeback_covers_every_data_file_and_stays_restorable(
         flushed.add(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
         return real(fd, offset, nbytes, flags)
 
-    monkeypatch.setattr(files, "_sync_file_range", recording)
-    monkeypatch.setattr(files, "_WRITEBACK_POLL_SECS", 0.0005)
+    monkeypatch.setattr(_writeback, "_sync_file_range", recording)
+    monkeypatch.setattr(_writeback, "_WRITEBACK_POLL_SECS", 0.0005)
     monkeypatch.setattr(_checkpoint, "_SHARD_BYTES", shard_mb << 20)
     big = write_big_state(tmp_path, 6, 1 << 21)  # 48 MB
     assert not any(t.name == "asv-checkpoint-writeback" for t in threading.enumerate())
@@ -572,9 +572,9 @@ def test_durable_time_excludes_retention_and_old_checkpoints_go(tmp_path: Path, 
     checkpointer = Checkpointer(ckpt, tmp_path, max_to_keep=1)
     checkpointer.prepare()
     order: list[str] = []
-    real_commit, real_delete = files.commit, files.delete_checkpoint
+    real_commit, real_delete = _commit.commit, _commit.delete_checkpoint
 
-    def commit(tmp: Path, final: Path, st: files.CheckpointState, retiring: Any = ()) -> None:
+    def commit(tmp: Path, final: Path, st: _state_file.CheckpointState, retiring: Any = ()) -> None:
         order.append("state")
         real_commit(tmp, final, st, retiring)
 
@@ -582,8 +582,8 @@ def test_durable_time_excludes_retention_and_old_checkpoints_go(tmp_path: Path, 
         order.append(f"delete {prefix.name}")
         real_delete(prefix)
 
-    monkeypatch.setattr(files, "commit", commit)
-    monkeypatch.setattr(files, "delete_checkpoint", delete_checkpoint)
+    monkeypatch.setattr(_commit, "commit", commit)
+    monkeypatch.setattr(_commit, "delete_checkpoint", delete_checkpoint)
     for step in (1, 2):
         snap = checkpointer.snapshot(step)
         assert snap is not None
@@ -601,13 +601,13 @@ def test_writeback_failure_does_not_fail_the_save(tmp_path: Path, monkeypatch: p
     calls: list[int] = []
 
     def failing(fd: int, offset: int, nbytes: int, flags: int) -> int:
-        if flags == files._SYNC_FILE_RANGE_WRITE:  # the early writeback's calls (not sync_data's)
+        if flags == _writeback._SYNC_FILE_RANGE_WRITE:  # the early writeback's calls (not sync_data's)
             calls.append(fd)
         raise OSError(5, "EIO")
 
-    monkeypatch.setattr(files, "_sync_file_range", failing)
-    monkeypatch.setattr(files, "_WRITEBACK_MIN_BYTES", 1)
-    monkeypatch.setattr(files, "_WRITEBACK_POLL_SECS", 0.0002)
+    monkeypatch.setattr(_writeback, "_sync_file_range", failing)
+    monkeypatch.setattr(_writeback, "_WRITEBACK_MIN_BYTES", 1)
+    monkeypatch.setattr(_writeback, "_WRITEBACK_POLL_SECS", 0.0002)
     big = tf.Variable(tf.random.uniform([1 << 22], seed=1), name="big")  # 16 MB
     ckpt = tf.train.Checkpoint(big=big)
     checkpointer = Checkpointer(ckpt, tmp_path)
@@ -628,7 +628,7 @@ def test_commit_makes_files_and_renames_durable_before_naming(tmp_path: Path, mo
 
     events: list[str] = []
     lock = threading.Lock()
-    real_fsync, real_replace = files.fsync_path, os.replace
+    real_fsync, real_replace = _writeback.fsync_path, os.replace
 
     def fsync_path(path: Path) -> None:
         real_fsync(path)
@@ -640,8 +640,8 @@ def test_commit_makes_files_and_renames_durable_before_naming(tmp_path: Path, mo
         with lock:
             events.append(f"rename {Path(dst).name}")
 
-    monkeypatch.setattr(files, "fsync_path", fsync_path)
-    monkeypatch.setattr(files.os, "replace", replace)
+    monkeypatch.setattr(_writeback, "fsync_path", fsync_path)
+    monkeypatch.setattr(_commit.os, "replace", replace)
     checkpointer = Checkpointer(tf.train.Checkpoint(**make_state()), tmp_path)
     checkpointer.prepare()
     snap = checkpointer.snapshot(7)
@@ -668,18 +668,18 @@ def test_commit_rereads_a_state_file_replaced_by_someone_else(tmp_path: Path) ->
         snap = checkpointer.snapshot(step)
         assert snap is not None
         checkpointer.write(snap)
-    own = files.read_own_state(tmp_path)
-    assert own == files.read_state(tmp_path) and own is not None and own.paths == ["model.ckpt-1", "model.ckpt-2"]
+    own = _state_file.read_own_state(tmp_path)
+    assert own == _state_file.read_state(tmp_path) and own is not None and own.paths == ["model.ckpt-1", "model.ckpt-2"]
     from tensorflow.python.checkpoint import checkpoint_management
 
     checkpoint_management.update_checkpoint_state_internal(
         str(tmp_path), "model.ckpt-2", ["model.ckpt-1", "model.ckpt-2"], all_model_checkpoint_timestamps=[5.0, 6.0]
     )
-    assert files.read_own_state(tmp_path).timestamps == [5.0, 6.0]  # type: ignore[union-attr]
+    assert _state_file.read_own_state(tmp_path).timestamps == [5.0, 6.0]  # type: ignore[union-attr]
     snap = checkpointer.snapshot(3)
     assert snap is not None
     checkpointer.write(snap)
-    recorded = files.read_state(tmp_path)
+    recorded = _state_file.read_state(tmp_path)
     assert recorded is not None and recorded.paths == ["model.ckpt-1", "model.ckpt-2", "model.ckpt-3"]
     assert recorded.timestamps[:2] == [5.0, 6.0]
 
@@ -726,27 +726,27 @@ def test_state_file_reads_as_protobuf_reads_it(tmp_path: Path, monkeypatch: pyte
     this module and by TensorFlow, odd characters included; anything unusual goes to protobuf."""
     from tensorflow.python.checkpoint import checkpoint_management
 
-    fast = files._parse_state
+    fast = _state_file._parse_state
 
-    def via_protobuf() -> files.CheckpointState:
+    def via_protobuf() -> _state_file.CheckpointState:
         with monkeypatch.context() as m:
-            m.setattr(files, "_parse_state", lambda text: None)
-            state = files.read_state(tmp_path)
-        assert state is not None and files._parse_state is fast
+            m.setattr(_state_file, "_parse_state", lambda text: None)
+            state = _state_file.read_state(tmp_path)
+        assert state is not None and _state_file._parse_state is fast
         return state
 
     stamps = [1_763_000_000.123456 + i for i in range(len(names))]
-    files.write_state(tmp_path, files.CheckpointState(names[-1] if names else None, names, stamps, 1234.5))
-    assert files.read_state(tmp_path) == via_protobuf()
+    _state_file.write_state(tmp_path, _state_file.CheckpointState(names[-1] if names else None, names, stamps, 1234.5))
+    assert _state_file.read_state(tmp_path) == via_protobuf()
     if names:
         checkpoint_management.update_checkpoint_state_internal(
             str(tmp_path), names[-1], names, all_model_checkpoint_timestamps=stamps, last_preserved_timestamp=7.0
         )
-        assert files.read_state(tmp_path) == via_protobuf()
+        assert _state_file.read_state(tmp_path) == via_protobuf()
     # a field this parser does not know: protobuf decides (here: a parse error, no state)
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "a"\nbogus_field: 1\n')
     with capture_logs() as logs:
-        assert files.read_state(tmp_path) is None
+        assert _state_file.read_state(tmp_path) is None
     assert [e["event"] for e in logs] == ["checkpoint.state_corrupt"]
 
 

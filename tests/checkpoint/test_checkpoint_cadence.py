@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint.files import _commit as files
+from asupervisor._checkpoint.files import _state_file
 from asupervisor._core._abc import SessionAttribute
 from asupervisor.testing import ManualClock, capture_logs
 
@@ -60,7 +60,7 @@ async def test_every_multiple_of_save_model_steps_is_saved_under_back_pressure(t
     assert {10, 20, 30, 40, 50} <= set(saved_steps(tmp_path))
     assert not [e for e in logs if e["event"] == "checkpoint.skipped"]
     assert [e for e in logs if e["event"] == "checkpoint.waited"]
-    named = files.read_state(tmp_path)
+    named = _state_file.read_state(tmp_path)
     assert named is not None and {f"model.ckpt-{s}" for s in (10, 20, 30, 40, 50)} <= set(named.paths)
 
 

@@ -18,7 +18,7 @@ import tensorflow as tf
 import asupervisor as asv
 from asupervisor._checkpoint import _manager as ckpt_mod
 from asupervisor._checkpoint._manager import Checkpointer, SaveAbandoned
-from asupervisor._checkpoint.files import _commit as files
+from asupervisor._checkpoint.files import _commit, _names
 
 
 def make_checkpoint(n: int = 1 << 20) -> Any:
@@ -30,7 +30,7 @@ def listing(logdir: Path) -> list[str]:
 
 
 def temp_leftovers(logdir: Path) -> list[str]:
-    return [n for n in listing(logdir) if files.TMP_MARKER in n or n.endswith("_temp")]
+    return [n for n in listing(logdir) if _names.TMP_MARKER in n or n.endswith("_temp")]
 
 
 def test_abandoned_write_removes_its_files_and_keeps_the_latest(tmp_path: Path) -> None:
@@ -153,12 +153,12 @@ def test_state_file_write_error_removes_its_temporary_copy(tmp_path: Path, monke
     real_fsync = os.fsync
 
     def fsync(fd: int) -> None:
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(f"checkpoint{files.TMP_MARKER}{os.getpid()}"):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(f"checkpoint{_names.TMP_MARKER}{os.getpid()}"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_fsync(fd)
 
-    monkeypatch.setattr(files.os, "fsync", fsync)
-    with pytest.raises(asv.CheckpointError, match=f"checkpoint{files.TMP_MARKER}{os.getpid()}: No space left"):
+    monkeypatch.setattr(_commit.os, "fsync", fsync)
+    with pytest.raises(asv.CheckpointError, match=f"checkpoint{_names.TMP_MARKER}{os.getpid()}: No space left"):
         checkpointer.write(snap)
     assert temp_leftovers(tmp_path) == []
     assert tf.train.latest_checkpoint(str(tmp_path)) is None

@@ -22,7 +22,7 @@ import tensorflow as tf
 import asupervisor as asv
 from asupervisor._checkpoint._manager import restore_path, take_snapshot, write_snapshot
 from asupervisor._checkpoint._multi_worker import temp_prefix
-from asupervisor._checkpoint.files import _commit as files
+from asupervisor._checkpoint.files import _state_file
 from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
@@ -221,7 +221,7 @@ def test_two_workers_save_together_only_the_chief_writes_and_both_resume(tmp_pat
     assert sorted(os.listdir(logdir)) == sorted(
         ["checkpoint"] + [f"model.ckpt-{s}.{ext}" for s in (3, 6, 7) for ext in ("index", "data-00000-of-00001")]
     )
-    state = files.read_state(logdir)
+    state = _state_file.read_state(logdir)
     assert state is not None and state.latest == "model.ckpt-7"
     assert state.paths == ["model.ckpt-3", "model.ckpt-6", "model.ckpt-7"]
     a, b = np.load(tmp_path / "chief.npz"), np.load(tmp_path / "worker.npz")

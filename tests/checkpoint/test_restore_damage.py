@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint.files import _commit as files
+from asupervisor._checkpoint.files import _names, _state_file
 from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
@@ -52,7 +52,7 @@ async def three_checkpoints(logdir: Path) -> None:
                 await sess.run(bump(state))
             await sv.save_now()
         await sess.run_loop(bump(state), max_steps=6)  # and the final save
-    assert all(files.missing_files(logdir / f"model.ckpt-{s}") is None for s in (0, 2, 4, 6))
+    assert all(_names.missing_files(logdir / f"model.ckpt-{s}") is None for s in (0, 2, 4, 6))
 
 
 def flip_byte(prefix: Path, key: str | None = None) -> None:
@@ -105,7 +105,7 @@ async def test_damaged_state_file_restores_newest_on_disk_and_repairs(tmp_path: 
     assert inits == []
     repaired = [e for e in logs if e["event"] == "checkpoint.state_repaired"]
     assert len(repaired) == 1 and repaired[0]["problem"] and repaired[0]["latest"] == "model.ckpt-6"
-    state_file = files.read_state(tmp_path)
+    state_file = _state_file.read_state(tmp_path)
     assert state_file is not None and state_file.latest == "model.ckpt-6"
     assert state_file.paths[:4] == ["model.ckpt-0", "model.ckpt-2", "model.ckpt-4", "model.ckpt-6"]
     assert str(tmp_path) not in (tmp_path / "checkpoint").read_text()
@@ -133,14 +133,14 @@ async def test_state_naming_only_a_corrupt_checkpoint_falls_back_to_unnamed_ones
     """The state file names only model.ckpt-6, which is corrupt: model.ckpt-4 (on disk,
     not named) is restored, 6 is set aside and the state file names 4."""
     await three_checkpoints(tmp_path)
-    files.write_state(tmp_path, files.CheckpointState("model.ckpt-6", ["model.ckpt-6"], [1.0], 0.0))
+    _state_file.write_state(tmp_path, _state_file.CheckpointState("model.ckpt-6", ["model.ckpt-6"], [1.0], 0.0))
     flip_byte(tmp_path / "model.ckpt-6")
     state = make_state()
     async with supervisor(tmp_path, state).managed_session() as sess:
         assert sess.global_step == 4
         assert float(state["w"][0, 0]) == 4.0
         assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-4")
-    assert not files.checkpoint_files(tmp_path / "model.ckpt-6")
+    assert not _names.checkpoint_files(tmp_path / "model.ckpt-6")
     assert [n for n in os.listdir(tmp_path) if n.startswith("model.ckpt-6.corrupt-")]
 
 
@@ -157,9 +157,9 @@ async def test_dangling_state_file_with_nothing_on_disk_starts_fresh_and_keeps_i
         await sess.run_loop(bump(state), max_steps=2)
     assert inits == [1]
     assert [n for n in os.listdir(tmp_path) if n.startswith("checkpoint.corrupt-")]
-    state_file = files.read_state(tmp_path)
+    state_file = _state_file.read_state(tmp_path)
     assert state_file is not None and state_file.latest == "model.ckpt-2"
-    assert all(files.missing_files(tmp_path / p) is None for p in state_file.paths)
+    assert all(_names.missing_files(tmp_path / p) is None for p in state_file.paths)
 
 
 @pytest.mark.anyio
@@ -274,7 +274,7 @@ async def test_fallback_with_deferred_slots_never_reads_the_set_aside_files(tmp_
 def sv_step(logdir: Path) -> int:
     latest = tf.train.latest_checkpoint(str(logdir))
     assert latest is not None
-    return files.step_of(Path(latest).name) or 0
+    return _names.step_of(Path(latest).name) or 0
 
 
 # -- transient is not corrupt -------------------------------------------------------
@@ -459,7 +459,7 @@ async def test_session_manager_and_monitored_session_restore_past_a_damaged_stat
     ) as sess:
         assert float(state["w"][0, 0]) == 6.0
         assert not sess.should_stop()
-    assert files.read_state(tmp_path) is not None
+    assert _state_file.read_state(tmp_path) is not None
 
 
 @pytest.mark.anyio

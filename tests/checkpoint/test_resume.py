@@ -35,7 +35,7 @@ ENV = {
     "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
     "TF_CPP_MIN_LOG_LEVEL": "3",
 }
-TMP_MARKER = ".asv-tmp-"  # in the name of every file of a save in flight (see _checkpoint_files.py)
+TMP_MARKER = ".asv-tmp-"  # in the name of every file of a save in flight (see _checkpoint/files/_names.py)
 SAVE_COUNTER = "save_counter/.ATTRIBUTES/VARIABLE_VALUE"  # counts saves: not training state
 
 # slots of the ``events`` array a forked child reports through: the step it started at,
@@ -304,11 +304,11 @@ def test_crash_consistency_under_repeated_sigkill(tmp_path: Path, tracked_data: 
     assert mid_write >= kills // 6 and kills - mid_write >= kills // 6, f"{mid_write} of {kills} kills mid-write"
     # what the start-up of a next run cleans up leaves only the checkpoints the state file
     # names, complete: nothing a kill cut short (a commit, a deletion) stays behind unnamed
-    from asupervisor._checkpoint.files import _commit as files
+    from asupervisor._checkpoint.files import _commit, _names, _state_file
 
-    files.clean_leftovers(logdir)
-    state = files.read_state(logdir)
+    _commit.clean_leftovers(logdir)
+    state = _state_file.read_state(logdir)
     assert state is not None
     on_disk = {m.group(1) for n in os.listdir(logdir) if (m := re.match(r"(model\.ckpt-\d+)\.", n))}
     assert on_disk == set(state.paths), f"unnamed: {sorted(on_disk - set(state.paths))}"
-    assert all(files.missing_files(logdir / name) is None for name in state.paths)
+    assert all(_names.missing_files(logdir / name) is None for name in state.paths)

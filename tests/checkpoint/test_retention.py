@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint.files import _commit as files
+from asupervisor._checkpoint.files import _commit, _state_file
 
 
 def bump(state: dict[str, Any]) -> Any:
@@ -82,7 +82,7 @@ def test_future_stamped_checkpoint_is_kept(tmp_path: Path) -> None:
         assert snap is not None
         now.write(snap)
     assert indexes(tmp_path) == ["model.ckpt-1", "model.ckpt-3", "model.ckpt-4"]
-    named = files.read_state(tmp_path)
+    named = _state_file.read_state(tmp_path)
     assert named is not None and named.latest == "model.ckpt-4" and "model.ckpt-1" in named.paths
 
 
@@ -95,7 +95,7 @@ async def test_max_to_keep_none_keeps_every_checkpoint(tmp_path: Path) -> None:
         await sess.run_loop(bump(state), max_steps=8)
     expected = [f"model.ckpt-{s}" for s in range(0, 9)]
     assert indexes(tmp_path) == sorted(expected)
-    named = files.read_state(tmp_path)
+    named = _state_file.read_state(tmp_path)
     assert named is not None and sorted(named.paths) == sorted(expected)
 
 
@@ -115,17 +115,17 @@ def test_monitored_training_session_accepts_max_to_keep_none(tmp_path: Path) -> 
 def test_select_retention_counts_only_managed_and_keeps_two_in_flight() -> None:
     """select_retention deletes the oldest managed checkpoints beyond max_to_keep, skipping
     unmanaged ones, and max_to_keep is raised to 2 by a save in flight (min_keep)."""
-    state = files.CheckpointState(
+    state = _state_file.CheckpointState(
         "m-4", ["m-1", "ckpt-1", "m-2", "m-3", "m-4"], [1.0, 1.5, 2.0, 3.0, 4.0]
     )
-    kept, delete = files.select_retention(
+    kept, delete = _commit.select_retention(
         state, max_to_keep=1, keep_every_secs=None, managed=lambda p, t: p.startswith("m-")
     )
     assert delete == ["m-1", "m-2", "m-3"]
     assert kept.paths == ["ckpt-1", "m-4"]
-    kept, delete = files.select_retention(
+    kept, delete = _commit.select_retention(
         state, max_to_keep=max(1, 2), keep_every_secs=None, managed=lambda p, t: p.startswith("m-")
     )
     assert delete == ["m-1", "m-2"] and kept.paths == ["ckpt-1", "m-3", "m-4"]
-    kept, delete = files.select_retention(state, max_to_keep=None, keep_every_secs=None)
+    kept, delete = _commit.select_retention(state, max_to_keep=None, keep_every_secs=None)
     assert delete == [] and kept.paths == state.paths
