@@ -49,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tensorflow as tf
 
-from asupervisor._checkpoint._manager import Checkpointer, restore_latest
+from asupervisor._checkpoint._manager import Checkpointer
+from asupervisor._checkpoint._restore import restore_latest
 from asupervisor.testing import capture_logs
 
 MB = 1 << 20

@@ -29,7 +29,10 @@ from typing import Any
 from .._exceptions import CheckpointError
 from .._tf import tf
 
-__all__ = ["iterator_share", "restore_mismatch_error", "serialisation_problem", "untrackable_error"]
+#: the attribute of the checkpoint that holds ``run_loop``'s data iterator
+ITERATOR_ATTR = "asv_data_iterator"
+
+__all__ = ["ITERATOR_ATTR", "iterator_share", "restore_mismatch_error", "serialisation_problem", "untrackable_error"]
 
 #: the checkpoint attribute holding ``run_loop``'s iterator (``<attr>/.ATTRIBUTES/ITERATOR_STATE``)
 ITERATOR_ATTR = "asv_data_iterator"

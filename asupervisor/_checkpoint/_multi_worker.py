@@ -40,7 +40,8 @@ from pathlib import Path
 
 from .._cluster import ClusterInfo
 from .._logging import describe, get_logger
-from ._manager import Snapshot, write_snapshot
+from ._snapshot import Snapshot
+from ._write import write_snapshot
 
 __all__ = ["AGREED_STOP_REASONS", "WorkerTempWriter"]
 

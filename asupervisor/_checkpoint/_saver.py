@@ -47,8 +47,10 @@ from .._core._clock import interval_ticks
 from .._core._services import Service
 from .._core._threads import ThreadClosedError
 from .._logging import describe, get_logger
-from ._manager import Checkpointer, SaveAbandoned, Snapshot
+from ._manager import Checkpointer
 from ._multi_worker import AGREED_STOP_REASONS
+from ._snapshot import Snapshot
+from ._write import SaveAbandoned
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asupervisor._checkpoint import _bundle
-from asupervisor._checkpoint import _manager as _checkpoint
+from asupervisor._checkpoint import _bundle, _snapshot, _write
 
 pytestmark = [
     pytest.mark.usefixtures("no_new_threads"),
@@ -55,8 +54,8 @@ def flat(state: dict[str, Any]) -> list[Any]:
     return out
 
 
-def write(state: dict[str, Any], prefix: Path, shards: int = 1) -> _checkpoint.Snapshot:
-    snap = _checkpoint.take_snapshot(tf.train.Checkpoint(**state), 1)
+def write(state: dict[str, Any], prefix: Path, shards: int = 1) -> _snapshot.Snapshot:
+    snap = _snapshot.take_snapshot(tf.train.Checkpoint(**state), 1)
     assert all(_bundle.encodable(t, s) for t, s in zip(snap.tensors, snap.slices))
     groups = [list(range(j, len(snap.keys), shards)) for j in range(shards)]
     _bundle.write_bundle(str(prefix), snap.keys, snap.tensors, groups)
@@ -81,7 +80,7 @@ def test_load_checkpoint_reads_the_same_as_from_save_v2(tmp_path: Path) -> None:
     """tf.train.load_checkpoint sees the same keys, shapes, dtypes and values as in SaveV2's files."""
     state = varied_state()
     snap = write(state, tmp_path / "ours")
-    _checkpoint._save_v2(snap, str(tmp_path / "tf"), [list(range(len(snap.keys)))])
+    _write._save_v2(snap, str(tmp_path / "tf"), [list(range(len(snap.keys)))])
     ours, theirs = tf.train.load_checkpoint(str(tmp_path / "ours")), tf.train.load_checkpoint(str(tmp_path / "tf"))
     assert ours.get_variable_to_shape_map() == theirs.get_variable_to_shape_map()
     assert ours.get_variable_to_dtype_map() == theirs.get_variable_to_dtype_map()
@@ -121,9 +120,9 @@ def test_variant_tensors_are_left_to_save_v2_and_merged(tmp_path: Path) -> None:
     next(it)
     big = tf.Variable(tf.random.uniform([1000], seed=4))
     ckpt = tf.train.Checkpoint(it=it, w=big)
-    snap = _checkpoint.take_snapshot(ckpt, 1)
+    snap = _snapshot.take_snapshot(ckpt, 1)
     assert [_bundle.encodable(t, s) for t, s in zip(snap.tensors, snap.slices)].count(False) == 1
-    _checkpoint.write_snapshot(snap, str(tmp_path / "ckpt"))
+    _write.write_snapshot(snap, str(tmp_path / "ckpt"))
     assert sorted(os.listdir(tmp_path)) == ["ckpt.data-00000-of-00002", "ckpt.data-00001-of-00002", "ckpt.index"]
     it2 = iter(tf.data.Dataset.range(10))
     fresh = tf.Variable(tf.zeros([1000]))

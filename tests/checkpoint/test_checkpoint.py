@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
+from asupervisor._checkpoint import _write
 from asupervisor._checkpoint.files import _commit, _names, _state_file, _writeback
 from asupervisor._core._abc import SessionAttribute
 from asupervisor.testing import ManualClock, capture_logs
@@ -475,9 +476,8 @@ def test_large_snapshot_is_written_as_parallel_shards_plain_tf_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A large state is written as several data shards in one checkpoint that plain TF restores."""
-    from asupervisor._checkpoint import _manager as _checkpoint
 
-    monkeypatch.setattr(_checkpoint, "_SHARD_BYTES", 8 << 20)  # "large" at 24 MB, to stay quick
+    monkeypatch.setattr(_write, "_SHARD_BYTES", 8 << 20)  # "large" at 24 MB, to stay quick
 
     big = write_big_state(tmp_path, 6, 1 << 20)  # 24 MB
     shards = [n for n in listing(tmp_path) if ".data-" in n]
@@ -542,7 +542,6 @@ def test_early_writeback_covers_every_data_file_and_stays_restorable(
 ) -> None:
     """The writeback thread asks the kernel to write each data file (single and sharded)
     while SaveV2 runs; it ends with the write, and plain TF restores the result."""
-    from asupervisor._checkpoint import _manager as _checkpoint
 
     real = _writeback._sync_file_range
     assert real is not None
@@ -554,7 +553,7 @@ def test_early_writeback_covers_every_data_file_and_stays_restorable(
 
     monkeypatch.setattr(_writeback, "_sync_file_range", recording)
     monkeypatch.setattr(_writeback, "_WRITEBACK_POLL_SECS", 0.0005)
-    monkeypatch.setattr(_checkpoint, "_SHARD_BYTES", shard_mb << 20)
+    monkeypatch.setattr(_write, "_SHARD_BYTES", shard_mb << 20)
     big = write_big_state(tmp_path, 6, 1 << 21)  # 48 MB
     assert not any(t.name == "asv-checkpoint-writeback" for t in threading.enumerate())
     shards = [n for n in listing(tmp_path) if ".data-" in n]
@@ -688,28 +687,28 @@ def test_model_check_reads_no_variable_unless_in_doubt(tmp_path: Path, monkeypat
     """Restoring the same model's checkpoint checks it by object graph alone (TF's full
     serialising walk, which reads every variable, is not run); a nested variable the
     checkpoint lacks is still refused by name before anything is restored."""
-    from asupervisor._checkpoint import _manager as _checkpoint
+    from asupervisor._checkpoint import _manager, _restore, _snapshot
 
     state = {"layers": [make_state(), make_state()]}
     bump(state["layers"][1])()
-    checkpointer = _checkpoint.Checkpointer(tf.train.Checkpoint(**state), tmp_path)
+    checkpointer = _manager.Checkpointer(tf.train.Checkpoint(**state), tmp_path)
     checkpointer.prepare()
     snap = checkpointer.snapshot(1)
     assert snap is not None
     checkpointer.write(snap)
     walks: list[int] = []
-    real = _checkpoint._serialized
+    real = _snapshot._serialized
 
     def counting(checkpoint: Any) -> Any:
         walks.append(1)
         return real(checkpoint)
 
-    monkeypatch.setattr(_checkpoint, "_serialized", counting)
-    assert _checkpoint.restore_latest(tf.train.Checkpoint(layers=[make_state(), make_state()]), tmp_path)
+    monkeypatch.setattr(_snapshot, "_serialized", counting)
+    assert _restore.restore_latest(tf.train.Checkpoint(layers=[make_state(), make_state()]), tmp_path)
     assert walks == []
     grown = [make_state(), {**make_state(), "new": tf.Variable(tf.ones([2]), name="new")}]
     with pytest.raises(asv.CheckpointError, match=r"layers/1/new/\.ATTRIBUTES/VARIABLE_VALUE"):
-        _checkpoint.restore_latest(tf.train.Checkpoint(layers=grown), tmp_path)
+        _restore.restore_latest(tf.train.Checkpoint(layers=grown), tmp_path)
     assert walks == [1] and float(grown[1]["w"][0, 0]) == 0.0
 
 
@@ -756,8 +755,7 @@ def test_snapshot_reads_what_tfs_own_walk_reads_and_is_copy_on_write() -> None:
     Plain ``tf.Variable``s and Keras 3 variables (which wrap one) are read with two ops
     instead of TF's five-op closure; the result must be the same checkpoint content.
     """
-    from asupervisor._checkpoint import _manager as _checkpoint
-    from asupervisor._checkpoint import _walk_cache
+    from asupervisor._checkpoint import _snapshot, _walk_cache
 
     model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
     opt = tf.keras.optimizers.Adam()
@@ -766,13 +764,13 @@ def test_snapshot_reads_what_tfs_own_walk_reads_and_is_copy_on_write() -> None:
     opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
     plain = tf.Variable([1.0, 2.0])
     ckpt = tf.train.Checkpoint(model=model, optimizer=opt, plain=plain)
-    serialized, _ = _checkpoint._serialized(ckpt)
+    serialized, _ = _snapshot._serialized(ckpt)
     fast = [obj for obj in serialized if _walk_cache.plain_variable(obj) is not None]
     assert plain in fast and any(v is obj for v in model.variables for obj in fast)  # both kinds take the fast path
 
-    snap = _checkpoint.take_snapshot(ckpt, 1)
+    snap = _snapshot.take_snapshot(ckpt, 1)
     expected = {}
-    for tensor_dict in _checkpoint._serialized(ckpt)[0].values():
+    for tensor_dict in _snapshot._serialized(ckpt)[0].values():
         for key, value in tensor_dict.items():
             if key != "_CHECKPOINTABLE_OBJECT_GRAPH":
                 expected[key] = getattr(value, "tensor", value).numpy()  # TF's own closure
@@ -787,9 +785,9 @@ def test_snapshot_reads_what_tfs_own_walk_reads_and_is_copy_on_write() -> None:
 
 
 def _tf_walk_keys(ckpt: Any) -> set[str]:
-    from asupervisor._checkpoint import _manager as _checkpoint
+    from asupervisor._checkpoint import _snapshot
 
-    return {k for d in _checkpoint._serialized(ckpt)[0].values() for k in d}
+    return {k for d in _snapshot._serialized(ckpt)[0].values() for k in d}
 
 
 def test_snapshots_reuse_the_walk_only_while_the_object_graph_is_unchanged(tmp_path: Path) -> None:

@@ -16,8 +16,9 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint import _manager as ckpt_mod
-from asupervisor._checkpoint._manager import Checkpointer, SaveAbandoned
+from asupervisor._checkpoint import _write
+from asupervisor._checkpoint._manager import Checkpointer
+from asupervisor._checkpoint._write import SaveAbandoned
 from asupervisor._checkpoint.files import _commit, _names
 
 
@@ -135,7 +136,7 @@ def test_mixed_write_error_removes_the_temp_directory(tmp_path: Path, monkeypatc
         parts.append(prefix)  # the plain tensors are already under <tmp>_temp/part-00000-...
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), prefix)
 
-    monkeypatch.setattr(ckpt_mod, "_save_v2", failing_save_v2)
+    monkeypatch.setattr(_write, "_save_v2", failing_save_v2)
     with pytest.raises(asv.CheckpointError, match="No space left on device"):
         checkpointer.write(snap)
     assert parts and "_temp/part-00001" in parts[0]

@@ -20,8 +20,10 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint._manager import restore_path, take_snapshot, write_snapshot
 from asupervisor._checkpoint._multi_worker import temp_prefix
+from asupervisor._checkpoint._restore import restore_path
+from asupervisor._checkpoint._snapshot import take_snapshot
+from asupervisor._checkpoint._write import write_snapshot
 from asupervisor._checkpoint.files import _state_file
 from asupervisor.testing import ManualClock, capture_logs
 

@@ -1,0 +1,444 @@
+"""Restoring checkpoints: the newest good one, with fallback, checked against the model.
+
+:func:`restore_latest` (also used by ``SessionManager``) tries the newest
+checkpoint named in the state file first and falls back to older ones, then to the
+complete checkpoints on disk, when one is missing files or fails to load with a data
+error (``checkpoint.corrupt`` is logged with the reason). A damaged state file (garbled,
+binary, empty, dangling, missing) is not trusted: the checkpoints on disk are tried
+newest first and the writer repairs the file. Every value is read and checksummed before
+the restore returns, including those TF defers to their objects' creation (optimizer
+slots). Checkpoint files of which none loads are a :class:`~asupervisor.CheckpointError`
+listing each; transient errors (``AbortedError``, ``UnavailableError``) and other
+non-data errors propagate as themselves, for the caller to retry or report, and never
+mark a checkpoint corrupt. A checkpoint of a different model (a variable missing or of
+another shape or dtype) is a :class:`~asupervisor.CheckpointError` naming the variables,
+raised before anything is restored. This module never runs on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._exceptions import CheckpointError
+from .._logging import describe, get_logger
+from .._tf import tf
+from . import _snapshot
+from ._iterator_state import ITERATOR_ATTR
+from .files import _names, _state_file
+
+__all__ = ["RestoreOutcome", "candidates", "check_matches", "restore_latest", "restore_newest", "restore_path"]
+
+log = get_logger(__name__)
+
+
+#: keys a checkpoint may lack without being "another model"
+_OPTIONAL_KEYS = ("save_counter/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE")
+
+
+def _object_graph(reader: Any) -> Any:
+    """The checkpoint's object graph (how its objects connect, and their keys)."""
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    return graph
+
+
+def _children(obj: Any) -> dict[str, Any]:
+    try:
+        return dict(obj._trackable_children(save_type="checkpoint"))
+    except (AttributeError, TypeError):
+        return {}
+
+
+def _matched_keys(checkpoint: Any, graph: Any) -> tuple[dict[int, str], set[int]]:
+    """``{id(live object): checkpoint key of its value}``, matched as TF's restore does,
+    and the ids of the live objects matched to a checkpoint object holding any value.
+
+    The checkpoint's object graph and the live one are walked together from the root,
+    child by child name. Keys are *not* compared as strings: a variable reachable by
+    several paths is keyed by whichever path was shortest when it was saved (a Keras
+    optimizer's variable list, built after start-up, makes the model's kernels' keys
+    ``optimizer/_trainable_variables/N``), so the live graph at start-up would name it
+    differently.
+    """
+    matched: dict[int, str] = {}
+    with_values: set[int] = set()
+    seen: set[tuple[int, int]] = set()
+    stack = [(0, checkpoint)]
+    while stack:
+        node_id, obj = stack.pop()
+        if (node_id, id(obj)) in seen:
+            continue
+        seen.add((node_id, id(obj)))
+        node = graph.nodes[node_id]
+        if node.attributes:
+            with_values.add(id(obj))
+        for attr in node.attributes:
+            if attr.name == "VARIABLE_VALUE":
+                matched[id(obj)] = attr.checkpoint_key
+        live = _children(obj)
+        for ref in node.children:
+            child = live.get(ref.local_name)
+            if child is not None:
+                stack.append((ref.node_id, child))
+    return matched, with_values
+
+
+def _surely_matches(checkpoint: Any, matched: dict[int, str], with_values: set[int], shapes: Any, dtypes: Any) -> bool:
+    """True if every object of the state with values has them in the checkpoint, each
+    variable with its shape and dtype. Cheap: TF's walk of the object graph, no value read.
+
+    ``False`` only means "not sure": :func:`check_matches` then compares key by key, as
+    TF's own save would name them (a walk that reads every variable, ~10x the cost).
+    """
+    from tensorflow.python.training.saving import saveable_object_util
+
+    variable = tf().Variable
+    objects, _ = checkpoint._saver._graph_view._breadth_first_traversal()
+    for obj in objects:
+        if id(obj) not in with_values:
+            if saveable_object_util.trackable_has_serialize_to_tensor(obj) or obj._gather_saveables_for_checkpoint():
+                return False  # values of its own that the checkpoint lacks (or keeps elsewhere)
+            continue  # holds no value of its own (a container, a model, ...)
+        key = matched.get(id(obj))
+        if key is None:
+            if isinstance(obj, variable):
+                return False
+            continue  # another kind of saveable (an iterator, ...) that the checkpoint has
+        if key not in shapes:
+            return False
+        shape = getattr(obj, "shape", None)
+        dtype = getattr(obj, "dtype", None)
+        if shape is None or dtype is None or not shape.is_fully_defined() or list(shape) != list(shapes[key]):
+            return False
+        if dtypes[key] != getattr(dtype, "base_dtype", dtype):
+            return False
+    return True
+
+
+def check_matches(checkpoint: Any, path: str, *, allow_missing: tuple[str, ...] = (), reader: Any = None) -> None:
+    """Raise :class:`CheckpointError` if ``path`` holds another model than ``checkpoint``.
+
+    Compares the index and object graph of ``path`` (no data read) with the variables the
+    state holds now: a variable the checkpoint lacks, or has with another shape or dtype,
+    is named. Checkpoint values the state has no object for yet are allowed (objects
+    created later, such as optimizer slots, are restored when they are created).
+    ``reader``: the checkpoint's ``tf.train.load_checkpoint`` reader, if already open.
+    """
+    from tensorflow.python.training.saving.saveable_object_util import SaveableCompatibilityConverter as converter
+
+    if reader is None:
+        reader = tf().train.load_checkpoint(path)
+    shapes = reader.get_variable_to_shape_map()
+    dtypes = reader.get_variable_to_dtype_map()
+    matched, with_values = _matched_keys(checkpoint, _object_graph(reader))
+    if _surely_matches(checkpoint, matched, with_values, shapes, dtypes):
+        return
+    serialized, _ = _snapshot._serialized(checkpoint)
+    missing, wrong = [], []
+    for obj, tensor_dict in serialized.items():
+        if obj is None:
+            continue
+        obj = getattr(obj, "obj", obj) if isinstance(obj, converter) else obj  # a tf.distribute variable
+        live_keys = [k for k in tensor_dict if k.endswith("/.ATTRIBUTES/VARIABLE_VALUE")]
+        if not live_keys:
+            continue
+        live_key = live_keys[0]
+        name = str(getattr(obj, "name", None) or type(obj).__name__)
+        key = matched.get(id(obj))
+        if key is None or key not in shapes:
+            if live_key not in _OPTIONAL_KEYS and not any(live_key.startswith(p) for p in allow_missing):
+                missing.append(f"{live_key} ({name})")
+            continue
+        shape = getattr(obj, "shape", None)
+        dtype = getattr(obj, "dtype", None)
+        if shape is not None and shape.is_fully_defined() and list(shape) != list(shapes[key]):
+            wrong.append(f"{live_key} ({name}): checkpoint shape {list(shapes[key])}, model shape {list(shape)}")
+        elif dtype is not None and dtypes[key] != getattr(dtype, "base_dtype", dtype):
+            wrong.append(f"{live_key} ({name}): checkpoint dtype {dtypes[key].name}, model dtype {dtype.name}")
+    missing.sort()
+    wrong.sort()
+    if missing or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing from the checkpoint: {', '.join(missing)}")
+        if wrong:
+            parts.append(f"different in the checkpoint: {'; '.join(wrong)}")
+        raise CheckpointError(
+            f"checkpoint {path} was written by a different model ({' | '.join(parts)}); "
+            "point logdir at this model's checkpoints or start from an empty directory"
+        )
+
+
+def _deferred_keys(status: Any) -> list[str]:
+    """The checkpoint keys a restore left for later: values of checkpoint objects that
+    matched no live object yet (a Keras optimizer's slots before its first apply, a
+    ``tf.data`` iterator not created yet). TF restores them when those objects appear."""
+    coordinator = getattr(status, "_checkpoint", None)
+    graph = getattr(coordinator, "object_graph_proto", None)
+    matched = getattr(coordinator, "matched_proto_ids", None)
+    if graph is None or matched is None:  # another TF: nothing known to be deferred
+        return []
+    keys: list[str] = []
+    for node_id, node in enumerate(graph.nodes):
+        if node.attributes and node_id not in matched:
+            keys.extend(attr.checkpoint_key for attr in node.attributes)
+    return keys
+
+
+def _verify_values(path: str, keys: list[str], reader: Any) -> None:
+    """Read ``keys`` of the checkpoint ``path`` now (one ``RestoreV2``), checking each
+    value's checksum; raises TF's ``DataLossError`` (or another data error) if one is bad."""
+    if not keys:
+        return
+    from tensorflow.python.ops import gen_io_ops
+
+    dtypes = reader.get_variable_to_dtype_map()
+    found: list[str] = []
+    for key in keys:
+        if key in dtypes:
+            found.append(key)
+        else:  # a saveable's tensors are named after its attribute: ITERATOR -> ITERATOR_STATE
+            found.extend(k for k in dtypes if k.startswith(key))
+    if not found:
+        return
+    shapes = reader.get_variable_to_shape_map()
+    batch: list[str] = []
+    size = 0
+    with tf().device("/cpu:0"):
+        for i, key in enumerate(found):
+            batch.append(key)
+            dtype = dtypes[key]
+            size += _prod(shapes.get(key) or []) * max(int(dtype.size), 1)
+            if size >= _VERIFY_BATCH_BYTES or i == len(found) - 1:
+                # the values are dropped at once: memory stays bounded by one batch
+                gen_io_ops.restore_v2(path, batch, [""] * len(batch), [dtypes[k] for k in batch])
+                batch, size = [], 0
+
+
+#: values read per ``RestoreV2`` when checking deferred values (bounds the memory held)
+_VERIFY_BATCH_BYTES = 64 << 20
+
+
+def _prod(dims: list[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
+def restore_path(checkpoint: Any, path: str, *, strict: bool = True) -> None:
+    """Restore ``path`` into ``checkpoint`` (checking it matches the model first).
+
+    Every value of the checkpoint is read and checksummed before this returns: the
+    values TF restores now, and those it defers until their objects are created
+    (optimizer slots), which are read once here so that a corrupt one is found at
+    start-up, not at the first step.
+    """
+    reader = tf().train.load_checkpoint(path)
+    if strict:
+        check_matches(checkpoint, path, allow_missing=(f"{ITERATOR_ATTR}/",), reader=reader)
+    try:
+        status = checkpoint.restore(path).expect_partial()
+        _verify_values(path, _deferred_keys(status), reader)
+    except BaseException:
+        _forget_deferred(checkpoint, path)
+        raise
+
+
+def _forget_deferred(checkpoint: Any, path: str) -> None:
+    """Drop the restores a failed restore of ``path`` left waiting for objects to appear.
+
+    TF keeps them on the live objects (``_deferred_dependencies``) and runs every one
+    when the object is created (optimizer slots at the first step): left there, the
+    first step would restore values of the checkpoint that failed, or read its files
+    after they were set aside.
+    """
+
+    def keep(position: Any) -> bool:
+        return getattr(getattr(position, "checkpoint", None), "save_path_string", None) != path
+
+    try:
+        objects, _ = checkpoint._saver._graph_view._breadth_first_traversal()
+    except Exception as exc:  # another TF: nothing more can be done here
+        log.debug("checkpoint.deferred_not_cleared", path=path, error=describe(exc))
+        return
+    for obj in objects:
+        deferred = getattr(obj, "_self_unconditional_deferred_dependencies", None)
+        if isinstance(deferred, dict):
+            for name in list(deferred):
+                kept = [p for p in deferred[name] if keep(p)]
+                if kept:
+                    deferred[name] = kept
+                else:
+                    del deferred[name]
+        slots = getattr(obj, "_deferred_slot_restorations", None)  # TF1-style optimizers
+        if isinstance(slots, dict):
+            for by_variable in slots.values():
+                if isinstance(by_variable, dict):
+                    for key in list(by_variable):
+                        by_variable[key] = [p for p in by_variable[key] if keep(p)]
+
+
+#: what the checkpoint reader's errors (which carry no error code) say about bad files
+_DATA_MESSAGE = re.compile(
+    r"checksum|corrupt|truncat|data loss|magic|sstable|invalid proto|unable to open table|"
+    r"failed to parse|not found|no such file|out of range|bad |mismatch",
+    re.IGNORECASE,
+)
+
+
+def _data_error(exc: BaseException) -> bool:
+    """Whether ``exc``, raised restoring a checkpoint, says its files are bad (checksum,
+    format, a file missing), as opposed to a transient or environmental failure
+    (``AbortedError``, ``UnavailableError``, ``PermissionDeniedError``, ...)."""
+    errors = tf().errors
+    if isinstance(exc, errors.OpError):
+        if type(exc) is errors.OpError:  # tf.train.load_checkpoint's reader loses the code
+            return _DATA_MESSAGE.search(str(exc)) is not None
+        return isinstance(exc, (errors.DataLossError, errors.NotFoundError, errors.InvalidArgumentError, errors.OutOfRangeError))
+    from google.protobuf.message import DecodeError
+
+    if isinstance(exc, (FileNotFoundError, IsADirectoryError, DecodeError, UnicodeDecodeError)):
+        return True
+    return isinstance(exc, (IndexError, ValueError)) and not isinstance(exc, OSError)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0][:300] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"
+
+
+@dataclass
+class RestoreOutcome:
+    """What :func:`restore_newest` found.
+
+    Attributes:
+        path: the checkpoint restored, or ``None``.
+        corrupt: newer checkpoints whose files exist but failed to load (data errors).
+        gone: newer checkpoints the state file names whose files do not exist.
+        state_problem: what is wrong with the state file (``None``: nothing), when the
+            checkpoints on disk were scanned instead of trusting it.
+        state: the state file as read (``None``: none, or unreadable).
+    """
+
+    path: str | None = None
+    corrupt: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    state_problem: str | None = None
+    state: _state_file.CheckpointState | None = None
+
+
+def _candidates(logdir: Path, basename: str | None) -> tuple[list[str], _state_file.CheckpointState | None, str | None]:
+    """Checkpoint prefixes (absolute) to try, newest first; the state read; its problem.
+
+    A readable state file naming an existing latest checkpoint is trusted: its
+    checkpoints come first, in its order. The complete checkpoints on disk
+    (``<basename>-<step>`` with its index and every data shard; with ``basename``
+    ``None`` only when the state file is damaged) follow as fallbacks. A damaged state
+    file (unreadable, naming nothing, or its latest gone), or a missing one while
+    checkpoints exist: every checkpoint, newest step first.
+    """
+    state, problem = _state_file.inspect_state(logdir)
+    names: list[str] = []
+    if state is not None:
+        names = [n for n in state.paths if n != state.latest] + ([state.latest] if state.latest is not None else [])
+        names.reverse()
+        if state.latest is None:
+            problem = "it names no checkpoint"
+        elif not os.path.exists(_absolute(logdir, state.latest) + ".index"):
+            problem = f"it names {state.latest}, whose files are gone"
+    on_disk = _names.scan_checkpoints(logdir, basename) if (basename is not None or problem is not None) else []
+    if state is None or problem is not None:
+        # unnamed and incomplete (an index alone, a shard missing): not a checkpoint of
+        # ours (with a sound state file, restore_newest checks only those it reaches)
+        on_disk = [n for n in on_disk if n in names or _names.missing_files(logdir / n) is None]
+    if state is None and problem is None and on_disk:
+        problem = "it is missing"
+    if problem is None:
+        ordered = names + [n for n in on_disk if n not in names]
+    else:
+        steps = {n: _names.step_of(Path(n).name) for n in {*names, *on_disk}}
+        stepped = sorted((n for n in steps if steps[n] is not None), key=lambda n: -(steps[n] or 0))
+        ordered = stepped + [n for n in names if steps[n] is None]
+    return [_absolute(logdir, n) for n in ordered], state, problem
+
+
+def _absolute(logdir: Path, name: str) -> str:
+    return name if os.path.isabs(name) else str(logdir / name)
+
+
+def candidates(logdir: Path, basename: str | None = None) -> list[str]:
+    """Checkpoint prefixes (absolute) a restore tries, newest first (see :func:`_candidates`)."""
+    return _candidates(logdir, basename)[0]
+
+
+def restore_latest(checkpoint: Any, logdir: Path, *, strict: bool = True, basename: str | None = None) -> str | None:
+    """Restore the newest good checkpoint in ``logdir``; returns its path, or ``None``.
+
+    A checkpoint that is missing files or fails to load is reported
+    (``checkpoint.corrupt path=... reason=...``) and the one before it is tried; a
+    damaged state file is reported and the checkpoints on disk are tried instead.
+
+    Raises:
+        CheckpointError: the checkpoint belongs to a different model (``strict`` only),
+            or checkpoint files exist and none of them loads (each named with why).
+        tf.errors.AbortedError, tf.errors.UnavailableError: a transient failure (the
+            caller may retry; nothing is counted as corrupt).
+    """
+    return restore_newest(checkpoint, logdir, strict=strict, basename=basename).path
+
+
+def restore_newest(checkpoint: Any, logdir: Path, *, strict: bool, basename: str | None = None) -> RestoreOutcome:
+    """:func:`restore_latest`, with what failed on the way (:class:`RestoreOutcome`).
+
+    Only data errors (checksum, format, missing files) make a checkpoint count as
+    corrupt; any other error (transient, permission, resources) propagates as itself.
+    """
+    paths, state, problem = _candidates(logdir, basename)
+    outcome = RestoreOutcome(state_problem=problem, state=state)
+    if problem is not None:
+        log.error("checkpoint.state_damaged", path=str(logdir / _names.STATE_FILE), reason=problem,
+                  action="restoring the newest checkpoint on disk that loads")
+    failures: list[tuple[str, str]] = []
+    named = set() if state is None else {_absolute(logdir, n) for n in (*state.paths, state.latest) if n}
+    for path in paths:
+        reason = _names.missing_files(Path(path))
+        if reason is not None and path not in named:
+            log.debug("checkpoint.ignored", path=path, reason=reason)  # not ours: left alone
+            continue
+        if reason is not None and not os.path.exists(path + ".index") and not _names.checkpoint_files(Path(path)):
+            outcome.gone.append(path)
+            log.warning("checkpoint.gone", path=path, action="trying the previous one")
+            continue
+        if reason is None:
+            try:
+                t0 = time.perf_counter()
+                restore_path(checkpoint, path, strict=strict)
+            except CheckpointError:
+                raise
+            except Exception as exc:
+                if not _data_error(exc):
+                    raise
+                reason = _reason(exc)
+            else:
+                log.info("checkpoint.restored", path=path, secs=round(time.perf_counter() - t0, 4))
+                outcome.path = path
+                return outcome
+        log.error("checkpoint.corrupt", path=path, reason=reason, action="trying the previous one")
+        outcome.corrupt.append(path)
+        failures.append((path, reason))
+    if failures:
+        listing = "; ".join(f"{p}: {r}" for p, r in failures)
+        raise CheckpointError(
+            f"no checkpoint in {logdir} loads ({listing}); nothing was restored, initialised "
+            "or changed: move the damaged checkpoints away (or restore them from a copy) "
+            "to start again"
+        )
+    return outcome
