@@ -33,6 +33,13 @@ from ._basic_hooks._stop import StopAtStepHook as StopAtStepHook
 from ._basic_hooks._summary import SummarySaverHook as SummarySaverHook
 from ._basic_hooks._timer import SecondOrStepTimer as SecondOrStepTimer
 from ._basic_hooks._waiter import GlobalStepWaiterHook as GlobalStepWaiterHook
+from ._checkpoint._policies import AnyKeepPolicy as AnyKeepPolicy
+from ._checkpoint._policies import CheckpointRecord as CheckpointRecord
+from ._checkpoint._policies import EveryNHours as EveryNHours
+from ._checkpoint._policies import Keep as Keep
+from ._checkpoint._policies import KeepAll as KeepAll
+from ._checkpoint._policies import KeepPolicy as KeepPolicy
+from ._checkpoint._policies import LatestN as LatestN
 from ._checkpoint._watch import CheckpointWatcher as CheckpointWatcher
 from ._checkpoint._watch import watch_checkpoints as watch_checkpoints
 from ._cluster import ClusterInfo as ClusterInfo
@@ -66,16 +73,23 @@ from ._supervisor import Supervisor as Supervisor
 __version__ = "0.1.0"
 
 __all__ = [
+    "AnyKeepPolicy",
     "CheckpointError",
     "CheckpointInfo",
+    "CheckpointRecord",
     "CheckpointSaverHook",
     "CheckpointSaverListener",
     "CheckpointWatcher",
     "Clock",
     "ClusterInfo",
     "DeadlineExceededError",
+    "EveryNHours",
     "FinalOpsHook",
     "GlobalStepWaiterHook",
+    "Keep",
+    "KeepAll",
+    "KeepPolicy",
+    "LatestN",
     "LoggingTensorHook",
     "LoopedService",
     "MonitoredTrainingSession",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._checkpoint._part import CheckpointPart
+from ._checkpoint._policies import keep_policy_for
 from ._summary._part import SummaryPart
 
 if TYPE_CHECKING:
@@ -33,8 +34,7 @@ def session_parts(config: SupervisorConfig) -> list[SessionPart]:
             multi_worker=config.multi_worker,
             save_secs=config.save_model_secs,
             save_steps=config.save_model_steps,
-            max_to_keep=config.max_to_keep,
-            keep_every_n_hours=config.keep_checkpoint_every_n_hours,
+            keep_policy=config.keep_policy or keep_policy_for(config.max_to_keep, config.keep_checkpoint_every_n_hours),
             when_busy=config.checkpoint_when_busy,
         ),
     ]

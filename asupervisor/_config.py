@@ -54,6 +54,8 @@ class SupervisorConfig:
     save_model_steps: int | None = None
     max_to_keep: int | None = 5
     keep_checkpoint_every_n_hours: float | None = None
+    #: retention as a policy object (replaces the two settings above)
+    keep_policy: Any = None
     save_summaries_secs: float = 120
     recovery_wait_secs: float = 30
     stop_grace_secs: float = 120
@@ -117,6 +119,20 @@ class SupervisorConfig:
             isinstance(self.max_to_keep, bool) or not isinstance(self.max_to_keep, int) or self.max_to_keep < 1
         ):
             raise ValueError(f"max_to_keep must be an int >= 1 or None (keep all), got {self.max_to_keep!r}")
+        if self.keep_policy is not None:
+            from ._checkpoint._policies import KeepPolicy
+
+            if not isinstance(self.keep_policy, KeepPolicy):
+                raise TypeError(
+                    f"keep_policy must be a KeepPolicy (an object with decide(checkpoints, *, last_forever)), "
+                    f"got {self.keep_policy!r}"
+                )
+            if self.max_to_keep != 5 or self.keep_checkpoint_every_n_hours is not None:
+                raise ValueError(
+                    f"give keep_policy={self.keep_policy!r} or max_to_keep / keep_checkpoint_every_n_hours, "
+                    f"not both (got max_to_keep={self.max_to_keep!r}, "
+                    f"keep_checkpoint_every_n_hours={self.keep_checkpoint_every_n_hours!r})"
+                )
         if self.checkpoint_when_busy not in ("wait", "skip"):
             raise ValueError(f"checkpoint_when_busy must be 'wait' or 'skip', got {self.checkpoint_when_busy!r}")
         hooks = tuple(self.hooks)

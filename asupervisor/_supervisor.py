@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ._assembly import session_parts
+from ._checkpoint._policies import KeepPolicy
 from ._cluster import cluster_info
 from ._config import SupervisorConfig
 from ._core._abc import CheckpointSaving, SessionAttribute
@@ -51,6 +52,9 @@ class Supervisor:
             flight); ``None`` keeps every checkpoint. Only this supervisor's own
             checkpoints (``<checkpoint_basename>-<step>``) are counted and deleted.
         keep_checkpoint_every_n_hours: also keep one checkpoint per this many hours.
+        keep_policy: retention as a policy object (``asv.LatestN``, ``asv.EveryNHours``,
+            ``asv.AnyKeepPolicy``, or one's own ``KeepPolicy``) instead of ``max_to_keep``
+            and ``keep_checkpoint_every_n_hours`` (give one or the other).
         save_summaries_secs: seconds between summaries and step-rate measurements; 0
             disables both.
         recovery_wait_secs: seconds between checks while waiting for a checkpoint.
@@ -90,6 +94,7 @@ class Supervisor:
         save_model_steps: int | None = None,
         max_to_keep: int | None = 5,
         keep_checkpoint_every_n_hours: float | None = None,
+        keep_policy: KeepPolicy | None = None,
         save_summaries_secs: float = 120,
         recovery_wait_secs: float = 30,
         stop_grace_secs: float = 120,
@@ -113,6 +118,7 @@ class Supervisor:
             save_model_steps=save_model_steps,
             max_to_keep=max_to_keep,
             keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+            keep_policy=keep_policy,
             save_summaries_secs=save_summaries_secs,
             recovery_wait_secs=recovery_wait_secs,
             stop_grace_secs=stop_grace_secs,

@@ -27,6 +27,7 @@ from .._logging import describe, get_logger
 from .._tf import tf
 from . import _restore, _snapshot, _write
 from ._iterator_state import ITERATOR_ATTR
+from ._policies import AnyKeepPolicy, KeepPolicy, LatestN, keep_policy_for
 from ._walk_cache import WalkCache
 from .files import _commit, _names, _state_file, _writeback
 
@@ -49,6 +50,8 @@ class Checkpointer:
             state file with a commit time not in the future (as
             ``tf.train.CheckpointManager``, which leaves others' checkpoints alone).
         keep_checkpoint_every_n_hours: also keep one checkpoint per this many hours.
+        keep_policy: retention as a policy object (:mod:`._policies`), instead of the two
+            numbers above.
         wall_clock: wall-clock time for commit timestamps (``time.time``).
     """
 
@@ -60,13 +63,13 @@ class Checkpointer:
         basename: str = "model.ckpt",
         max_to_keep: int | None = 5,
         keep_checkpoint_every_n_hours: float | None = None,
+        keep_policy: KeepPolicy | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.checkpoint = checkpoint
         self.logdir = Path(logdir)
         self.basename = basename
-        self.max_to_keep = max_to_keep
-        self.keep_every_secs = None if keep_checkpoint_every_n_hours is None else keep_checkpoint_every_n_hours * 3600
+        self.keep_policy = keep_policy or keep_policy_for(max_to_keep, keep_checkpoint_every_n_hours)
         self.wall_clock = wall_clock
         self.started_at = wall_clock()
         self.last: CheckpointInfo | None = None
@@ -398,12 +401,10 @@ class Checkpointer:
             # stamped in the future (a clock reset): as tf.train.CheckpointManager
             return path.startswith(prefix) and path[len(prefix) :].isdigit() and stamp <= now
 
-        state, delete = _commit.select_retention(
-            state,
-            max_to_keep=None if self.max_to_keep is None else max(self.max_to_keep, min_keep),
-            keep_every_secs=self.keep_every_secs,
-            managed=managed,
-        )
+        policy = self.keep_policy
+        if min_keep > 1:  # another save is in flight: never fewer than min_keep
+            policy = AnyKeepPolicy(policy, LatestN(min_keep))
+        state, delete = _commit.select_retention(state, policy=policy, managed=managed)
         return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), state, delete
 
 
@@ -432,6 +433,7 @@ def write_checkpoint_now(
     *,
     max_to_keep: int | None,
     keep_checkpoint_every_n_hours: float | None = None,
+    keep_policy: KeepPolicy | None = None,
 ) -> str:
     """On the step thread: snapshot and commit ``<directory>/<basename>-<step>`` now.
 
@@ -445,6 +447,7 @@ def write_checkpoint_now(
         basename=basename,
         max_to_keep=max_to_keep,
         keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+        keep_policy=keep_policy,
     )
     checkpointer.logdir.mkdir(parents=True, exist_ok=True)
     return checkpointer.write(_snapshot.take_snapshot(checkpoint, step)).path

@@ -22,6 +22,7 @@ from .._logging import get_logger
 from .._tf import tf
 from ._manager import Checkpointer, write_checkpoint_now
 from ._multi_worker import WorkerTempWriter
+from ._policies import KeepPolicy
 from ._saver import CheckpointSaver, CheckpointService
 
 if TYPE_CHECKING:
@@ -54,8 +55,7 @@ class CheckpointPart(SessionPart):
         multi_worker: whether this is one of several training workers.
         save_secs: ``save_model_secs`` (0: no timed saves).
         save_steps: ``save_model_steps``.
-        max_to_keep: checkpoints kept (``None``: all).
-        keep_every_n_hours: also keep one checkpoint per this many hours.
+        keep_policy: which checkpoints retention keeps.
         when_busy: ``checkpoint_when_busy``.
     """
 
@@ -71,8 +71,7 @@ class CheckpointPart(SessionPart):
         multi_worker: bool,
         save_secs: float,
         save_steps: int | None,
-        max_to_keep: int | None,
-        keep_every_n_hours: float | None,
+        keep_policy: KeepPolicy,
         when_busy: str,
     ) -> None:
         self.logdir = None if logdir is None else Path(logdir)
@@ -82,8 +81,7 @@ class CheckpointPart(SessionPart):
         self.multi_worker = multi_worker
         self.save_secs = save_secs
         self.save_steps = save_steps
-        self.max_to_keep = max_to_keep
-        self.keep_every_n_hours = keep_every_n_hours
+        self.keep_policy = keep_policy
         self.when_busy = when_busy
         self.checkpointer: Checkpointer | None = None
         self.saver: CheckpointSaver | None = None
@@ -149,8 +147,8 @@ class CheckpointPart(SessionPart):
             target,
             name,
             step,
-            max_to_keep=self.max_to_keep,
-            keep_checkpoint_every_n_hours=self.keep_every_n_hours,
+            max_to_keep=None,
+            keep_policy=self.keep_policy,
         )
 
     async def save_now(self) -> CheckpointInfo:
@@ -192,8 +190,7 @@ class CheckpointPart(SessionPart):
             ctx.state,
             self.logdir,
             basename=self.basename,
-            max_to_keep=self.max_to_keep,
-            keep_checkpoint_every_n_hours=self.keep_every_n_hours,
+            keep_policy=self.keep_policy,
         )
         worker_writer = None
         if self.is_chief:

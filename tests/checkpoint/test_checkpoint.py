@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import asupervisor as asv
 from asupervisor._checkpoint import _write
+from asupervisor._checkpoint._policies import keep_policy_for
 from asupervisor._checkpoint.files import _commit, _names, _state_file, _writeback
 from asupervisor._core._abc import SessionAttribute
 from asupervisor.testing import ManualClock, capture_logs
@@ -196,11 +197,11 @@ def test_retention_policy_keeps_one_per_n_hours() -> None:
     state = _state_file.CheckpointState(
         "c5", ["c1", "c2", "c3", "c4", "c5"], [0.5 * hour, 1.2 * hour, 1.5 * hour, 2.4 * hour, 3.0 * hour], 0.0
     )
-    kept, delete = _commit.select_retention(state, max_to_keep=2, keep_every_secs=hour)
+    kept, delete = _commit.select_retention(state, policy=keep_policy_for(2, 1.0))
     assert kept.paths == ["c4", "c5"]
     assert delete == ["c1", "c3"]  # c2 (1.2 h after the last preserved, 0) is kept for good
     assert kept.last_preserved == 1.2 * hour
-    kept, delete = _commit.select_retention(state, max_to_keep=1, keep_every_secs=None)
+    kept, delete = _commit.select_retention(state, policy=keep_policy_for(1, None))
     assert kept.paths == ["c5"] and delete == ["c1", "c2", "c3", "c4"]
 
 

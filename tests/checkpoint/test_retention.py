@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
+from asupervisor._checkpoint._policies import AnyKeepPolicy, LatestN, keep_policy_for
 from asupervisor._checkpoint.files import _commit, _state_file
 
 
@@ -119,13 +120,13 @@ def test_select_retention_counts_only_managed_and_keeps_two_in_flight() -> None:
         "m-4", ["m-1", "ckpt-1", "m-2", "m-3", "m-4"], [1.0, 1.5, 2.0, 3.0, 4.0]
     )
     kept, delete = _commit.select_retention(
-        state, max_to_keep=1, keep_every_secs=None, managed=lambda p, t: p.startswith("m-")
+        state, policy=keep_policy_for(1, None), managed=lambda p, t: p.startswith("m-")
     )
     assert delete == ["m-1", "m-2", "m-3"]
     assert kept.paths == ["ckpt-1", "m-4"]
     kept, delete = _commit.select_retention(
-        state, max_to_keep=max(1, 2), keep_every_secs=None, managed=lambda p, t: p.startswith("m-")
+        state, policy=AnyKeepPolicy(keep_policy_for(1, None), LatestN(2)), managed=lambda p, t: p.startswith("m-")
     )
     assert delete == ["m-1", "m-2"] and kept.paths == ["ckpt-1", "m-3", "m-4"]
-    kept, delete = _commit.select_retention(state, max_to_keep=None, keep_every_secs=None)
+    kept, delete = _commit.select_retention(state, policy=keep_policy_for(None, None))
     assert delete == [] and kept.paths == state.paths

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..._logging import describe, get_logger
+from .._policies import CheckpointRecord, Keep, KeepPolicy
 from . import _names, _state_file, _writeback
 
 __all__ = ["clean_leftovers", "commit", "delete_checkpoint", "probe_writable", "remove_partial", "retire_checkpoint", "select_retention", "set_aside"]
@@ -247,38 +248,33 @@ def set_aside(prefix: Path, tag: str) -> list[str]:
 def select_retention(
     state: _state_file.CheckpointState,
     *,
-    max_to_keep: int | None,
-    keep_every_secs: float | None,
+    policy: KeepPolicy,
     managed: Callable[[str, float], bool] | None = None,
 ) -> tuple[_state_file.CheckpointState, list[str]]:
     """Apply retention to ``state`` (just committed); returns the new state and what to delete.
 
-    Only the checkpoints ``managed(name, timestamp)`` accepts are counted and deleted
+    Only the checkpoints ``managed(name, timestamp)`` accepts are offered to ``policy``
     (all by default); the others stay named and on disk, as ``tf.train.CheckpointManager``
-    leaves alone what it does not manage. The newest ``max_to_keep`` managed checkpoints
-    stay (``None``: all of them). An older one is kept for good (dropped from the managed
-    list, not deleted) when it is at least ``keep_every_secs`` younger than the last one
-    kept that way, like ``tf.train.CheckpointManager``. The latest checkpoint is never
-    deleted.
+    leaves alone what it does not manage. The latest checkpoint is never offered (never
+    deleted). A checkpoint the policy keeps ``FOREVER`` is dropped from the state file's
+    list but not deleted, and the state remembers when (``last_preserved``).
     """
     last_preserved = state.last_preserved
-    if max_to_keep is None:
-        return _state_file.CheckpointState(state.latest, list(state.paths), list(state.timestamps), last_preserved), []
-    keep = max(1, max_to_keep)
     entries = list(zip(state.paths, state.timestamps))
     ours = [i for i, (p, t) in enumerate(entries) if p != state.latest and (managed is None or managed(p, t))]
-    counted = len(ours) + (1 if state.latest in state.paths else 0)  # the latest counts, always kept
+    decisions = list(policy.decide([CheckpointRecord(*entries[i]) for i in ours], last_forever=last_preserved))
+    if len(decisions) != len(ours) or not all(isinstance(d, Keep) for d in decisions):
+        raise TypeError(f"{policy!r}.decide() must return one Keep per checkpoint ({len(ours)}), got {decisions!r}")
     dropped: set[int] = set()
     delete: list[str] = []
-    for i in ours:
-        if counted <= keep:
-            break
-        path, stamp = entries[i]
-        dropped.add(i)
-        counted -= 1
-        if keep_every_secs is not None and stamp - last_preserved >= keep_every_secs:
-            last_preserved = stamp
+    for i, decision in zip(ours, decisions):
+        if decision is Keep.KEEP:
             continue
-        delete.append(path)
+        dropped.add(i)
+        path, stamp = entries[i]
+        if decision is Keep.FOREVER:
+            last_preserved = max(last_preserved, stamp)
+        else:
+            delete.append(path)
     kept = [e for i, e in enumerate(entries) if i not in dropped]
     return _state_file.CheckpointState(state.latest, [p for p, _ in kept], [t for _, t in kept], last_preserved), delete

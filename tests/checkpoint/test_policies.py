@@ -1,0 +1,103 @@
+"""Retention as policy objects: each stock policy's decisions, composition, the
+Supervisor keywords that build them, a policy of one's own, and bad input."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+import asupervisor as asv
+from asupervisor._checkpoint._policies import keep_policy_for
+
+HOUR = 3600.0
+K, F, D = asv.Keep.KEEP, asv.Keep.FOREVER, asv.Keep.DROP
+
+
+def records(*hours: float) -> list[asv.CheckpointRecord]:
+    return [asv.CheckpointRecord(f"model.ckpt-{i}", h * HOUR) for i, h in enumerate(hours)]
+
+
+def test_latest_n_keeps_the_newest() -> None:
+    """LatestN(n) keeps the newest n - 1 offered (the latest, not offered, makes n)."""
+    assert asv.LatestN(3).decide(records(1, 2, 3, 4), last_forever=0) == [D, D, K, K]
+    assert asv.LatestN(1).decide(records(1, 2), last_forever=0) == [D, D]
+    assert asv.LatestN(9).decide(records(1, 2), last_forever=0) == [K, K]
+
+
+def test_every_n_hours_keeps_one_per_period_forever() -> None:
+    """EveryNHours keeps, oldest first, one checkpoint at least the period after the last."""
+    assert asv.EveryNHours(1).decide(records(0.5, 1.2, 1.5, 2.4), last_forever=0) == [D, F, D, F]
+    assert asv.EveryNHours(1).decide(records(0.5, 1.2), last_forever=1.0 * HOUR) == [D, D]
+
+
+def test_any_keep_policy_composes_keep_before_forever() -> None:
+    """AnyKeepPolicy keeps what any policy keeps; only the rest is offered for keeping
+    forever — TF's max_to_keep with keep_checkpoint_every_n_hours, exactly."""
+    policy = asv.AnyKeepPolicy(asv.LatestN(2), asv.EveryNHours(1))
+    assert policy.decide(records(0.5, 1.2, 1.5, 2.4), last_forever=0) == [D, F, D, K]
+    assert keep_policy_for(2, 1.0) == policy
+    assert isinstance(keep_policy_for(None, None), asv.KeepAll)
+    assert keep_policy_for(5, None) == asv.LatestN(5)
+
+
+def test_bad_policies_are_clear_errors() -> None:
+    """Bad arguments name the value; a policy returning the wrong thing is a TypeError."""
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=repr(bad)):
+            asv.LatestN(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="nan"):
+        asv.EveryNHours(float("nan"))
+    with pytest.raises(ValueError, match="at least one"):
+        asv.AnyKeepPolicy()
+    with pytest.raises(TypeError, match="KeepPolicy"):
+        asv.AnyKeepPolicy(5)  # type: ignore[arg-type]
+
+    class Short:
+        def decide(self, checkpoints: Sequence[asv.CheckpointRecord], *, last_forever: float) -> list[asv.Keep]:
+            return []
+
+    with pytest.raises(TypeError, match="one Keep per checkpoint"):
+        asv.AnyKeepPolicy(Short()).decide(records(1, 2), last_forever=0)
+
+
+def test_supervisor_keywords_and_keep_policy() -> None:
+    """keep_policy= takes a KeepPolicy; anything else, or giving it with max_to_keep or
+    keep_checkpoint_every_n_hours, is a clear error naming the values."""
+    asv.Supervisor(None, keep_policy=asv.LatestN(3))
+    with pytest.raises(TypeError, match="keep_policy must be a KeepPolicy"):
+        asv.Supervisor(None, keep_policy=3)
+    with pytest.raises(ValueError, match="not both"):
+        asv.Supervisor(None, keep_policy=asv.LatestN(3), max_to_keep=2)
+    with pytest.raises(ValueError, match="keep_checkpoint_every_n_hours=1"):
+        asv.Supervisor(None, keep_policy=asv.LatestN(3), keep_checkpoint_every_n_hours=1)
+
+
+@pytest.mark.anyio
+async def test_a_users_policy_drives_real_retention(tmp_path: Path) -> None:
+    """A policy of one's own decides what stays on disk in a real training: here only
+    odd steps beyond the newest two are kept, forever; unmanaged files stay."""
+
+    class KeepOddSteps:
+        def decide(self, checkpoints: Sequence[asv.CheckpointRecord], *, last_forever: float) -> list[asv.Keep]:
+            return [F if int(r.path.rsplit("-", 1)[1]) % 2 else D for r in checkpoints]
+
+    w = tf.Variable(0.0)
+    tf.train.Checkpoint(w=w).write(str(tmp_path / "other-1"))  # not the supervisor's: left alone
+    sv = asv.Supervisor(
+        tmp_path,
+        state={"w": w},
+        save_model_secs=0,
+        save_model_steps=1,
+        keep_policy=asv.AnyKeepPolicy(asv.LatestN(2), KeepOddSteps()),
+        handle_signals=False,
+        save_summaries_secs=0,
+    )
+    async with sv.managed_session() as sess:
+        for _ in range(6):
+            await sess.run(lambda: None)
+            await sv.save_now()
+    kept = sorted(int(p.name.split("-")[1].split(".")[0]) for p in tmp_path.glob("model.ckpt-*.index"))
+    assert kept == [1, 3, 5, 6] and (tmp_path / "other-1.index").exists()
