@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: venv
-	$(PY) examples/demo.py --logdir runs/demo
+	$(PY) -m asupervisor demo --logdir runs/demo
 
 test: venv
 	$(PY) -X importtime -c "import asupervisor" 2> .importtime.log; \

@@ -7,13 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+DEMO = ["-m", "asupervisor", "demo"]  # the command `asupervisor demo`, as `make demo` runs it
 
 
 def run_demo(logdir: Path, max_steps: int) -> str:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.run(
-        [sys.executable, str(DEMO), "--logdir", str(logdir), "--max-steps", str(max_steps),
+        [sys.executable, *DEMO, "--logdir", str(logdir), "--max-steps", str(max_steps),
          "--progress-secs", "0.5"],
         capture_output=True, text=True, env=env, timeout=300,
     )
@@ -25,7 +25,7 @@ def test_demo_trains_and_reports(tmp_path: Path) -> None:
     """The demo trains to max_steps, prints progress and a final line, and exits 0."""
     out = run_demo(tmp_path / "run", 300)
     assert "progress: step" in out
-    last = out.strip().splitlines()[-1]
+    last = out.strip().splitlines()[-2]
     assert last.startswith("done: step 300, stop reason max_steps")
 
 
@@ -35,7 +35,7 @@ def test_demo_resumes_where_it_stopped(tmp_path: Path) -> None:
     run_demo(logdir, 100)
     out = run_demo(logdir, 160)
     assert "resumed at step 100" in out
-    assert out.strip().splitlines()[-1].startswith("done: step 160, stop reason max_steps")
+    assert out.strip().splitlines()[-2].startswith("done: step 160, stop reason max_steps")
     assert any(p.name.startswith("events.out.tfevents") for p in logdir.iterdir())
     assert (logdir / "model.ckpt-160.index").exists()
 
@@ -47,7 +47,7 @@ def test_ctrl_c_stops_the_demo_gracefully_and_it_resumes(tmp_path: Path) -> None
     logdir = tmp_path / "run"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     with subprocess.Popen(
-        [sys.executable, str(DEMO), "--logdir", str(logdir), "--max-steps", "1000000",
+        [sys.executable, *DEMO, "--logdir", str(logdir), "--max-steps", "1000000",
          "--progress-secs", "0.2"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     ) as proc:
@@ -57,12 +57,12 @@ def test_ctrl_c_stops_the_demo_gracefully_and_it_resumes(tmp_path: Path) -> None
                 break
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out
-    last = out.strip().splitlines()[-1]
+    assert proc.returncode == 130, out  # interrupted (asv.exit_code)
+    last = [line for line in out.strip().splitlines() if line.startswith("done:")][-1]
     assert "stop reason signal:SIGINT" in last
     stopped_at = int(last.split()[2].rstrip(","))
     assert stopped_at > 0
     assert (logdir / f"model.ckpt-{stopped_at}.index").exists()  # the final checkpoint
     resumed = run_demo(logdir, stopped_at + 50)
     assert f"resumed at step {stopped_at}" in resumed
-    assert resumed.strip().splitlines()[-1].startswith(f"done: step {stopped_at + 50}, stop reason max_steps")
+    assert resumed.strip().splitlines()[-2].startswith(f"done: step {stopped_at + 50}, stop reason max_steps")

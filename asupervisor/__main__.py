@@ -1,0 +1,57 @@
+"""The ``asupervisor`` command (also ``python -m asupervisor``).
+
+* ``asupervisor demo [--logdir ... --steps ... --backend ...]`` — a real, resumable
+  training on built-in data (what ``make demo`` runs); exits with ``asv.exit_code``.
+* ``asupervisor inspect LOGDIR [--json]`` — what is in a log directory: each checkpoint
+  (step, time, size, whether it loads, which is the latest), leftovers of interrupted
+  saves, a damaged state file, the last value of each scalar summary. Exits 1 when the
+  directory is missing, a checkpoint does not load or the state file is damaged.
+
+TensorFlow is imported only once a command runs, after its start-up noise is silenced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (``sys.argv[1:]`` by default); its exit status."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow loads
+    parser = argparse.ArgumentParser(prog="asupervisor", description="asupervisor: supervised TensorFlow 2 training")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser("demo", help="train a small model, resumably, on built-in data")
+    inspect = commands.add_parser("inspect", help="show the checkpoints and summaries of a log directory")
+    inspect.add_argument("logdir", help="the training's log directory")
+    inspect.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    _demo_arguments(demo)
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from . import _demo
+
+        return _demo.run(args)
+    from . import _inspect
+
+    return _inspect.run(args.logdir, as_json=args.json)
+
+
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo's command-line options."""
+    parser.add_argument("--logdir", default="runs/demo")
+    parser.add_argument("--max-steps", type=int, default=None, help="stop at this global step")
+    parser.add_argument("--steps", type=int, default=3000, help="without --max-steps: steps to run now")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--save-secs", type=float, default=5.0)
+    parser.add_argument("--summary-secs", type=float, default=2.0)
+    parser.add_argument("--progress-secs", type=float, default=2.0)
+    parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""``asupervisor inspect LOGDIR``: what a log directory holds, read without trusting it.
+
+For each checkpoint on disk (``<basename>-<step>.index`` with its data files): its step,
+commit time, size, whether plain TensorFlow loads every value of it (TF's own reader,
+which checks the CRCs), whether the state file names it and which one is the latest; the
+leftovers of interrupted saves (``*.asv-tmp-*``); a damaged ``checkpoint`` state file;
+the data iterator's share of the latest checkpoint; the last value of each scalar
+summary (TensorBoard's ``EventAccumulator``). Nothing is written. A front door.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ._checkpoint._iterator_state import iterator_share
+from ._checkpoint.files import _names, _state_file
+
+__all__ = ["inspect_logdir", "run"]
+
+
+def _loads(prefix: str) -> str | None:
+    """``None`` if TensorFlow reads every value of checkpoint ``prefix``, else why not."""
+    from ._tf import tf
+
+    try:
+        reader = tf().train.load_checkpoint(prefix)
+        for key, dtype in reader.get_variable_to_dtype_map().items():
+            if dtype != tf().variant:  # a data iterator's state: not readable as an array
+                reader.get_tensor(key)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"{type(exc).__name__}: {first}"[:300]
+    return None
+
+
+def _scalars(logdir: Path) -> dict[str, dict[str, float]]:
+    """The last value of each scalar summary in the event files of ``logdir``."""
+    if not any(logdir.glob("events.out.tfevents.*")):
+        return {}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(logdir), size_guidance={"tensors": 0, "scalars": 0})
+    accumulator.Reload()
+    out: dict[str, dict[str, float]] = {}
+    tags = accumulator.Tags()
+    for tag in tags.get("scalars", []):
+        event = accumulator.Scalars(tag)[-1]
+        out[tag] = {"step": event.step, "value": float(event.value)}
+    for tag in tags.get("tensors", []):
+        event = accumulator.Tensors(tag)[-1]
+        try:
+            from tensorboard.util import tensor_util
+
+            value = tensor_util.make_ndarray(event.tensor_proto)
+            if value.ndim == 0 and value.dtype.kind in "fiu":
+                out[tag] = {"step": event.step, "value": float(value)}
+        except Exception:  # a histogram or text summary: not a scalar
+            continue
+    return out
+
+
+def inspect_logdir(logdir: str | os.PathLike[str]) -> dict[str, Any]:
+    """A report of ``logdir`` (plain JSON types); ``ok`` is whether nothing is wrong.
+
+    Raises:
+        FileNotFoundError: ``logdir`` does not exist or is not a directory.
+    """
+    root = Path(logdir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no log directory at {str(root)!r}")
+    state, problem = _state_file.inspect_state(root)
+    named = set(state.paths) if state is not None else set()
+    latest = state.latest if state is not None else None
+    checkpoints = []
+    for name in sorted(_names.scan_checkpoints(root, None), key=lambda n: (_names.step_of(n) or -1, n)):
+        prefix = root / name
+        files = _names.checkpoint_files(prefix)
+        index = Path(str(prefix) + ".index")
+        error = _names.missing_files(prefix) or _loads(str(prefix))
+        checkpoints.append(
+            {
+                "name": name,
+                "step": _names.step_of(name),
+                "time": index.stat().st_mtime if index.exists() else None,
+                "bytes": sum(f.stat().st_size for f in files if f.exists()),
+                "loads": error is None,
+                "error": error,
+                "named_in_state_file": name in named,
+                "latest": name == latest,
+            }
+        )
+    leftovers = sorted(p.name for p in root.iterdir() if _names.TMP_MARKER in p.name)
+    share = None
+    if latest is not None and any(c["name"] == latest and c["loads"] for c in checkpoints):
+        measured = iterator_share(str(root / latest))
+        if measured is not None:
+            share = {"iterator_bytes": measured[0], "checkpoint_bytes": measured[1]}
+    report: dict[str, Any] = {
+        "logdir": str(root),
+        "state_file": {"latest": latest, "problem": problem},
+        "checkpoints": checkpoints,
+        "leftovers": leftovers,
+        "iterator_share": share,
+        "scalars": _scalars(root),
+    }
+    report["ok"] = problem is None and all(c["loads"] for c in checkpoints)
+    return report
+
+
+def _text(report: dict[str, Any]) -> str:
+    lines = [f"log directory {report['logdir']}"]
+    state = report["state_file"]
+    if state["problem"]:
+        lines.append(f"  state file: DAMAGED ({state['problem']})")
+    else:
+        lines.append(f"  state file: latest {state['latest']}")
+    if not report["checkpoints"]:
+        lines.append("  no checkpoints")
+    for c in report["checkpoints"]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["time"])) if c["time"] else "-"
+        mark = " latest" if c["latest"] else ("" if c["named_in_state_file"] else " (not in the state file)")
+        health = "loads" if c["loads"] else f"DOES NOT LOAD: {c['error']}"
+        lines.append(f"  {c['name']:<28} step {c['step']!s:>8}  {when}  {c['bytes'] / 2**20:9.2f} MiB  {health}{mark}")
+    for name in report["leftovers"]:
+        lines.append(f"  leftover of an interrupted save: {name}")
+    if report["iterator_share"]:
+        share = report["iterator_share"]
+        lines.append(
+            f"  data iterator: {share['iterator_bytes']} of {share['checkpoint_bytes']} bytes of the latest checkpoint"
+        )
+    for tag, last in sorted(report["scalars"].items()):
+        lines.append(f"  {tag} = {last['value']:.6g} at step {last['step']}")
+    lines.append("  ok" if report["ok"] else "  PROBLEMS FOUND")
+    return "\n".join(lines)
+
+
+def run(logdir: str, *, as_json: bool = False) -> int:
+    """``asupervisor inspect``: print the report; 0 when nothing is wrong, else 1."""
+    try:
+        report = inspect_logdir(logdir)
+    except FileNotFoundError as exc:
+        print(f"asupervisor inspect: {exc}", file=sys.stderr)  # noqa: T201 - a command's output
+        return 1
+    print(json.dumps(report, indent=2) if as_json else _text(report))  # noqa: T201 - a command's output
+    return 0 if report["ok"] else 1

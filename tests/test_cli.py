@@ -1,0 +1,76 @@
+"""The ``asupervisor`` command, run as a user runs it: ``python -m asupervisor``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.run(
+        [sys.executable, "-m", "asupervisor", *args], capture_output=True, text=True, env=env, timeout=240
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A log directory from a real short run of ``asupervisor demo``."""
+    logdir = tmp_path_factory.mktemp("cli") / "run"
+    out = cli("demo", "--logdir", str(logdir), "--max-steps", "60", "--summary-secs", "0.2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"--logdir {logdir}" in out.stdout.splitlines()[-1]  # the TensorBoard command
+    return logdir
+
+
+def test_inspect_shows_checkpoints_and_scalars(trained: Path) -> None:
+    """``inspect`` lists each checkpoint (step, loads, the latest), the scalars' last
+    values and the iterator's share, in text and in JSON, and exits 0."""
+    text = cli("inspect", str(trained))
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert "model.ckpt-60" in text.stdout and "loads latest" in text.stdout and "loss =" in text.stdout
+    report = json.loads(cli("inspect", str(trained), "--json").stdout)
+    assert report["ok"] and report["state_file"] == {"latest": "model.ckpt-60", "problem": None}
+    latest = [c for c in report["checkpoints"] if c["latest"]]
+    assert [c["step"] for c in latest] == [60] and latest[0]["loads"] and latest[0]["bytes"] > 0
+    assert "loss" in report["scalars"] and report["iterator_share"]["iterator_bytes"] > 0
+
+
+def test_inspect_flags_a_truncated_checkpoint_and_leftovers(trained: Path, tmp_path: Path) -> None:
+    """A checkpoint whose data file was truncated is flagged (exit 1), and the files of
+    an interrupted save are listed."""
+    import shutil
+
+    logdir = tmp_path / "copy"
+    shutil.copytree(trained, logdir)
+    data = sorted(logdir.glob("model.ckpt-60.data-*"))
+    with open(data[0], "r+b") as f:
+        f.truncate(max(1, data[0].stat().st_size // 2))
+    (logdir / "model.ckpt-61.asv-tmp-1a2b.index").write_bytes(b"")
+    text = cli("inspect", str(logdir))
+    assert text.returncode == 1
+    assert "DOES NOT LOAD" in text.stdout and "PROBLEMS FOUND" in text.stdout
+    report = json.loads(cli("inspect", str(logdir), "--json").stdout)
+    bad = next(c for c in report["checkpoints"] if c["step"] == 60)
+    assert not bad["loads"] and bad["error"] and not report["ok"]
+    assert report["leftovers"] == ["model.ckpt-61.asv-tmp-1a2b.index"]
+
+
+def test_inspect_of_a_missing_directory_says_so(tmp_path: Path) -> None:
+    """A log directory that does not exist is a clear message naming it, exit 1."""
+    out = cli("inspect", str(tmp_path / "nope"))
+    assert out.returncode == 1 and str(tmp_path / "nope") in out.stderr
+
+
+def test_help_does_not_need_tensorflow() -> None:
+    """``asupervisor --help`` answers without importing TensorFlow (it is quick)."""
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "asupervisor", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and "inspect" in out.stdout and "demo" in out.stdout
+    assert "tensorflow" not in out.stderr
