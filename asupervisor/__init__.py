@@ -34,12 +34,19 @@ from ._basic_hooks._summary import SummarySaverHook as SummarySaverHook
 from ._basic_hooks._timer import SecondOrStepTimer as SecondOrStepTimer
 from ._basic_hooks._waiter import GlobalStepWaiterHook as GlobalStepWaiterHook
 from ._checkpoint._policies import AnyKeepPolicy as AnyKeepPolicy
+from ._checkpoint._policies import AnySavePolicy as AnySavePolicy
 from ._checkpoint._policies import CheckpointRecord as CheckpointRecord
 from ._checkpoint._policies import EveryNHours as EveryNHours
+from ._checkpoint._policies import EverySeconds as EverySeconds
+from ._checkpoint._policies import EverySteps as EverySteps
 from ._checkpoint._policies import Keep as Keep
 from ._checkpoint._policies import KeepAll as KeepAll
 from ._checkpoint._policies import KeepPolicy as KeepPolicy
 from ._checkpoint._policies import LatestN as LatestN
+from ._checkpoint._policies import OnStartup as OnStartup
+from ._checkpoint._policies import OnStop as OnStop
+from ._checkpoint._policies import SaveMoment as SaveMoment
+from ._checkpoint._policies import SavePolicy as SavePolicy
 from ._checkpoint._watch import CheckpointWatcher as CheckpointWatcher
 from ._checkpoint._watch import watch_checkpoints as watch_checkpoints
 from ._cluster import ClusterInfo as ClusterInfo
@@ -74,6 +81,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AnyKeepPolicy",
+    "AnySavePolicy",
     "CheckpointError",
     "CheckpointInfo",
     "CheckpointRecord",
@@ -84,6 +92,8 @@ __all__ = [
     "ClusterInfo",
     "DeadlineExceededError",
     "EveryNHours",
+    "EverySeconds",
+    "EverySteps",
     "FinalOpsHook",
     "GlobalStepWaiterHook",
     "Keep",
@@ -96,10 +106,14 @@ __all__ = [
     "MonotonicClock",
     "NanLossDuringTrainingError",
     "NanTensorHook",
+    "OnStartup",
+    "OnStop",
     "ProfilerHook",
     "QueueRunner",
     "QueueStatistics",
     "RestartPolicy",
+    "SaveMoment",
+    "SavePolicy",
     "SecondOrStepTimer",
     "Service",
     "ServiceContext",

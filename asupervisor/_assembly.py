@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._checkpoint._part import CheckpointPart
-from ._checkpoint._policies import keep_policy_for
+from ._checkpoint._policies import keep_policy_for, save_policy_for
 from ._summary._part import SummaryPart
 
 if TYPE_CHECKING:
@@ -32,8 +32,8 @@ def session_parts(config: SupervisorConfig) -> list[SessionPart]:
             is_chief=bool(config.is_chief),
             cluster=config.cluster,
             multi_worker=config.multi_worker,
-            save_secs=config.save_model_secs,
-            save_steps=config.save_model_steps,
+            save_policy=config.save_policy
+            or save_policy_for(config.save_model_secs, config.save_model_steps, multi_worker=config.multi_worker),
             keep_policy=config.keep_policy or keep_policy_for(config.max_to_keep, config.keep_checkpoint_every_n_hours),
             when_busy=config.checkpoint_when_busy,
         ),

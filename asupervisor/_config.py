@@ -56,6 +56,8 @@ class SupervisorConfig:
     keep_checkpoint_every_n_hours: float | None = None
     #: retention as a policy object (replaces the two settings above)
     keep_policy: Any = None
+    #: when to save as a policy object (replaces save_model_secs / save_model_steps)
+    save_policy: Any = None
     save_summaries_secs: float = 120
     recovery_wait_secs: float = 30
     stop_grace_secs: float = 120
@@ -133,6 +135,18 @@ class SupervisorConfig:
                     f"not both (got max_to_keep={self.max_to_keep!r}, "
                     f"keep_checkpoint_every_n_hours={self.keep_checkpoint_every_n_hours!r})"
                 )
+        if self.save_policy is not None:
+            from ._checkpoint._policies import SavePolicy
+
+            if not isinstance(self.save_policy, SavePolicy):
+                raise TypeError(
+                    f"save_policy must be a SavePolicy (an object with should_save(moment)), got {self.save_policy!r}"
+                )
+            if self.save_model_secs != 600 or self.save_model_steps is not None:
+                raise ValueError(
+                    f"give save_policy={self.save_policy!r} or save_model_secs / save_model_steps, not both "
+                    f"(got save_model_secs={self.save_model_secs!r}, save_model_steps={self.save_model_steps!r})"
+                )
         if self.checkpoint_when_busy not in ("wait", "skip"):
             raise ValueError(f"checkpoint_when_busy must be 'wait' or 'skip', got {self.checkpoint_when_busy!r}")
         hooks = tuple(self.hooks)
@@ -147,7 +161,13 @@ class SupervisorConfig:
             raise TypeError(f"clock must have now() and sleep_until(), got {self.clock!r}")
         if self.cluster is not None and not isinstance(self.cluster, ClusterInfo):
             raise TypeError(f"cluster must be a ClusterInfo or None, got {self.cluster!r}")
-        if self.multi_worker and self.logdir is not None and self.save_model_secs > 0 and self.save_model_steps is None:
+        if (
+            self.multi_worker
+            and self.save_policy is None
+            and self.logdir is not None
+            and self.save_model_secs > 0
+            and self.save_model_steps is None
+        ):
             assert self.cluster is not None
             raise ValueError(
                 f"save_model_secs={self.save_model_secs!r} without save_model_steps: in multi-worker "

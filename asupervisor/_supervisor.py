@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ._assembly import session_parts
-from ._checkpoint._policies import KeepPolicy
+from ._checkpoint._policies import KeepPolicy, SavePolicy
 from ._cluster import cluster_info
 from ._config import SupervisorConfig
 from ._core._abc import CheckpointSaving, SessionAttribute
@@ -48,6 +48,10 @@ class Supervisor:
         save_model_secs: seconds between checkpoints; 0 disables timed checkpoints. Not
             used in multi-worker training, which needs ``save_model_steps``.
         save_model_steps: steps between checkpoints, or ``None``.
+        save_policy: when to save as a policy object (``asv.EverySteps``,
+            ``asv.EverySeconds``, ``asv.OnStartup``, ``asv.OnStop``, ``asv.AnySavePolicy``,
+            or one's own ``SavePolicy``) instead of ``save_model_secs`` and
+            ``save_model_steps`` (give one or the other).
         max_to_keep: the newest checkpoints kept (never fewer than 2 while a save is in
             flight); ``None`` keeps every checkpoint. Only this supervisor's own
             checkpoints (``<checkpoint_basename>-<step>``) are counted and deleted.
@@ -92,6 +96,7 @@ class Supervisor:
         checkpoint_basename: str = "model.ckpt",
         save_model_secs: float = 600,
         save_model_steps: int | None = None,
+        save_policy: SavePolicy | None = None,
         max_to_keep: int | None = 5,
         keep_checkpoint_every_n_hours: float | None = None,
         keep_policy: KeepPolicy | None = None,
@@ -116,6 +121,7 @@ class Supervisor:
             checkpoint_basename=checkpoint_basename,
             save_model_secs=save_model_secs,
             save_model_steps=save_model_steps,
+            save_policy=save_policy,
             max_to_keep=max_to_keep,
             keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             keep_policy=keep_policy,

@@ -22,7 +22,7 @@ from .._logging import get_logger
 from .._tf import tf
 from ._manager import Checkpointer, write_checkpoint_now
 from ._multi_worker import WorkerTempWriter
-from ._policies import KeepPolicy
+from ._policies import KeepPolicy, SaveMoment, SavePolicy, every_secs, every_steps
 from ._saver import CheckpointSaver, CheckpointService
 
 if TYPE_CHECKING:
@@ -53,8 +53,8 @@ class CheckpointPart(SessionPart):
         is_chief: the chief writes checkpoints.
         cluster: the cluster (multi-worker: every worker snapshots at the same steps).
         multi_worker: whether this is one of several training workers.
-        save_secs: ``save_model_secs`` (0: no timed saves).
-        save_steps: ``save_model_steps``.
+        save_policy: when to save (``None``: this session saves only on ``save_now`` and
+            for hooks).
         keep_policy: which checkpoints retention keeps.
         when_busy: ``checkpoint_when_busy``.
     """
@@ -69,8 +69,7 @@ class CheckpointPart(SessionPart):
         is_chief: bool,
         cluster: ClusterInfo | None,
         multi_worker: bool,
-        save_secs: float,
-        save_steps: int | None,
+        save_policy: SavePolicy | None,
         keep_policy: KeepPolicy,
         when_busy: str,
     ) -> None:
@@ -79,8 +78,7 @@ class CheckpointPart(SessionPart):
         self.is_chief = is_chief
         self.cluster = cluster
         self.multi_worker = multi_worker
-        self.save_secs = save_secs
-        self.save_steps = save_steps
+        self.save_policy = save_policy
         self.keep_policy = keep_policy
         self.when_busy = when_busy
         self.checkpointer: Checkpointer | None = None
@@ -100,7 +98,7 @@ class CheckpointPart(SessionPart):
     @property
     def saving(self) -> bool:
         """Whether this session saves checkpoints (start-up, timed, step and final saves)."""
-        return self.saver is not None and (self.save_secs > 0 or self.save_steps is not None)
+        return self.saver is not None and self.save_policy is not None
 
     # -- what the other parts and the front doors see (CheckpointSaving) -----------------
 
@@ -209,7 +207,7 @@ class CheckpointPart(SessionPart):
             self.saver = CheckpointSaver(
                 ctx,
                 checkpointer,
-                save_steps=self.save_steps,
+                save_steps=None if self.save_policy is None else every_steps(self.save_policy),
                 write=None if worker_writer is None else worker_writer.write,
                 multi_worker=self.multi_worker,
                 when_busy=self.when_busy,
@@ -226,17 +224,35 @@ class CheckpointPart(SessionPart):
         return float("inf") if self.saver is None else self.saver.next_trigger(step)
 
     def on_step(self, ctx: SessionContext) -> None:
-        """A step save is due: snapshot now and hand it to the writer."""
+        """A step the save policy asked about: snapshot now if it says so."""
         assert self.saver is not None
-        self.saver.on_step()
+        assert self.save_policy is not None
+        if self.save_policy.should_save(self._moment(ctx, "step")):
+            self.saver.on_step()
 
     def services(self, ctx: SessionContext) -> Iterable[Service]:
         """The checkpoint service (start-up and timed saves), when this session saves."""
-        if self.saver is None or not self.saving:
+        policy = self.save_policy
+        if self.saver is None or policy is None:
             return []  # saving disabled: no start-up, timed or final checkpoint
-        if self.multi_worker:  # steps only, the same on every worker (see _multi_worker)
-            return [CheckpointService(self.saver, 0, save_at_start=False)]
-        return [CheckpointService(self.saver, self.save_secs, save_at_start=self._restored_from is None)]
+        start = self._moment(ctx, "startup")
+        return [
+            CheckpointService(
+                self.saver,
+                every_secs(policy) or 0,
+                save_at_start=policy.should_save(start),
+                at_tick=lambda: policy.should_save(self._moment(ctx, "tick")),
+            )
+        ]
+
+    def _moment(self, ctx: SessionContext, kind: str) -> SaveMoment:
+        return SaveMoment(
+            kind=kind,
+            step=ctx.global_step,
+            restored=self._restored_from is not None,
+            stop_reason=ctx.control.reason,
+            multi_worker=self.multi_worker,
+        )
 
     def iterator_for(self, ctx: SessionContext, data: Any, checkpoint_iterator: bool | None) -> Iterator[Any] | None:
         """A ``tf.data`` iterator tracked in checkpoints as ``checkpoint_iterator`` says.
@@ -268,9 +284,17 @@ class CheckpointPart(SessionPart):
 
     async def final(self, ctx: SessionContext) -> None:
         """The final checkpoint."""
-        if self.saving:
-            assert self.saver is not None
-            await self.saver.final_save()
+        if self.saver is None or self.save_policy is None:
+            return
+        if not self.save_policy.should_save(self._moment(ctx, "stop")):
+            log.warning(
+                "checkpoint.skipped",
+                reason="final",
+                step=ctx.global_step,
+                why=f"the save policy does not save at this stop (stop reason {ctx.control.reason})",
+            )
+            return
+        await self.saver.save("final", force=True, wait=True)
 
     async def aclose(self, ctx: SessionContext) -> None:
         """Wait for writes in flight (abandoned at the stop's deadline); raise an error

@@ -1,6 +1,18 @@
-"""What to keep of a log directory's checkpoints: retention as small policy objects.
+"""When to save and what to keep: checkpoint policies as small objects.
 
-Modelled on orbax's preservation policies. A :class:`KeepPolicy` has one method,
+**When to save.** A :class:`SavePolicy` has one method, :meth:`~SavePolicy.should_save`,
+asked at the moments it can want — never per step: at the multiples of its
+``every_steps`` (the step trigger stays one integer compare per step), at the ticks of
+its ``every_secs`` timer, at start-up, at the stop. :class:`EverySteps`,
+:class:`EverySeconds`, :class:`OnStartup` (after an init, not a restore),
+:class:`OnStop` (the final checkpoint; in multi-worker training only for a stop every
+worker reaches) and :class:`AnySavePolicy` are the stock ones; the ``Supervisor``
+keywords ``save_model_secs``/``save_model_steps`` build them and ``save_policy=`` takes
+one's own. What a due save does while the previous one is still being written
+(``checkpoint_when_busy``: wait or skip) is the saver's setting, not a policy: it is
+about how to save, not whether.
+
+**What to keep.** Modelled on orbax's preservation policies. A :class:`KeepPolicy` has one method,
 :meth:`~KeepPolicy.decide`: given the checkpoints retention may act on (this supervisor's
 own, oldest first, the latest excluded — it is always kept), it says of each whether to
 ``KEEP`` it (it stays in the ``checkpoint`` state file and counts next time), keep it
@@ -32,14 +44,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from ._multi_worker import AGREED_STOP_REASONS
+
 __all__ = [
     "AnyKeepPolicy",
+    "AnySavePolicy",
     "CheckpointRecord",
     "EveryNHours",
+    "EverySeconds",
+    "EverySteps",
     "Keep",
     "KeepAll",
     "KeepPolicy",
     "LatestN",
+    "OnStartup",
+    "OnStop",
+    "SaveMoment",
+    "SavePolicy",
 ]
 
 
@@ -201,3 +222,181 @@ def keep_policy_for(max_to_keep: int | None, keep_every_n_hours: float | None) -
     if keep_every_n_hours is None:
         return LatestN(max_to_keep)
     return AnyKeepPolicy(LatestN(max_to_keep), EveryNHours(keep_every_n_hours))
+
+
+# -- when to save -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SaveMoment:
+    """A moment at which a checkpoint may be taken.
+
+    Attributes:
+        kind: ``"step"`` (a step boundary the policy's ``every_steps`` names), ``"tick"``
+            (a tick of its ``every_secs`` timer), ``"startup"`` (the session has just
+            started) or ``"stop"`` (the final checkpoint).
+        step: the global step.
+        restored: whether the session started from a checkpoint.
+        stop_reason: at ``"stop"``, why the session stops (``signal:SIGTERM``, ...).
+        multi_worker: whether every worker of a cluster saves at the same steps.
+    """
+
+    kind: str
+    step: int
+    restored: bool = False
+    stop_reason: str | None = None
+    multi_worker: bool = False
+
+
+@runtime_checkable
+class SavePolicy(Protocol):
+    """When to save: one decision per :class:`SaveMoment` (see the module docstring).
+
+    A policy is asked only at moments it can want: at every multiple of its
+    ``every_steps`` attribute (if it has one; never per step otherwise), at every tick of
+    its ``every_secs`` attribute, at start-up and at the stop.
+    """
+
+    def should_save(self, moment: SaveMoment) -> bool:
+        """Whether to save at ``moment``."""
+        ...
+
+
+@dataclass(frozen=True)
+class EverySteps:
+    """Save at every multiple of ``n`` global steps (``save_model_steps``).
+
+    Args:
+        n: the step interval (``>= 1``).
+    """
+
+    n: int
+
+    def __post_init__(self) -> None:
+        _check_positive("EverySteps(n)", self.n, integer=True)
+
+    @property
+    def every_steps(self) -> int:
+        """When to be asked: every ``n`` steps."""
+        return self.n
+
+    def should_save(self, moment: SaveMoment) -> bool:
+        """At step moments that are multiples of ``n``."""
+        return moment.kind == "step" and moment.step % self.n == 0
+
+
+@dataclass(frozen=True)
+class EverySeconds:
+    """Save every ``secs`` seconds of the session's clock (``save_model_secs``).
+
+    Args:
+        secs: the interval (``> 0``).
+    """
+
+    secs: float
+
+    def __post_init__(self) -> None:
+        _check_positive("EverySeconds(secs)", self.secs, integer=False)
+
+    @property
+    def every_secs(self) -> float:
+        """When to be asked: every ``secs`` seconds."""
+        return float(self.secs)
+
+    def should_save(self, moment: SaveMoment) -> bool:
+        """At every tick."""
+        return moment.kind == "tick"
+
+
+@dataclass(frozen=True)
+class OnStartup:
+    """Save once at start-up when the state was initialised, not restored."""
+
+    def should_save(self, moment: SaveMoment) -> bool:
+        """At start-up, unless restored."""
+        return moment.kind == "startup" and not moment.restored
+
+
+@dataclass(frozen=True)
+class OnStop:
+    """Save the final checkpoint at the stop; in multi-worker training only for a stop
+    every worker reaches at the same step (``AGREED_STOP_REASONS`` of :mod:`._multi_worker`:
+    ``max_steps``, end of data, the body returned, a hook)."""
+
+    def should_save(self, moment: SaveMoment) -> bool:
+        """At the stop (see the class docstring)."""
+        if moment.kind != "stop":
+            return False
+        return not moment.multi_worker or moment.stop_reason in AGREED_STOP_REASONS
+
+
+class AnySavePolicy:
+    """Save when any of ``policies`` would; asked at the moments any of them can want
+    (``every_steps``: the greatest common divisor of theirs; ``every_secs``: the
+    smallest).
+
+    Args:
+        policies: the policies (at least one).
+    """
+
+    def __init__(self, *policies: SavePolicy) -> None:
+        if not policies:
+            raise ValueError("AnySavePolicy needs at least one policy")
+        for policy in policies:
+            if not isinstance(policy, SavePolicy):
+                raise TypeError(f"AnySavePolicy takes SavePolicy objects (with should_save()), got {policy!r}")
+        self.policies = policies
+        steps = [s for p in policies if (s := every_steps(p)) is not None]
+        secs = [t for p in policies if (t := every_secs(p)) is not None]
+        self.every_steps = math.gcd(*steps) if steps else None
+        self.every_secs = min(secs) if secs else None
+
+    def __repr__(self) -> str:
+        return f"AnySavePolicy({', '.join(map(repr, self.policies))})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AnySavePolicy) and other.policies == self.policies
+
+    def __hash__(self) -> int:
+        return hash(self.policies)
+
+    def should_save(self, moment: SaveMoment) -> bool:
+        """Whether any policy would save at ``moment``."""
+        return any(policy.should_save(moment) for policy in self.policies)
+
+
+def every_steps(policy: SavePolicy) -> int | None:
+    """The step interval at which ``policy`` wants to be asked, if any (validated)."""
+    value = getattr(policy, "every_steps", None)
+    if value is None:
+        return None
+    _check_positive(f"{policy!r}.every_steps", value, integer=True)
+    return int(value)
+
+
+def every_secs(policy: SavePolicy) -> float | None:
+    """The interval in seconds at which ``policy`` wants to be asked, if any (validated)."""
+    value = getattr(policy, "every_secs", None)
+    if value is None:
+        return None
+    _check_positive(f"{policy!r}.every_secs", value, integer=False)
+    return float(value)
+
+
+def save_policy_for(save_secs: float, save_steps: int | None, *, multi_worker: bool) -> SavePolicy | None:
+    """The policy the ``Supervisor`` keywords describe (``None``: saving disabled).
+
+    In multi-worker training the timer is not used (every worker must snapshot at the
+    same steps) and there is no start-up save.
+    """
+    if save_secs <= 0 and save_steps is None:
+        return None
+    policies: list[SavePolicy] = []
+    if save_steps is not None:
+        policies.append(EverySteps(save_steps))
+    if save_secs > 0 and not multi_worker:
+        policies.append(EverySeconds(save_secs))
+    if not multi_worker:
+        policies.append(OnStartup())
+    policies.append(OnStop())
+    return AnySavePolicy(*policies)

@@ -48,7 +48,6 @@ from .._core._services import Service
 from .._core._threads import ThreadClosedError
 from .._logging import describe, get_logger
 from ._manager import Checkpointer
-from ._multi_worker import AGREED_STOP_REASONS
 from ._snapshot import Snapshot
 from ._write import SaveAbandoned
 
@@ -324,22 +323,6 @@ class CheckpointSaver:
         self.raise_pending()
         return info
 
-    async def final_save(self) -> None:
-        """The stop's final checkpoint (the runtime skips it when state is suspect).
-
-        In multi-worker training only for a stop every worker reaches at the same step.
-        """
-        reason = self.ctx.control.reason
-        if self.multi_worker and reason not in AGREED_STOP_REASONS:
-            log.warning(
-                "checkpoint.skipped",
-                reason="final",
-                step=self.ctx.global_step,
-                why=f"multi-worker: the other workers may not stop at this step (stop reason {reason})",
-            )
-            return
-        await self.save("final", force=True, wait=True)
-
     async def aclose(self) -> None:
         """At stop: wait for writes in flight (abandoned at the stop's deadline); raise an
         error none has raised yet."""
@@ -354,14 +337,23 @@ class CheckpointService(Service):
         saver: the session's save coordinator.
         interval_secs: seconds between timed saves; 0 for none.
         save_at_start: take a checkpoint right away (the state was initialised).
+        at_tick: asked at each tick whether to save (the save policy); always by default.
     """
 
     name = "checkpoint"
 
-    def __init__(self, saver: CheckpointSaver, interval_secs: float, *, save_at_start: bool) -> None:
+    def __init__(
+        self,
+        saver: CheckpointSaver,
+        interval_secs: float,
+        *,
+        save_at_start: bool,
+        at_tick: Callable[[], bool] | None = None,
+    ) -> None:
         self.saver = saver
         self.interval_secs = interval_secs
         self.save_at_start = save_at_start
+        self.at_tick = at_tick
 
     async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
         """Take the start-up checkpoint, then one per tick until cancelled."""
@@ -374,4 +366,5 @@ class CheckpointService(Service):
             return
         first = ctx.clock.now() + self.interval_secs
         async for _ in interval_ticks(ctx.clock, self.interval_secs, first_at=first):
-            await self.saver.save("timer")
+            if self.at_tick is None or self.at_tick():
+                await self.saver.save("timer")

@@ -101,3 +101,60 @@ async def test_a_users_policy_drives_real_retention(tmp_path: Path) -> None:
             await sv.save_now()
     kept = sorted(int(p.name.split("-")[1].split(".")[0]) for p in tmp_path.glob("model.ckpt-*.index"))
     assert kept == [1, 3, 5, 6] and (tmp_path / "other-1.index").exists()
+
+
+def moment(kind: str, step: int = 0, **kwargs: object) -> asv.SaveMoment:
+    return asv.SaveMoment(kind=kind, step=step, **kwargs)  # type: ignore[arg-type]
+
+
+def test_stock_save_policies_decide_at_their_moments() -> None:
+    """EverySteps saves at its multiples, EverySeconds at ticks, OnStartup after an init
+    only, OnStop at the stop (in multi-worker only for an agreed stop); AnySavePolicy
+    asks at the union of their moments."""
+    assert asv.EverySteps(50).should_save(moment("step", 100)) and not asv.EverySteps(50).should_save(moment("step", 75))
+    assert asv.EverySeconds(5).should_save(moment("tick")) and not asv.EverySeconds(5).should_save(moment("stop"))
+    assert asv.OnStartup().should_save(moment("startup")) and not asv.OnStartup().should_save(moment("startup", restored=True))
+    assert asv.OnStop().should_save(moment("stop", stop_reason="signal:SIGTERM"))
+    assert not asv.OnStop().should_save(moment("stop", stop_reason="signal:SIGTERM", multi_worker=True))
+    assert asv.OnStop().should_save(moment("stop", stop_reason="max_steps", multi_worker=True))
+    combined = asv.AnySavePolicy(asv.EverySteps(40), asv.EverySteps(60), asv.EverySeconds(9), asv.EverySeconds(3))
+    assert combined.every_steps == 20 and combined.every_secs == 3.0
+    assert combined.should_save(moment("step", 120)) and not combined.should_save(moment("step", 20))
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match=repr(bad)):
+            asv.EverySteps(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="SavePolicy"):
+        asv.AnySavePolicy(asv.LatestN(2))  # type: ignore[arg-type]
+
+
+def test_save_policy_keyword_is_validated() -> None:
+    """save_policy= takes a SavePolicy; anything else, or giving it with save_model_secs
+    or save_model_steps, is a clear error naming the values."""
+    asv.Supervisor(None, save_policy=asv.EverySteps(10))
+    with pytest.raises(TypeError, match="save_policy must be a SavePolicy"):
+        asv.Supervisor(None, save_policy="often")
+    with pytest.raises(ValueError, match="save_model_steps=5"):
+        asv.Supervisor(None, save_policy=asv.EverySteps(10), save_model_steps=5)
+
+
+@pytest.mark.anyio
+async def test_a_users_save_policy_drives_real_saves(tmp_path: Path) -> None:
+    """A policy of one's own decides which checkpoints are taken in a real training: asked
+    at its every_steps multiples, at start-up and at the stop, never at other steps."""
+    asked: list[tuple[str, int]] = []
+
+    class OddHundreds:
+        every_steps = 100
+
+        def should_save(self, moment: asv.SaveMoment) -> bool:
+            asked.append((moment.kind, moment.step))
+            return moment.kind == "step" and (moment.step // 100) % 2 == 1
+
+    sv = asv.Supervisor(
+        tmp_path, state={"w": tf.Variable(0.0)}, save_policy=OddHundreds(), handle_signals=False, save_summaries_secs=0
+    )
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: None, max_steps=550)
+    saved = sorted(int(p.name.split("-")[1].split(".")[0]) for p in tmp_path.glob("model.ckpt-*.index"))
+    assert saved == [100, 300, 500]
+    assert asked == [("startup", 0), *(("step", s) for s in (100, 200, 300, 400, 500)), ("stop", 550)]
