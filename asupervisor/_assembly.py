@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ._checkpoint._part import CheckpointPart
 from ._checkpoint._policies import keep_policy_for, save_policy_for
+from ._progress._part import ProgressPart
 from ._summary._part import SummaryPart
 
 if TYPE_CHECKING:
@@ -24,7 +25,9 @@ __all__ = ["session_parts"]
 
 def session_parts(config: SupervisorConfig) -> list[SessionPart]:
     """The feature parts of one session of a supervisor with ``config``."""
+    progress: list[SessionPart] = [ProgressPart()] if config.progress else []
     return [
+        *progress,
         SummaryPart(config.logdir, is_chief=bool(config.is_chief), interval_secs=config.save_summaries_secs),
         CheckpointPart(
             config.logdir,

@@ -64,6 +64,8 @@ class SupervisorConfig:
     #: what a periodic save does while the previous write is in flight: "wait" or "skip"
     checkpoint_when_busy: str = "wait"
     hooks: Sequence[SessionRunHook] = ()
+    #: a live progress display on stderr
+    progress: bool = False
     handle_signals: bool = True
     queue_runners: Sequence[Any] = ()
     clock: Clock = field(default_factory=MonotonicClock)
@@ -147,6 +149,8 @@ class SupervisorConfig:
                     f"give save_policy={self.save_policy!r} or save_model_secs / save_model_steps, not both "
                     f"(got save_model_secs={self.save_model_secs!r}, save_model_steps={self.save_model_steps!r})"
                 )
+        if not isinstance(self.progress, bool):
+            raise TypeError(f"progress must be True or False, got {self.progress!r}")
         if self.checkpoint_when_busy not in ("wait", "skip"):
             raise ValueError(f"checkpoint_when_busy must be 'wait' or 'skip', got {self.checkpoint_when_busy!r}")
         hooks = tuple(self.hooks)

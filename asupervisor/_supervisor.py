@@ -70,6 +70,9 @@ class Supervisor:
             ``save_model_steps`` is saved; timed saves coalesce into one once the writer
             is free. ``"skip"``: such saves are skipped (logged ``checkpoint.skipped``).
         hooks: per-step ``SessionRunHook`` objects.
+        progress: a live progress display on stderr: one line updated in place on a
+            terminal (step, steps/sec, loss and other scalars, ETA, last checkpoint),
+            plain lines every 10 s otherwise.
         handle_signals: SIGINT and SIGTERM request a graceful stop; a second one abandons
             the final checkpoint; the application's own handler is called too and put back
             at the end (main thread only).
@@ -105,6 +108,7 @@ class Supervisor:
         stop_grace_secs: float = 120,
         checkpoint_when_busy: str = "wait",
         hooks: Sequence[SessionRunHook] = (),
+        progress: bool = False,
         handle_signals: bool = True,
         queue_runners: Sequence[QueueRunner] = (),
         clock: Clock | None = None,
@@ -130,6 +134,7 @@ class Supervisor:
             stop_grace_secs=stop_grace_secs,
             checkpoint_when_busy=checkpoint_when_busy,
             hooks=hooks,
+            progress=progress,
             handle_signals=handle_signals,
             queue_runners=queue_runners,
             clock=clock or MonotonicClock(),

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .._cluster import ClusterInfo
     from ._clock import Clock
     from ._services import Service
-    from ._status import CheckpointInfo, QueueStatistics
+    from ._status import CheckpointInfo, QueueStatistics, Status
 
 __all__ = [
     "CheckpointSaving",
@@ -77,6 +77,10 @@ class SessionContext(ServiceContext, Protocol):
 
     def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
         """Stop the session at the next step boundary; any thread (the first error wins)."""
+        ...
+
+    def status(self) -> Status:
+        """A frozen snapshot of the session (what ``Supervisor.status()`` returns)."""
         ...
 
     def mark_state_suspect(self) -> None:

@@ -1,0 +1,92 @@
+"""``Supervisor(progress=True)``: the live progress display, as a user sees it."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = """
+import sys, time, anyio, tensorflow as tf, asupervisor as asv
+
+async def main():
+    w = tf.Variable(0.0)
+    sv = asv.Supervisor(sys.argv[1], state={"w": w}, save_model_secs=0, save_model_steps=200, progress=True)
+    def step():
+        w.assign_add(1.0)
+        if sv.global_step == 1200:
+            print("ready", flush=True)
+        time.sleep(0.002)
+        return {"loss": 1.0 / (1.0 + w)}
+    async with sv.managed_session() as sess:
+        await sess.run_loop(step, max_steps=int(sys.argv[2]))
+    sys.exit(asv.exit_code(sv.status()))
+
+anyio.run(main)
+"""
+
+
+def run(tmp_path: Path, max_steps: int) -> subprocess.Popen[str]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "run"), str(max_steps)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+@pytest.mark.timeout(120)
+def test_plain_lines_when_piped_and_the_first_ctrl_c_says_what_happens(tmp_path: Path) -> None:
+    """Piped (not a terminal), the display writes plain lines on stderr (the progress
+    line every 10 s), one per checkpoint and a last one with the loss and the stop reason; the
+    first Ctrl-C tells the user a final checkpoint is being saved; stdout stays the
+    program's."""
+    with run(tmp_path, 100_000) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, err
+    assert out.strip() == ""  # nothing of the display on stdout
+    lines = err.splitlines()
+    assert any(line.startswith("checkpoint at step 200: ") for line in lines), err
+    assert any("stopping gracefully — final checkpoint at step" in line and "Ctrl-C again" in line for line in lines)
+    last = [line for line in lines if "stopped (" in line][-1]
+    assert "loss " in last and last.endswith("stopped (signal:SIGINT)"), last
+
+
+def test_the_line_fits_80_columns_in_place() -> None:
+    """On a terminal the line is rewritten in place (carriage return, no newline), cut to
+    the terminal's width and padded over a longer previous line."""
+    from asupervisor._core._status import CheckpointInfo, Status
+    from asupervisor._progress._part import _Output, render
+
+    status = Status(
+        running=True,
+        global_step=1234,
+        max_steps=100000,
+        steps_per_sec=412.5,
+        eta_secs=239.4,
+        metrics={"loss": 0.0123456, "accuracy": 0.875, "lr": 0.001},
+        last_checkpoint=CheckpointInfo(path="runs/x/model.ckpt-1200", step=1200, time=0.0),
+    )
+    line = render(status)
+    assert line.startswith("step 1234/100000  412.5 steps/s") and "ETA 3:59" in line and "saved @1200" in line
+    stream = io.StringIO()
+    out = _Output(stream, in_place=True)
+    os.environ["COLUMNS"] = "80"
+    try:
+        out.write(line + " " + "x" * 100, False)
+        out.write("short", False)
+    finally:
+        del os.environ["COLUMNS"]
+    first, second = stream.getvalue().split("\r")[1:]
+    assert len(first) == 79 and "\n" not in first
+    assert second.startswith("short") and len(second) == 79  # padded over the longer line
