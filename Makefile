@@ -31,6 +31,8 @@ bench: venv
 	$(PY) bench/checkpoint.py
 	$(PY) bench/queue_runner.py
 	$(PY) bench/queue_runner.py --backend trio
+	$(PY) bench/embed_latency.py
+	$(PY) bench/embed_latency.py --backend trio
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache

@@ -1,0 +1,133 @@
+"""Event-loop responsiveness while training runs beside an application, against a bare thread.
+
+A 1 ms ticker task on the event loop measures its lateness (when it woke minus when it
+asked to) while an MLP (784-256-256-10, batch 64) trains:
+
+* **bare**: the steps run on a plain ``threading.Thread`` (no supervisor, no checkpoints);
+* **asupervisor**: ``sess.run_loop`` with a 32 MiB extra variable in the state and a
+  checkpoint every ``--every`` steps (50: several a second; 500: about one a second).
+
+Reported per contender: ticker lateness p50/p99/max (ms) and the training rate; then the
+ratios asupervisor / bare. Goal (issue 12): p99 <= 2 ms and <= 1.5x bare at both
+cadences, training rate >= 0.9x bare at 50 steps per save. Repetitions alternate the
+contenders; figures are medians over them. Run:
+``.venv/bin/python bench/embed_latency.py [--backend asyncio|trio] [--every 50 500] [--reps 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import anyio
+from _common import machine, median, mlp_step
+
+import asupervisor as asv
+
+
+async def _ticker(lateness: list[float], done: threading.Event | anyio.Event) -> None:
+    while not done.is_set():
+        due = time.perf_counter() + 0.001
+        await anyio.sleep(0.001)
+        lateness.append(max(0.0, time.perf_counter() - due))
+
+
+def _stats(lateness: list[float]) -> tuple[float, float, float]:
+    xs = sorted(lateness)
+    if not xs:
+        return (0.0, 0.0, 0.0)
+    return (xs[len(xs) // 2] * 1e3, xs[min(len(xs) - 1, int(len(xs) * 0.99))] * 1e3, xs[-1] * 1e3)
+
+
+async def bare(step: Any, steps: int) -> tuple[tuple[float, float, float], float]:
+    lateness: list[float] = []
+    done = threading.Event()
+    rate: list[float] = []
+
+    def train() -> None:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        rate.append(steps / (time.perf_counter() - t0))
+        done.set()
+
+    thread = threading.Thread(target=train)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_ticker, lateness, done)
+        thread.start()
+        while not done.is_set():
+            await anyio.sleep(0.01)
+    thread.join()
+    return _stats(lateness), rate[0]
+
+
+async def supervised(step: Any, state: Any, steps: int, every: int) -> tuple[tuple[float, float, float], float]:
+    import tensorflow as tf
+
+    lateness: list[float] = []
+    done = anyio.Event()
+    extra = tf.Variable(tf.zeros([8 << 20]))  # 32 MiB
+    with tempfile.TemporaryDirectory() as logdir:
+        sv = asv.Supervisor(
+            logdir,
+            state={**state, "extra": extra},
+            save_model_secs=0,
+            save_model_steps=every,
+            save_summaries_secs=0,
+            handle_signals=False,
+        )
+        async with sv.managed_session() as sess:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_ticker, lateness, done)
+                t0 = time.perf_counter()
+                await sess.run_loop(step, max_steps=sess.global_step + steps)
+                rate = steps / (time.perf_counter() - t0)
+                done.set()
+    return _stats(lateness), rate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    parser.add_argument("--every", type=int, nargs="+", default=[50, 500])
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    step, state = mlp_step()
+    for _ in range(50):
+        step()  # trace and warm up
+    print(f"embed latency: {machine()}, backend {args.backend}")
+    for every in args.every:
+        rows: dict[str, list[tuple[tuple[float, float, float], float]]] = {"bare": [], "asupervisor": []}
+        for _ in range(args.reps):
+            rows["bare"].append(anyio.run(bare, step, args.steps, backend=args.backend))
+            rows["asupervisor"].append(
+                anyio.run(supervised, step, state, args.steps, every, backend=args.backend)
+            )
+        summary = {}
+        for name, runs in rows.items():
+            p50 = median([r[0][0] for r in runs])
+            p99 = median([r[0][1] for r in runs])
+            mx = median([r[0][2] for r in runs])
+            rate = median([r[1] for r in runs])
+            summary[name] = (p50, p99, mx, rate)
+            print(
+                f"  every {every:4d} steps  {name:11s} ticker lateness p50 {p50:.2f} ms  p99 {p99:.2f} ms  "
+                f"max {mx:.1f} ms   training {rate:.0f} steps/s"
+            )
+        b, a = summary["bare"], summary["asupervisor"]
+        print(
+            f"  every {every:4d} steps  ratios: p99 {a[1] / max(b[1], 1e-9):.2f}x bare, "
+            f"training rate {a[3] / b[3]:.2f}x bare   (goal: p99 <= 2 ms and <= 1.5x, rate >= 0.9x at 50)"
+        )
+
+
+if __name__ == "__main__":
+    main()
