@@ -6,7 +6,7 @@ steps/sec, ETA, the step output's scalars such as ``loss``, the last checkpoint)
 the text to a dedicated thread that writes it, so a slow terminal never blocks the event
 loop and nothing runs on the step thread (the scalars are the status's, read at a step
 boundary at most once a second). On a terminal the line is rewritten in place (``\\r``,
-cut to the terminal's width) and each new checkpoint gets a line of its own; when the
+cut to the terminal's width) and the newest checkpoint at each refresh gets a line of its own; when the
 stream is not a terminal (a pipe, a file) a plain line is written every
 ``plain_every_secs``. The first Ctrl-C prints how the stop goes on. Writing errors (a
 closed pipe) drop the output, never the training.
