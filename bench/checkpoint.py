@@ -14,6 +14,13 @@ the first raw write is left out likewise):
   ``cow`` is the extra time of the next training step: TensorFlow's reads are
   copy-on-write, so the first in-place update of a variable whose snapshot is still
   being written copies its buffer. ``blocked+cow`` is what training loses per save.
+  asupervisor stages the variables into buffers kept from one save to the next (a
+  memcpy at the boundary, no copy-on-write after), from the second save on.
+* ``training-thread cost``: ``blocked+cow`` against ``memcpy`` (numpy copies of the
+  same state into reused buffers, the floor of a consistent in-memory copy) and against
+  TensorFlow's own async checkpoint (``CheckpointOptions(
+  experimental_enable_async_checkpoint=True)``, ``Checkpoint.write``: its blocked time
+  plus the next step's copy-on-write), in the same rounds.
 * ``durable``: from the snapshot until the checkpoint is committed (files fsynced,
   renamed, directory fsynced, ``checkpoint`` state file replaced; retention's deletions
   come after), against writing the same bytes with numpy plus ``fsync``. The two
@@ -47,6 +54,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np
 import tensorflow as tf
 
 from asupervisor._checkpoint._manager import Checkpointer
@@ -73,6 +81,7 @@ def train_step(variables: list[tf.Variable]) -> float:
 
 
 _ONES: dict[int, tf.Tensor] = {}
+STAGING = True  # --no-staging: copy-on-write snapshots only (the A/B of staging)
 
 
 def med(xs: list[float]) -> float:
@@ -101,7 +110,7 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
     # (or TF's unsynced) files.
     arrays = [v.numpy() for v in variables]
     asv_dir = root / f"asv-{size_mb}"
-    checkpointer = Checkpointer(ckpt, asv_dir, max_to_keep=2)
+    checkpointer = Checkpointer(ckpt, asv_dir, max_to_keep=2, staging=STAGING)
     checkpointer.prepare()
     raw, blocked, cow, durable = [], [], [], []
     for i in range(repeats + 1):
@@ -128,7 +137,28 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         assert checkpointer.last_commit_secs is not None
         durable.append(checkpointer.last_commit_secs)  # write, fsync, publish, state file
         del snap
-    del arrays
+    # the floor: one memcpy of the state into buffers kept (and touched) across rounds;
+    # TF's own async checkpoint (blocked + the next step's copy-on-write), alternating
+    buffers = [np.ones_like(a) for a in arrays]
+    async_options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
+    async_ckpt = tf.train.Checkpoint(vars=variables, global_step=ckpt.global_step)
+    memcpy, tf_async = [], []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        for b, a in zip(buffers, arrays):
+            np.copyto(b, a)
+        memcpy.append(time.perf_counter() - t0)
+        train_step(variables)
+        t0 = time.perf_counter()
+        async_ckpt.write(str(root / f"tf-async-{size_mb}-{i}"), options=async_options)
+        blocked_async = time.perf_counter() - t0
+        tf_async.append(blocked_async + max(train_step(variables) - base_step, 0.0))
+        async_ckpt.sync()
+        shutil.rmtree(root / f"tf-async-{size_mb}-{i}", ignore_errors=True)
+        for leftover in root.glob(f"tf-async-{size_mb}-{i}*"):
+            leftover.unlink()
+    del arrays, buffers
+    costs = [b + max(c, 0.0) for b, c in zip(blocked[1:], cow[1:])]  # what training loses per save
 
     # restore: plain TF vs asupervisor, alternating, warm cache; a restore is short, so
     # more rounds than saves (a ~1 ms difference needs them on a noisy machine)
@@ -150,6 +180,12 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         "blocked_first": blocked[0],
         "blocked_steady": med(blocked[1:]),
         "cow": med(cow[1:]),
+        "cost": med(costs),
+        "cost_lo": min(costs),
+        "cost_hi": max(costs),
+        "memcpy": med(memcpy[1:]),
+        "tf_async": med(tf_async[1:]),
+        "staging_mb": checkpointer._staging.nbytes / MB if checkpointer._staging is not None else 0.0,
         "durable": med(durable[1:]),
         "raw": med(raw[1:]),
         "restore_plain": med(plain),
@@ -215,7 +251,10 @@ def main() -> None:
     parser.add_argument("--bp-size", type=int, default=64, help="back-pressure: state size in MB (64)")
     parser.add_argument("--bp-every", type=int, default=10, help="back-pressure: save every N steps (10)")
     parser.add_argument("--bp-steps", type=int, default=300, help="back-pressure: steps timed (300)")
+    parser.add_argument("--no-staging", action="store_true", help="copy-on-write snapshots, no staging buffers")
     args = parser.parse_args()
+    global STAGING
+    STAGING = not args.no_staging
     sizes = args.sizes or ([16, 128] if args.quick else [16, 128, 512])
     repeats = args.repeats or (3 if args.quick else 7)
     logging.getLogger("asupervisor").propagate = False  # quiet: events are counted, not printed
@@ -229,8 +268,10 @@ def main() -> None:
         )
         print(header)
         print("-" * len(header))
+        results = []
         for size in sizes:
             r = bench_size(size, repeats, root)
+            results.append((size, r))
             ms = {k: v * 1000 for k, v in r.items()}
             print(
                 f"{size:>5} | {ms['tf_steady']:8.1f} {ms['tf_first']:8.1f} | {ms['blocked_steady']:8.2f} "
@@ -238,6 +279,18 @@ def main() -> None:
                 f"{(r['blocked_steady'] + max(r['cow'], 0)) / r['tf_steady']:6.3f} | {ms['durable']:8.1f} "
                 f"{ms['raw']:7.1f} {r['durable'] / r['raw']:6.2f} | {ms['restore_asv']:8.1f} "
                 f"{ms['restore_plain']:7.1f} {r['restore_asv'] / r['restore_plain']:6.2f}",
+                flush=True,
+            )
+        print(
+            f"\ntraining-thread cost per save (blocked + the next step's copy-on-write), ms\n"
+            f"{'MB':>5} | {'asv':>7} {'(range)':>15} {'memcpy':>7} {'ratio':>6} | {'tf async':>8} {'ratio':>6} | staging MB"
+        )
+        for size, r in results:
+            ms = {k: v * 1000 for k, v in r.items()}
+            print(
+                f"{size:>5} | {ms['cost']:7.1f} {ms['cost_lo']:7.1f}-{ms['cost_hi']:<7.1f} {ms['memcpy']:7.1f} "
+                f"{r['cost'] / r['memcpy']:6.2f} | {ms['tf_async']:8.1f} {r['tf_async'] / r['memcpy']:6.2f} | "
+                f"{r['staging_mb']:.0f}",
                 flush=True,
             )
         if not args.no_backpressure:

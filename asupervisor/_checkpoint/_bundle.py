@@ -107,6 +107,12 @@ def self_check() -> bool:
         return _checked[0]
 
 
+def checked() -> bool | None:
+    """The verdict of :func:`self_check` if it has run in this process, else ``None``
+    (without running it)."""
+    return _checked[0] if _checked else None
+
+
 def _self_check_tensors(tf_: Any) -> dict[str, Any]:
     values: dict[str, Any] = {
         "scalar": tf_.constant(1.25, tf_.float32),

@@ -26,7 +26,7 @@ from .._core._status import CheckpointInfo
 from .._exceptions import CheckpointError
 from .._logging import describe, get_logger
 from .._tf import tf
-from . import _restore, _snapshot, _write
+from . import _bundle, _restore, _snapshot, _write
 from ._iterator_state import ITERATOR_ATTR
 from ._policies import AnyKeepPolicy, KeepPolicy, LatestN, keep_policy_for
 from ._walk_cache import WalkCache
@@ -55,6 +55,11 @@ class Checkpointer:
         keep_policy: retention as a policy object (:mod:`._policies`), instead of the two
             numbers above.
         wall_clock: wall-clock time for commit timestamps (``time.time``).
+        staging: copy the variables into staging buffers kept for the session at each
+            snapshot (one memcpy on the step thread, no copy-on-write in the next step;
+            the buffers cost the state's size in host memory), :mod:`._snapshot`.
+            Effective once the native bundle writer has passed its self-check (from the
+            second save of a process); ``False``: copy-on-write snapshots only.
     """
 
     def __init__(
@@ -67,6 +72,7 @@ class Checkpointer:
         keep_checkpoint_every_n_hours: float | None = None,
         keep_policy: KeepPolicy | None = None,
         wall_clock: Callable[[], float] = time.time,
+        staging: bool = True,
     ) -> None:
         self.checkpoint = checkpoint
         self.logdir = Path(logdir)
@@ -87,6 +93,8 @@ class Checkpointer:
         self._lock = threading.Lock()
         self._owner = False  # whether this process writes the directory (prepare() was called)
         self._walks = WalkCache()  # step thread only
+        self._staging = _snapshot.Staging() if staging else None
+        self._staging_logged = 0  # bytes of staging buffers last logged
         self._abandon = threading.Event()  # set by abandon(): writes give up
 
     # -- step thread ---------------------------------------------------------------
@@ -210,9 +218,25 @@ class Checkpointer:
         """Snapshot the state at ``step``; ``None`` if that step is already saved."""
         if step == self.last_snapshot_step:
             return None
-        snap = _snapshot.take_snapshot(self.checkpoint, step, self._walks)
+        snap = _snapshot.take_snapshot(self.checkpoint, step, self._walks, self._staging_ready())
         self.last_snapshot_step = step
         return snap
+
+    def _staging_ready(self) -> _snapshot.Staging | None:
+        """The staging buffers, if snapshots are to be staged now: not before the native
+        writer has proven itself (``SaveV2`` would need tensors again)."""
+        if self._staging is None or not (_write._NATIVE_WRITER and _bundle.checked()):
+            return None
+        return self._staging
+
+    def _prepare_staging(self, snapshot: _snapshot.Snapshot) -> None:
+        """On the writer thread after a save: have the staging buffers ready for the next."""
+        staging = self._staging_ready()
+        if staging is None or any(isinstance(t, _snapshot.Staged) for t in snapshot.tensors):
+            return
+        if staging.prepare(snapshot.tensors) and staging.nbytes != self._staging_logged:
+            self._staging_logged = staging.nbytes
+            log.info("checkpoint.staging", bytes=staging.nbytes, step=snapshot.step)
 
     def track_iterator(self, dataset: Any, mode: bool | None = None) -> Any:
         """An iterator over ``dataset``, part of the checkpoint as ``mode`` says.
@@ -379,6 +403,7 @@ class Checkpointer:
             deleted=delete or None,
         )
         self._report_iterator_share(info.path)
+        self._prepare_staging(snapshot)
         return info
 
     def _plan(

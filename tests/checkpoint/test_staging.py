@@ -1,0 +1,168 @@
+"""Staged snapshots: variables copied into reused buffers at the step boundary.
+
+The copy must hold exactly the values at the boundary (later in-place updates do not
+reach it), TF's own reader must read the checkpoint written from it, the buffers must be
+reused (no allocation per save) and never be shared by two live snapshots.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from asupervisor._checkpoint import _bundle, _snapshot
+from asupervisor._checkpoint._manager import Checkpointer
+from asupervisor.testing import capture_logs
+
+pytestmark = [
+    pytest.mark.usefixtures("no_new_threads"),
+    pytest.mark.skipif(not _bundle.available(), reason="google-crc32c's C library is not installed"),
+]
+
+
+def mixed_state() -> dict[str, Any]:
+    """Staged kinds (numbers of rank >= 1, bfloat16, bool) and unstaged ones (scalars, strings)."""
+    return {
+        "f32": tf.Variable(tf.random.uniform([37, 5], seed=1)),
+        "bf16": tf.Variable(tf.constant([0.5, 3.0, -1.0], tf.bfloat16)),
+        "i64": tf.Variable(tf.constant([-(2**40), 7], tf.int64)),
+        "u8": tf.Variable(tf.constant([[1, 255]], tf.uint8)),
+        "flag": tf.Variable([True, False]),
+        "empty": tf.Variable(tf.zeros([0, 4])),
+        "scalar": tf.Variable(2.5),
+        "strings": tf.Variable(tf.constant([b"", b"a\x00b"])),
+    }
+
+
+def values(state: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {k: np.array(v.numpy()) for k, v in state.items()}
+
+
+def bump(state: dict[str, Any]) -> None:
+    """An in-place update of every variable, as a training step does."""
+    for v in state.values():
+        if v.dtype == tf.bool:
+            v.assign(tf.logical_not(v))
+        elif v.dtype == tf.string:
+            v.assign(tf.strings.join([v, b"!"]))
+        else:
+            v.assign_add(tf.ones_like(v))
+
+
+def staged_count(snap: _snapshot.Snapshot) -> int:
+    return sum(isinstance(t, _snapshot.Staged) for t in snap.tensors)
+
+
+def prepared(ckpt: Any) -> _snapshot.Staging:
+    """Staging buffers made ready from a first (copy-on-write) snapshot, as the writer does."""
+    staging = _snapshot.Staging()
+    first = _snapshot.take_snapshot(ckpt, 1, staging=staging)
+    assert staged_count(first) == 0  # not prepared yet: never allocate on the step thread
+    assert staging.prepare(first.tensors)
+    return staging
+
+
+def test_a_staged_snapshot_holds_the_boundary_values_and_tf_reads_them(tmp_path: Path) -> None:
+    """Staged values are the values at the boundary, whatever the next steps do, and a
+    checkpoint written from them reads back in plain TF, value for value."""
+    state = mixed_state()
+    ckpt = tf.train.Checkpoint(**state)
+    staging = prepared(ckpt)
+    at_boundary = values(state)
+    snap = _snapshot.take_snapshot(ckpt, 2, staging=staging)
+    assert staged_count(snap) == 6  # f32, bf16, i64, u8, flag, empty; not the scalars nor strings
+    bump(state)
+    bump(state)
+    keys = list(range(len(snap.keys)))
+    _bundle.write_bundle(str(tmp_path / "ckpt"), snap.keys, snap.tensors, [keys])
+    reader = tf.train.load_checkpoint(str(tmp_path / "ckpt"))
+    for name, want in at_boundary.items():
+        got = reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE")
+        assert np.asarray(got).dtype == want.dtype and np.asarray(got).tolist() == want.tolist(), name
+
+
+def test_staging_buffers_are_reused_and_never_shared_by_two_live_snapshots() -> None:
+    """The buffers serve one snapshot at a time: a snapshot taken while another holds them
+    is copy-on-write (and still right); once the holder is gone the next one reuses the
+    very same memory."""
+    state = mixed_state()
+    ckpt = tf.train.Checkpoint(**state)
+    staging = prepared(ckpt)
+    size = staging.nbytes
+    a = _snapshot.take_snapshot(ckpt, 2, staging=staging)
+    a_values = {k: np.array(t) for k, t in zip(a.keys, a.tensors) if isinstance(t, _snapshot.Staged)}
+    buffers = [t.array for t in a.tensors if isinstance(t, _snapshot.Staged)]
+    bump(state)
+    b = _snapshot.take_snapshot(ckpt, 3, staging=staging)
+    assert staged_count(b) == 0
+    b_f32 = dict(zip(b.keys, b.tensors))["f32/.ATTRIBUTES/VARIABLE_VALUE"]
+    np.testing.assert_array_equal(np.asarray(b_f32), state["f32"].numpy())
+    for key, value in zip(a.keys, a.tensors):  # b did not write into a's buffers
+        if key in a_values:
+            assert np.array(value).tobytes() == a_values[key].tobytes(), key
+    del a
+    gc.collect()
+    bump(state)
+    c = _snapshot.take_snapshot(ckpt, 4, staging=staging)
+    again = [t.array for t in c.tensors if isinstance(t, _snapshot.Staged)]
+    assert len(again) == len(buffers) and all(x is y for x, y in zip(again, buffers))
+    assert staging.nbytes == size
+    c_f32 = dict(zip(c.keys, c.tensors))["f32/.ATTRIBUTES/VARIABLE_VALUE"]
+    np.testing.assert_array_equal(np.asarray(c_f32), state["f32"].numpy())
+
+
+def test_a_large_state_is_copied_in_parallel_pieces_exactly() -> None:
+    """Above the parallel threshold the copy is split in pieces over threads (joined before
+    the snapshot returns): every byte lands, odd sizes and piece boundaries included."""
+    rng = np.random.default_rng(0)
+    big = tf.Variable(rng.standard_normal(5_000_003).astype(np.float32))  # ~20 MB, not a piece multiple
+    odd = tf.Variable(rng.integers(0, 255, (3 << 20) + 1, dtype=np.uint8))
+    ckpt = tf.train.Checkpoint(big=big, odd=odd)
+    staging = prepared(ckpt)
+    want = {"big": big.numpy().copy(), "odd": odd.numpy().copy()}
+    assert sum(v.nbytes for v in want.values()) > _snapshot._COPY_PARALLEL_MIN
+    snap = _snapshot.take_snapshot(ckpt, 2, staging=staging)
+    big.assign_add(tf.ones_like(big))
+    got = dict(zip(snap.keys, snap.tensors))
+    for name, value in want.items():
+        staged = got[f"{name}/.ATTRIBUTES/VARIABLE_VALUE"]
+        assert isinstance(staged, _snapshot.Staged)
+        assert np.asarray(staged).tobytes() == value.tobytes(), name
+
+
+@pytest.mark.parametrize("staging", [True, False])
+def test_the_checkpointer_stages_from_its_second_save(tmp_path: Path, staging: bool) -> None:
+    """The first save is copy-on-write and readies the buffers on the writer thread (logged
+    with their size); from the second on saves are staged; each restores the values of its
+    step. ``staging=False`` never stages."""
+    state = mixed_state()
+    ckpt = tf.train.Checkpoint(**state)
+    checkpointer = Checkpointer(ckpt, tmp_path, staging=staging)
+    checkpointer.prepare()
+    saved = {}
+    counts = []
+    with capture_logs() as logs:
+        for step in (1, 2, 3):
+            bump(state)
+            snap = checkpointer.snapshot(step)
+            assert snap is not None
+            counts.append(staged_count(snap))
+            saved[step] = values(state)
+            bump(state)  # training goes on while the writer writes
+            checkpointer.write(snap)
+            del snap
+    staged_bytes = [e["bytes"] for e in logs if e["event"] == "checkpoint.staging"]
+    if staging:
+        assert counts == [0, 6, 6]
+        assert staged_bytes == [sum(v.nbytes for k, v in saved[1].items() if k not in ("scalar", "strings"))]
+    else:
+        assert counts == [0, 0, 0] and staged_bytes == []
+    for step in (2, 3):
+        reader = tf.train.load_checkpoint(str(tmp_path / f"model.ckpt-{step}"))
+        for name, want in saved[step].items():
+            assert np.asarray(reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE")).tolist() == want.tolist()
