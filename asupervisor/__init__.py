@@ -45,6 +45,7 @@ from ._checkpoint._policies import KeepPolicy as KeepPolicy
 from ._checkpoint._policies import LatestN as LatestN
 from ._checkpoint._policies import OnStartup as OnStartup
 from ._checkpoint._policies import OnStop as OnStop
+from ._checkpoint._policies import OverheadBudget as OverheadBudget
 from ._checkpoint._policies import SaveMoment as SaveMoment
 from ._checkpoint._policies import SavePolicy as SavePolicy
 from ._checkpoint._watch import CheckpointWatcher as CheckpointWatcher
@@ -108,6 +109,7 @@ __all__ = [
     "NanTensorHook",
     "OnStartup",
     "OnStop",
+    "OverheadBudget",
     "ProfilerHook",
     "QueueRunner",
     "QueueStatistics",

@@ -44,5 +44,6 @@ def session_parts(config: SupervisorConfig) -> list[SessionPart]:
             or save_policy_for(config.save_model_secs, config.save_model_steps, multi_worker=config.multi_worker),
             keep_policy=config.keep_policy or keep_policy_for(config.max_to_keep, config.keep_checkpoint_every_n_hours),
             when_busy=config.checkpoint_when_busy,
+            staging=config.checkpoint_staging,
         ),
     ]

@@ -50,7 +50,7 @@ class SupervisorConfig:
     local_init_fn: Callable[[], Any] | None = None
     ready_fn: Callable[[], Iterable[str]] | None = None
     checkpoint_basename: str = "model.ckpt"
-    save_model_secs: float = 600
+    save_model_secs: float | str = 600  # or "auto": OverheadBudget()
     save_model_steps: int | None = None
     max_to_keep: int | None = 5
     keep_checkpoint_every_n_hours: float | None = None
@@ -63,6 +63,7 @@ class SupervisorConfig:
     stop_grace_secs: float = 120
     #: what a periodic save does while the previous write is in flight: "wait" or "skip"
     checkpoint_when_busy: str = "wait"
+    checkpoint_staging: bool = True
     hooks: Sequence[SessionRunHook] = ()
     #: a live progress display on stderr
     progress: bool = False
@@ -108,7 +109,14 @@ class SupervisorConfig:
             raise ValueError(
                 f"checkpoint_basename must be a file name, got {self.checkpoint_basename!r}"
             )
-        _check_secs("save_model_secs", self.save_model_secs)
+        if isinstance(self.save_model_secs, str):
+            if self.save_model_secs != "auto":
+                raise TypeError(
+                    f"save_model_secs must be a number of seconds or 'auto' (an overhead budget), "
+                    f"got {self.save_model_secs!r}"
+                )
+        else:
+            _check_secs("save_model_secs", self.save_model_secs)
         _check_secs("save_summaries_secs", self.save_summaries_secs)
         _check_secs("recovery_wait_secs", self.recovery_wait_secs)
         _check_secs("stop_grace_secs", self.stop_grace_secs, allow_inf=True)
@@ -151,6 +159,8 @@ class SupervisorConfig:
                 )
         if not isinstance(self.progress, bool):
             raise TypeError(f"progress must be True or False, got {self.progress!r}")
+        if not isinstance(self.checkpoint_staging, bool):
+            raise TypeError(f"checkpoint_staging must be True or False, got {self.checkpoint_staging!r}")
         if self.checkpoint_when_busy not in ("wait", "skip"):
             raise ValueError(f"checkpoint_when_busy must be 'wait' or 'skip', got {self.checkpoint_when_busy!r}")
         hooks = tuple(self.hooks)
@@ -169,7 +179,7 @@ class SupervisorConfig:
             self.multi_worker
             and self.save_policy is None
             and self.logdir is not None
-            and self.save_model_secs > 0
+            and (isinstance(self.save_model_secs, str) or self.save_model_secs > 0)
             and self.save_model_steps is None
         ):
             assert self.cluster is not None

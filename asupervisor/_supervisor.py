@@ -45,7 +45,9 @@ class Supervisor:
         ready_fn: returns the names of what is not ready; a non-empty answer fails
             start-up with ``RuntimeError``.
         checkpoint_basename: checkpoint files are ``<logdir>/<basename>-<step>.*``.
-        save_model_secs: seconds between checkpoints; 0 disables timed checkpoints. Not
+        save_model_secs: seconds between checkpoints; 0 disables timed checkpoints.
+            ``"auto"``: as often as keeps training's measured slowdown under 2 %
+            (``asv.OverheadBudget``; its own ``save_policy`` for another budget). Not
             used in multi-worker training, which needs ``save_model_steps``.
         save_model_steps: steps between checkpoints, or ``None``.
         save_policy: when to save as a policy object (``asv.EverySteps``,
@@ -69,6 +71,10 @@ class Supervisor:
             write is in flight waits for it (back-pressure), so every multiple of
             ``save_model_steps`` is saved; timed saves coalesce into one once the writer
             is free. ``"skip"``: such saves are skipped (logged ``checkpoint.skipped``).
+        checkpoint_staging: copy the state into buffers kept for the session at each
+            snapshot (one memcpy at the step boundary, no copy-on-write in the next
+            step); costs the state's size in host memory. ``False``: copy-on-write
+            snapshots only (no extra memory, a slower next step after each save).
         hooks: per-step ``SessionRunHook`` objects.
         progress: a live progress display on stderr: one line updated in place on a
             terminal (step, steps/sec, loss and other scalars, ETA, last checkpoint),
@@ -97,7 +103,7 @@ class Supervisor:
         local_init_fn: Callable[[], Any] | None = None,
         ready_fn: Callable[[], Iterable[str]] | None = None,
         checkpoint_basename: str = "model.ckpt",
-        save_model_secs: float = 600,
+        save_model_secs: float | str = 600,
         save_model_steps: int | None = None,
         save_policy: SavePolicy | None = None,
         max_to_keep: int | None = 5,
@@ -107,6 +113,7 @@ class Supervisor:
         recovery_wait_secs: float = 30,
         stop_grace_secs: float = 120,
         checkpoint_when_busy: str = "wait",
+        checkpoint_staging: bool = True,
         hooks: Sequence[SessionRunHook] = (),
         progress: bool = False,
         handle_signals: bool = True,
@@ -133,6 +140,7 @@ class Supervisor:
             recovery_wait_secs=recovery_wait_secs,
             stop_grace_secs=stop_grace_secs,
             checkpoint_when_busy=checkpoint_when_busy,
+            checkpoint_staging=checkpoint_staging,
             hooks=hooks,
             progress=progress,
             handle_signals=handle_signals,

@@ -29,6 +29,10 @@ the first raw write is left out likewise):
 * ``restore``: asupervisor's restore (state file, model check, restore) against plain
   ``tf.train.Checkpoint.restore`` of the same checkpoint, both with a warm page cache,
   alternating, over four times as many rounds as saves (at least 30).
+* ``cold restore``: the same two, and a raw read of the checkpoint's files (8 MiB
+  ``readv`` calls, one thread, as ``cat`` would), each after dropping the files from the
+  page cache (``posix_fadvise(DONTNEED)``; they are clean, so the kernel does drop them),
+  alternating, as many rounds as saves. Linux only.
 
 Then, unless ``--no-backpressure``, what back-pressure costs when saves are due faster
 than the disk writes them (``--bp-size`` MB state, a save every ``--bp-every`` steps of
@@ -43,6 +47,7 @@ from __future__ import annotations
 import argparse
 import collections
 import logging
+import math
 import os
 import shutil
 import statistics
@@ -172,9 +177,28 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         restore_latest(ckpt, asv_dir)
         ours.append(time.perf_counter() - t0)
 
+    cold_raw, cold_plain, cold_ours = [], [], []
+    files = sorted(str(p) for p in asv_dir.glob(Path(latest).name + ".*"))
+    if hasattr(os, "posix_fadvise"):
+        for _ in range(repeats):
+            for out, fn in (
+                (cold_raw, lambda: _read_files(files)),
+                (cold_plain, lambda: ckpt.restore(latest).expect_partial()),
+                (cold_ours, lambda: restore_latest(ckpt, asv_dir)),
+            ):
+                _drop_cache(files)
+                t0 = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t0)
+
     shutil.rmtree(tf_dir, ignore_errors=True)
     shutil.rmtree(asv_dir, ignore_errors=True)
     return {
+        "cold_raw": med(cold_raw),
+        "cold_plain": med(cold_plain),
+        "cold_asv": med(cold_ours),
+        "cold_asv_lo": min(cold_ours, default=math.nan),
+        "cold_asv_hi": max(cold_ours, default=math.nan),
         "tf_first": tf_saves[0],
         "tf_steady": med(tf_saves[1:]),
         "blocked_first": blocked[0],
@@ -191,6 +215,30 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         "restore_plain": med(plain),
         "restore_asv": med(ours),
     }
+
+
+def _drop_cache(paths: list[str]) -> None:
+    """Drop ``paths`` (written and synced, so clean) from the page cache."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+_READ_BUFFER = bytearray(8 * MB)
+
+
+def _read_files(paths: list[str]) -> None:
+    """Read ``paths`` whole, in 8 MiB pieces, one after the other."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while os.readv(fd, [_READ_BUFFER]):
+                pass
+        finally:
+            os.close(fd)
 
 
 def bench_backpressure(size_mb: int, every: int, steps: int, root: Path) -> dict[str, dict[str, float]]:
@@ -291,6 +339,14 @@ def main() -> None:
                 f"{size:>5} | {ms['cost']:7.1f} {ms['cost_lo']:7.1f}-{ms['cost_hi']:<7.1f} {ms['memcpy']:7.1f} "
                 f"{r['cost'] / r['memcpy']:6.2f} | {ms['tf_async']:8.1f} {r['tf_async'] / r['memcpy']:6.2f} | "
                 f"{r['staging_mb']:.0f}",
+                flush=True,
+            )
+        print(f"\ncold restore (page cache dropped before each), ms\n{'MB':>5} | {'raw read':>8} | {'plain TF':>8} {'ratio':>6} | {'asv':>7} {'(range)':>15} {'ratio':>6}")
+        for size, r in results:
+            ms = {k: v * 1000 for k, v in r.items()}
+            print(
+                f"{size:>5} | {ms['cold_raw']:8.1f} | {ms['cold_plain']:8.1f} {r['cold_plain'] / r['cold_raw']:6.2f} | "
+                f"{ms['cold_asv']:7.1f} {ms['cold_asv_lo']:7.1f}-{ms['cold_asv_hi']:<7.1f} {r['cold_asv'] / r['cold_raw']:6.2f}",
                 flush=True,
             )
         if not args.no_backpressure:

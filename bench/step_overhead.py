@@ -5,6 +5,11 @@
     (784-256-256-10, batch 64). Goal: <= 1.05x tiny, <= 1.02x MLP.
 (b) the overhead of one ``await sess.run(step)`` over calling ``step()`` directly, next to
     the overhead of ``await anyio.to_thread.run_sync(step)``. Goal: ours <= 0.5x anyio's.
+    Beside them, in the same rounds, the **floor**: the least a hand-off to another
+    thread and back can cost on this event loop, a thread blocked on a ``SimpleQueue``
+    running the step and waking the loop with its own thread-safe call (asyncio:
+    ``call_soon_threadsafe`` on a bare future; trio: ``run_sync_soon`` setting an
+    ``Event``), no cancellation, no error handling, no ordering with other work.
 
 Repetitions alternate between the contenders so that a noisy neighbour hurts both; the
 figures are medians. Run: ``.venv/bin/python bench/step_overhead.py [--quick]``.
@@ -13,8 +18,10 @@ figures are medians. Run: ``.venv/bin/python bench/step_overhead.py [--quick]``.
 from __future__ import annotations
 
 import argparse
+import queue
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,14 +63,68 @@ async def loop_ratio(name: str, make: Any, n: int, reps: int, logdir: str) -> fl
     return o / b
 
 
+class MinimalHandoff:
+    """The floor of a thread hand-off on the running event loop (see the module docstring)."""
+
+    def __init__(self) -> None:
+        import sniffio
+
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._backend = sniffio.current_async_library()
+        if self._backend == "trio":
+            import trio
+
+            self._token = trio.lowlevel.current_trio_token()
+        else:
+            import asyncio
+
+            self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._work, name="bench-floor")
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            fn, done = job
+            done(fn())
+
+    async def call(self, fn: Any) -> Any:
+        if self._backend == "trio":
+            import trio
+
+            event, box = trio.Event(), []
+
+            def done(result: Any) -> None:
+                box.append(result)
+                self._token.run_sync_soon(event.set)
+
+            self._queue.put((fn, done))
+            await event.wait()
+            return box[0]
+        future = self._loop.create_future()
+        self._queue.put((fn, lambda result: self._loop.call_soon_threadsafe(future.set_result, result)))
+        return await future
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+
 async def call_overheads(n: int, reps: int) -> float:
     step, _ = tiny_step()
     for _ in range(3):
         step()
     sv = asv.Supervisor(None, handle_signals=False, save_summaries_secs=0)
-    direct, ours, theirs = [], [], []
+    direct, ours, theirs, floor = [], [], [], []
+    minimal = MinimalHandoff()
     async with sv.managed_session() as sess:
         for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                await minimal.call(step)
+            floor.append((time.perf_counter() - t0) / n)
             direct.append(bare_loop(step, n))
             t0 = time.perf_counter()
             for _ in range(n):
@@ -73,11 +134,14 @@ async def call_overheads(n: int, reps: int) -> float:
             for _ in range(n):
                 await anyio.to_thread.run_sync(step)
             theirs.append((time.perf_counter() - t0) / n)
-    d, o, t = median(direct), median(ours), median(theirs)
+    minimal.close()
+    d, o, t, f = median(direct), median(ours), median(theirs), median(floor)
     print(
         f"  direct {d * 1e6:7.1f} us   sess.run {o * 1e6:7.1f} us (+{(o - d) * 1e6:.1f})   "
         f"to_thread.run_sync {t * 1e6:7.1f} us (+{(t - d) * 1e6:.1f})   "
-        f"overhead ratio {(o - d) / (t - d):.2f}x"
+        f"floor {f * 1e6:7.1f} us (+{(f - d) * 1e6:.1f})\n"
+        f"  overhead ratio: sess.run / to_thread {(o - d) / (t - d):.2f}x   floor / to_thread {(f - d) / (t - d):.2f}x   "
+        f"sess.run / floor {(o - d) / (f - d):.2f}x"
     )
     return (o - d) / (t - d)
 

@@ -12,17 +12,18 @@ snapshots, writes and restores in :mod:`._manager`. Never imports another featur
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .._core._abc import SessionAttribute, SessionPart
 from .._logging import get_logger
 from .._tf import tf
 from ._manager import Checkpointer, write_checkpoint_now
 from ._multi_worker import WorkerTempWriter
-from ._policies import KeepPolicy, SaveMoment, SavePolicy, every_secs, every_steps
+from ._policies import KeepPolicy, SaveMoment, SavePolicy, every_secs, every_steps, observes_save_cost
 from ._saver import CheckpointSaver, CheckpointService
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class CheckpointPart(SessionPart):
             for hooks).
         keep_policy: which checkpoints retention keeps.
         when_busy: ``checkpoint_when_busy``.
+        staging: ``checkpoint_staging`` (:class:`Checkpointer`'s ``staging``).
     """
 
     name = "checkpoint"
@@ -72,6 +74,7 @@ class CheckpointPart(SessionPart):
         save_policy: SavePolicy | None,
         keep_policy: KeepPolicy,
         when_busy: str,
+        staging: bool = True,
     ) -> None:
         self.logdir = None if logdir is None else Path(logdir)
         self.basename = basename
@@ -81,6 +84,7 @@ class CheckpointPart(SessionPart):
         self.save_policy = save_policy
         self.keep_policy = keep_policy
         self.when_busy = when_busy
+        self.staging = staging
         self.checkpointer: Checkpointer | None = None
         self.saver: CheckpointSaver | None = None
         self._restored_from: str | None = None
@@ -189,6 +193,7 @@ class CheckpointPart(SessionPart):
             self.logdir,
             basename=self.basename,
             keep_policy=self.keep_policy,
+            staging=self.staging,
         )
         worker_writer = None
         if self.is_chief:
@@ -211,8 +216,16 @@ class CheckpointPart(SessionPart):
                 write=None if worker_writer is None else worker_writer.write,
                 multi_worker=self.multi_worker,
                 when_busy=self.when_busy,
+                on_save_cost=self._save_cost_observer(),
             )
         return path
+
+    def _save_cost_observer(self) -> Callable[[float], float | None] | None:
+        """The save policy's ``observe_save_cost`` when its timer adapts to save costs."""
+        policy = self.save_policy
+        if policy is None or not observes_save_cost(policy):
+            return None
+        return cast("Callable[[float], float | None]", getattr(policy, "observe_save_cost"))  # noqa: B009
 
     async def settle(self, ctx: SessionContext) -> None:
         """Before a recovery's restore: a checkpoint being written is the one to restore."""
@@ -236,10 +249,11 @@ class CheckpointPart(SessionPart):
         if self.saver is None or policy is None:
             return []  # saving disabled: no start-up, timed or final checkpoint
         start = self._moment(ctx, "startup")
+        adaptive = observes_save_cost(policy)
         return [
             CheckpointService(
                 self.saver,
-                every_secs(policy) or 0,
+                (lambda: every_secs(policy) or math.inf) if adaptive else every_secs(policy) or 0,
                 save_at_start=policy.should_save(start),
                 at_tick=lambda: policy.should_save(self._moment(ctx, "tick")),
             )

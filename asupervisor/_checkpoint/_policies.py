@@ -40,6 +40,9 @@ from __future__ import annotations
 
 import enum
 import math
+import statistics
+import threading
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -59,6 +62,7 @@ __all__ = [
     "LatestN",
     "OnStartup",
     "OnStop",
+    "OverheadBudget",
     "SaveMoment",
     "SavePolicy",
 ]
@@ -311,6 +315,79 @@ class EverySeconds:
         return moment.kind == "tick"
 
 
+class OverheadBudget:
+    """Save as often as keeps training's measured slowdown under ``max_overhead``
+    (``save_model_secs="auto"``: 2 %).
+
+    CheckFreq's idea (FAST '21): measure what a save costs training, then pick the
+    interval. After every save, the saver measures the training time it cost: the
+    steps done from the snapshot to the commit against the step rate before it (the
+    snapshot's blocked time, the next step's copy-on-write and the background write's
+    interference with the step loop, all together). The interval is the median of the
+    last five costs divided by the budget (aiming at 90 % of it), within ``[min_secs,
+    max_secs]``; ``min_secs`` until a cost has been measured. The saver logs
+    ``checkpoint.interval`` when the interval changes by more than 10 %. A save during
+    which training made no progress (paused, waiting for data) is not a measurement.
+
+    Args:
+        max_overhead: the share of training time checkpoints may cost (``0 < x < 1``).
+        min_secs: the shortest interval (``> 0``): a small model would otherwise be
+            saved every fraction of a second, wearing the disk for nothing.
+        max_secs: the longest interval (``>= min_secs``): how much work a crash may lose
+            at most, however costly the saves.
+    """
+
+    def __init__(self, max_overhead: float = 0.02, *, min_secs: float = 10.0, max_secs: float = 3600.0) -> None:
+        if isinstance(max_overhead, bool) or not isinstance(max_overhead, (int, float)) or not 0 < max_overhead < 1:
+            raise ValueError(f"OverheadBudget(max_overhead) must be a number in (0, 1), got {max_overhead!r}")
+        _check_positive("OverheadBudget(min_secs)", min_secs, integer=False)
+        _check_positive("OverheadBudget(max_secs)", max_secs, integer=False)
+        if max_secs < min_secs:
+            raise ValueError(f"OverheadBudget(max_secs={max_secs!r}) is below min_secs={min_secs!r}")
+        self.max_overhead = float(max_overhead)
+        self.min_secs = float(min_secs)
+        self.max_secs = float(max_secs)
+        self._costs: deque[float] = deque(maxlen=5)
+        self._interval = self.min_secs
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"OverheadBudget({self.max_overhead!r}, min_secs={self.min_secs!r}, max_secs={self.max_secs!r})"
+
+    @property
+    def every_secs(self) -> float:
+        """The current interval (it changes as saves are measured)."""
+        return self._interval
+
+    def should_save(self, moment: SaveMoment) -> bool:
+        """At every tick of the (adaptive) timer."""
+        return moment.kind == "tick"
+
+    def observe_save_cost(self, cost_secs: float) -> float | None:
+        """Take one save's measured cost to training; the new interval if it moved by
+        more than 10 %, else ``None`` (the interval may still have moved a little)."""
+        with self._lock:
+            self._costs.append(max(float(cost_secs), 0.0))
+            cost = statistics.median(self._costs)
+            wanted = cost / (0.9 * self.max_overhead)
+            interval = min(self.max_secs, max(self.min_secs, wanted))
+            old, self._interval = self._interval, interval
+        return interval if abs(interval - old) > 0.1 * old else None
+
+    @property
+    def save_cost_secs(self) -> float | None:
+        """The cost estimate behind the interval (median of the last five), if measured."""
+        with self._lock:
+            return statistics.median(self._costs) if self._costs else None
+
+
+def observes_save_cost(policy: SavePolicy) -> bool:
+    """Whether ``policy``'s timer adapts to measured save costs (``observe_save_cost``)."""
+    if isinstance(policy, AnySavePolicy):
+        return any(observes_save_cost(p) for p in policy.policies)
+    return callable(getattr(policy, "observe_save_cost", None))
+
+
 @dataclass(frozen=True)
 class OnStartup:
     """Save once at start-up when the state was initialised, not restored."""
@@ -351,9 +428,24 @@ class AnySavePolicy:
                 raise TypeError(f"AnySavePolicy takes SavePolicy objects (with should_save()), got {policy!r}")
         self.policies = policies
         steps = [s for p in policies if (s := every_steps(p)) is not None]
-        secs = [t for p in policies if (t := every_secs(p)) is not None]
         self.every_steps = math.gcd(*steps) if steps else None
-        self.every_secs = min(secs) if secs else None
+        every_secs(self)  # validated now
+
+    @property
+    def every_secs(self) -> float | None:
+        """The smallest ``every_secs`` of the policies now (an adaptive one's changes)."""
+        secs = [t for p in self.policies if (t := every_secs(p)) is not None]
+        return min(secs) if secs else None
+
+    def observe_save_cost(self, cost_secs: float) -> float | None:
+        """Hand a save's measured cost to the policies that adapt to it; the new
+        ``every_secs`` if one of them moved (see :class:`OverheadBudget`)."""
+        moved = False
+        for policy in self.policies:
+            observe = getattr(policy, "observe_save_cost", None)
+            if callable(observe) and observe(cost_secs) is not None:
+                moved = True
+        return self.every_secs if moved else None
 
     def __repr__(self) -> str:
         return f"AnySavePolicy({', '.join(map(repr, self.policies))})"
@@ -387,19 +479,23 @@ def every_secs(policy: SavePolicy) -> float | None:
     return float(value)
 
 
-def save_policy_for(save_secs: float, save_steps: int | None, *, multi_worker: bool) -> SavePolicy | None:
+def save_policy_for(save_secs: float | str, save_steps: int | None, *, multi_worker: bool) -> SavePolicy | None:
     """The policy the ``Supervisor`` keywords describe (``None``: saving disabled).
 
-    In multi-worker training the timer is not used (every worker must snapshot at the
-    same steps) and there is no start-up save.
+    ``save_secs="auto"`` is :class:`OverheadBudget` (2 %). In multi-worker training the
+    timer is not used (every worker must snapshot at the same steps) and there is no
+    start-up save.
     """
-    if save_secs <= 0 and save_steps is None:
+    auto = save_secs == "auto"
+    if not auto and float(save_secs) <= 0 and save_steps is None:
         return None
     policies: list[SavePolicy] = []
     if save_steps is not None:
         policies.append(EverySteps(save_steps))
-    if save_secs > 0 and not multi_worker:
-        policies.append(EverySeconds(save_secs))
+    if auto and not multi_worker:
+        policies.append(OverheadBudget())
+    elif not auto and float(save_secs) > 0 and not multi_worker:
+        policies.append(EverySeconds(float(save_secs)))
     if not multi_worker:
         policies.append(OnStartup())
     policies.append(OnStop())

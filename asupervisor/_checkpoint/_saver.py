@@ -100,6 +100,33 @@ class _Launched:
 SAVE_RETRY = RestartPolicy(max_restarts=2, window_secs=600.0, backoff_secs=1.0)
 
 
+class SaveCostMeter:
+    """The training time a save cost, measured by the step count (writer thread).
+
+    From the snapshot's start to the commit, training made ``s1 - s0`` steps; at the
+    step rate measured since the previous commit (undisturbed by a save) they would have
+    taken ``(s1 - s0 + 0.5) * secs_per_step`` (the half step: the commit falls inside a
+    step on average). The difference is what the save cost: the snapshot's blocked time,
+    the next step's copy-on-write, the background write's interference. ``None`` when
+    there is no baseline yet or training was not stepping (fewer than 3 steps before).
+    """
+
+    def __init__(self, steps: Callable[[], int], clock: Callable[[], float] = time.perf_counter) -> None:
+        self._steps = steps
+        self._clock = clock
+        self._last: tuple[float, int] | None = None  # (time, step) at the last commit
+
+    def committed(self, snapshot: Snapshot) -> float | None:
+        """At a commit of ``snapshot``: its cost to training in seconds, if measurable."""
+        now, s1 = self._clock(), self._steps()
+        start, s0 = snapshot.taken_at - snapshot.blocked_secs, snapshot.step
+        last, self._last = self._last, (now, s1)
+        if last is None or s0 - last[1] < 3 or start <= last[0]:
+            return None
+        secs_per_step = (start - last[0]) / (s0 - last[1])
+        return max(0.0, (now - start) - (s1 - s0 + 0.5) * secs_per_step)
+
+
 class CheckpointSaver:
     """Coordinates the saves of one session (see the module docstring).
 
@@ -113,6 +140,9 @@ class CheckpointSaver:
             being skipped while a write is in flight, final saves follow the agreed rule.
         when_busy: ``"wait"`` (back-pressure) or ``"skip"``: what a periodic save does
             while the previous write is in flight (see the module docstring).
+        on_save_cost: called on the writer thread with each committed save's measured
+            cost to training (:class:`SaveCostMeter`); returns the new timer interval if
+            it changed (logged as ``checkpoint.interval``), else ``None``.
     """
 
     def __init__(
@@ -124,6 +154,7 @@ class CheckpointSaver:
         write: Callable[..., CheckpointInfo | None] | None = None,
         multi_worker: bool = False,
         when_busy: str = "wait",
+        on_save_cost: Callable[[float], float | None] | None = None,
     ) -> None:
         if when_busy not in WHEN_BUSY:
             raise ValueError(f"checkpoint_when_busy must be 'wait' or 'skip', got {when_busy!r}")
@@ -140,6 +171,8 @@ class CheckpointSaver:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when a write ends, or on stop
         self._failures = FailureWindow(SAVE_RETRY)
+        self._on_save_cost = on_save_cost
+        self._meter = SaveCostMeter(lambda: ctx.global_step) if on_save_cost is not None else None
 
     # -- step thread -----------------------------------------------------------------
 
@@ -245,7 +278,19 @@ class CheckpointSaver:
             with self._lock:
                 self._in_flight -= 1
                 self._idle.notify_all()
+        self._measure(snap)
         return info  # None: a non-chief's temporary save
+
+    def _measure(self, snap: Snapshot) -> None:
+        """After a commit: feed the save's cost to an adaptive policy; log a new interval."""
+        if self._meter is None or self._on_save_cost is None:
+            return
+        cost = self._meter.committed(snap)
+        if cost is None:
+            return
+        interval = self._on_save_cost(cost)
+        if interval is not None:
+            log.info("checkpoint.interval", secs=round(interval, 2), save_cost_secs=round(cost, 4), step=snap.step)
 
     # -- event loop ------------------------------------------------------------------
 
@@ -284,7 +329,7 @@ class CheckpointSaver:
         self.checkpointer.abandon()
         self.wake()
 
-    async def _writer_free(self) -> None:
+    async def writer_free(self) -> None:
         """Wait (cancellably) until the writes handed over so far are done."""
         writer = self._writer
         if writer is not None:
@@ -328,7 +373,7 @@ class CheckpointSaver:
                 busy = self._in_flight > 0
             if busy:  # coalesce: one save once the writer is free (missed ticks are dropped)
                 t0 = time.perf_counter()
-                await self._writer_free()
+                await self.writer_free()
                 log.info("checkpoint.waited", reason=reason, step=self.ctx.global_step, secs=round(time.perf_counter() - t0, 4))
                 self.raise_pending()
             force = True
@@ -367,7 +412,9 @@ class CheckpointService(Service):
 
     Args:
         saver: the session's save coordinator.
-        interval_secs: seconds between timed saves; 0 for none.
+        interval_secs: seconds between timed saves; 0 for none. A callable is an
+            adaptive interval (:class:`._policies.OverheadBudget`), read again after each
+            tick: the next tick is that long after the last one (at once if that is past).
         save_at_start: take a checkpoint right away (the state was initialised).
         at_tick: asked at each tick whether to save (the save policy); always by default.
     """
@@ -378,7 +425,7 @@ class CheckpointService(Service):
     def __init__(
         self,
         saver: CheckpointSaver,
-        interval_secs: float,
+        interval_secs: float | Callable[[], float],
         *,
         save_at_start: bool,
         at_tick: Callable[[], bool] | None = None,
@@ -395,9 +442,24 @@ class CheckpointService(Service):
             self.save_at_start = False  # a restart of this service must not redo it
         task_status.started()
         ctx.set_service_state(self.name, "running")
-        if self.interval_secs <= 0:
+        interval = self.interval_secs
+        if callable(interval):
+            await self._adaptive_ticks(ctx, interval)
             return
-        first = ctx.clock.now() + self.interval_secs
-        async for _ in interval_ticks(ctx.clock, self.interval_secs, first_at=first):
-            if self.at_tick is None or self.at_tick():
-                await self.saver.save("timer")
+        if interval <= 0:
+            return
+        first = ctx.clock.now() + interval
+        async for _ in interval_ticks(ctx.clock, interval, first_at=first):
+            await self._tick()
+
+    async def _tick(self) -> None:
+        if self.at_tick is None or self.at_tick():
+            await self.saver.save("timer")
+
+    async def _adaptive_ticks(self, ctx: ServiceContext, interval: Callable[[], float]) -> None:
+        next_at = ctx.clock.now() + interval()
+        while True:
+            await ctx.clock.sleep_until(next_at)
+            await self._tick()
+            await self.saver.writer_free()  # this save's measured cost sets the next interval
+            next_at = max(next_at + interval(), ctx.clock.now())

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +92,99 @@ def test_load_checkpoint_reads_the_same_as_from_save_v2(tmp_path: Path) -> None:
         assert np.array_equal(ours.get_tensor(key), theirs.get_tensor(key)), key
     # the object graph is a string tensor in TF's encoding, read back byte for byte
     assert ours.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH") == theirs.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
+
+
+def _varint_at(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, pos
+
+
+def _block_entries(block: bytes) -> list[tuple[bytes, bytes]]:
+    """The (key, value) rows of one LevelDB table block (prefix-compressed keys)."""
+    (restarts,) = struct.unpack_from("<I", block, len(block) - 4)
+    end, pos, key, rows = len(block) - 4 - 4 * restarts, 0, b"", []
+    while pos < end:
+        shared, pos = _varint_at(block, pos)
+        own, pos = _varint_at(block, pos)
+        size, pos = _varint_at(block, pos)
+        key = key[:shared] + block[pos : pos + own]
+        pos += own
+        rows.append((key, block[pos : pos + size]))
+        pos += size
+    return rows
+
+
+def _index_entries(prefix: Path) -> dict[str, Any]:
+    """``{key: BundleEntryProto}`` of a bundle's ``.index`` (a LevelDB table), parsed
+    independently of the writer under test."""
+    from tensorflow.core.protobuf import tensor_bundle_pb2
+
+    table = (prefix.parent / f"{prefix.name}.index").read_bytes()
+    footer = table[-48:]
+    _, pos = _varint_at(footer, 0)  # the metaindex handle
+    _, pos = _varint_at(footer, pos)
+    index_offset, pos = _varint_at(footer, pos)
+    index_size, _ = _varint_at(footer, pos)
+    out = {}
+    for _, handle in _block_entries(table[index_offset : index_offset + index_size]):
+        offset, pos = _varint_at(handle, 0)
+        size, _ = _varint_at(handle, pos)
+        for key, value in _block_entries(table[offset : offset + size]):
+            if key:  # "" is the header
+                out[key.decode()] = tensor_bundle_pb2.BundleEntryProto.FromString(value)
+    return out
+
+
+_LARGE = (1 << 31) + (3 << 20)  # a tensor over 2 GiB, not a multiple of the write piece
+
+
+def _large_room(directory: Path) -> str | None:
+    """Why a >2 GiB shard cannot be tested here, or ``None``."""
+    free = shutil.disk_usage(directory).free
+    if free < 3 * _LARGE:
+        return f"{free >> 20} MiB free in {directory}: a >2 GiB shard twice needs {3 * _LARGE >> 20} MiB"
+    with open("/proc/meminfo") as f:
+        available = next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
+    if available < 5 * _LARGE:
+        return f"{available >> 20} MiB of memory available: the comparison needs {5 * _LARGE >> 20} MiB"
+    return None
+
+
+def test_a_shard_over_2_gib_reads_back_as_save_v2s(tmp_path: Path) -> None:
+    """A data file over 2 GiB (a tensor larger than 2 GiB, and tensors placed after it, at
+    offsets past 2^31): TF reads back from ours what it reads from SaveV2's, value for value,
+    and the index entries agree on dtype, shape, size and checksum."""
+    directory = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    why = _large_room(directory)
+    if why is not None:
+        pytest.skip(why)
+    work = Path(tempfile.mkdtemp(prefix="asv-large-", dir=directory))
+    try:
+        big = tf.constant(np.resize(np.arange(251, dtype=np.uint8), _LARGE))  # no page equals another
+        values = {"a_small": tf.constant([1.5, -2.0]), "b_big": big, "c_after": tf.range(1000, dtype=tf.int64)}
+        keys = list(values)
+        tensors = [values[k] for k in keys]
+        _bundle.write_bundle(str(work / "ours"), keys, tensors, [[1, 2, 0]])  # the big one first: the rest past 2 GiB
+        snap = _snapshot.Snapshot(1, keys, [""] * len(keys), tensors, 0.0, 0.0)
+        _write._save_v2(snap, str(work / "tf"), [[0, 1, 2]])
+        assert os.path.getsize(_bundle.data_path(str(work / "ours"), 0, 1)) > 1 << 31
+        ours_entries, theirs_entries = _index_entries(work / "ours"), _index_entries(work / "tf")
+        assert ours_entries["c_after"].offset > 1 << 31
+        for key in keys:
+            a, b = ours_entries[key], theirs_entries[key]
+            assert (a.dtype, a.shape, a.size, a.crc32c) == (b.dtype, b.shape, b.size, b.crc32c), key
+        del big, values, tensors, snap
+        ours, theirs = tf.train.load_checkpoint(str(work / "ours")), tf.train.load_checkpoint(str(work / "tf"))
+        for key in keys:
+            assert np.array_equal(ours.get_tensor(key), theirs.get_tensor(key)), key
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_index_over_several_table_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

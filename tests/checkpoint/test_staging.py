@@ -166,3 +166,36 @@ def test_the_checkpointer_stages_from_its_second_save(tmp_path: Path, staging: b
         reader = tf.train.load_checkpoint(str(tmp_path / f"model.ckpt-{step}"))
         for name, want in saved[step].items():
             assert np.asarray(reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE")).tolist() == want.tolist()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("staging", [True, False])
+async def test_supervisor_checkpoint_staging_reaches_the_saves(tmp_path: Path, staging: bool) -> None:
+    """Supervisor(checkpoint_staging=...) decides whether a session's saves stage (logged
+    checkpoint.staging with the buffers' size after the first save) or not; both resume
+    the last step's values."""
+    import asupervisor as asv
+
+    state = {"w": tf.Variable(tf.zeros([1000]))}
+
+    def step() -> None:
+        state["w"].assign_add(tf.ones([1000]))
+
+    sv = asv.Supervisor(
+        tmp_path, state=state, save_model_secs=0, save_model_steps=5, save_summaries_secs=0,
+        handle_signals=False, checkpoint_staging=staging,
+    )
+    with capture_logs() as logs:
+        async with sv.managed_session() as sess:
+            await sess.run_loop(step, max_steps=20)
+    sizes = [e["bytes"] for e in logs if e["event"] == "checkpoint.staging"]
+    assert sizes == ([4000] if staging else [])
+    reader = tf.train.load_checkpoint(str(tmp_path / "model.ckpt-20"))
+    assert reader.get_tensor("w/.ATTRIBUTES/VARIABLE_VALUE").tolist() == [20.0] * 1000
+
+
+def test_checkpoint_staging_must_be_a_bool() -> None:
+    import asupervisor as asv
+
+    with pytest.raises(TypeError, match=r"checkpoint_staging.*'no'"):
+        asv.Supervisor(None, checkpoint_staging="no", handle_signals=False)  # type: ignore[arg-type]
