@@ -29,6 +29,7 @@ bench: venv
 	$(PY) bench/hooks_overhead.py
 	$(PY) bench/hooks_overhead.py --backend trio
 	$(PY) bench/checkpoint.py
+	$(PY) bench/overhead_budget.py --secs 60 --rounds 2
 	$(PY) bench/native_writer.py
 	$(PY) bench/queue_runner.py
 	$(PY) bench/queue_runner.py --backend trio

@@ -288,6 +288,7 @@ class CheckpointSaver:
         cost = self._meter.committed(snap)
         if cost is None:
             return
+        log.debug("checkpoint.save_cost", secs=round(cost, 4), step=snap.step)
         interval = self._on_save_cost(cost)
         if interval is not None:
             log.info("checkpoint.interval", secs=round(interval, 2), save_cost_secs=round(cost, 4), step=snap.step)
