@@ -104,23 +104,33 @@ class SaveCostMeter:
     """The training time a save cost, measured by the step count (writer thread).
 
     From the snapshot's start to the commit, training made ``s1 - s0`` steps; at the
-    step rate measured since the previous commit (undisturbed by a save) they would have
-    taken ``(s1 - s0 + 0.5) * secs_per_step`` (the half step: the commit falls inside a
-    step on average). The difference is what the save cost: the snapshot's blocked time,
-    the next step's copy-on-write, the background write's interference. ``None`` when
-    there is no baseline yet or training was not stepping (fewer than 3 steps before).
+    step rate measured before the save they would have taken ``(s1 - s0 + 0.5) *
+    secs_per_step`` (the half step: the commit falls inside a step on average). The
+    difference is what the save cost: the snapshot's blocked time, the next step's
+    copy-on-write, the background write's interference. The rate before is taken from
+    the last :meth:`sample` (the adaptive timer takes one halfway between saves, after
+    the previous save's after-effects) or else from the previous commit. ``None`` when
+    there is no baseline yet or training was not stepping (fewer than 3 steps in it).
     """
 
     def __init__(self, steps: Callable[[], int], clock: Callable[[], float] = time.perf_counter) -> None:
         self._steps = steps
         self._clock = clock
         self._last: tuple[float, int] | None = None  # (time, step) at the last commit
+        self._mark: tuple[float, int] | None = None  # (time, step) of the last sample
+
+    def sample(self) -> None:
+        """From any thread: the baseline's start is now (training undisturbed since)."""
+        self._mark = (self._clock(), self._steps())
 
     def committed(self, snapshot: Snapshot) -> float | None:
         """At a commit of ``snapshot``: its cost to training in seconds, if measurable."""
         now, s1 = self._clock(), self._steps()
         start, s0 = snapshot.taken_at - snapshot.blocked_secs, snapshot.step
         last, self._last = self._last, (now, s1)
+        mark = self._mark
+        if mark is not None and (last is None or mark[0] > last[0]) and mark[0] < start and s0 - mark[1] >= 3:
+            last = mark  # the later baseline: clear of the previous save's after-effects
         if last is None or s0 - last[1] < 3 or start <= last[0]:
             return None
         secs_per_step = (start - last[0]) / (s0 - last[1])
@@ -280,6 +290,11 @@ class CheckpointSaver:
                 self._idle.notify_all()
         self._measure(snap)
         return info  # None: a non-chief's temporary save
+
+    def sample_baseline(self) -> None:
+        """Mark now as the start of the step-rate baseline of the next save's cost."""
+        if self._meter is not None:
+            self._meter.sample()
 
     def _measure(self, snap: Snapshot) -> None:
         """After a commit: feed the save's cost to an adaptive policy; log a new interval."""
@@ -458,9 +473,15 @@ class CheckpointService(Service):
             await self.saver.save("timer")
 
     async def _adaptive_ticks(self, ctx: ServiceContext, interval: Callable[[], float]) -> None:
-        next_at = ctx.clock.now() + interval()
+        secs = interval()
+        next_at = ctx.clock.now() + secs
         while True:
+            halfway = next_at - secs / 2
+            if halfway > ctx.clock.now():  # the step rate from here on is the next save's baseline
+                await ctx.clock.sleep_until(halfway)
+                self.saver.sample_baseline()
             await ctx.clock.sleep_until(next_at)
             await self._tick()
             await self.saver.writer_free()  # this save's measured cost sets the next interval
-            next_at = max(next_at + interval(), ctx.clock.now())
+            secs = interval()
+            next_at = max(next_at + secs, ctx.clock.now())

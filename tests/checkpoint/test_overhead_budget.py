@@ -88,6 +88,25 @@ def test_the_cost_of_a_save_is_the_training_time_it_took() -> None:
     assert meter.committed(_snap(200, 3.5, 0.0)) == 0.0  # faster than before: no cost, never negative
 
 
+def test_the_baseline_starts_at_the_last_sample_after_the_previous_commit() -> None:
+    """The timer's halfway sample starts the baseline: a slow stretch right after the
+    previous commit (that save's after-effects) does not make the next save look free."""
+    now = [0.0]
+    steps = [0]
+    meter = SaveCostMeter(lambda: steps[0], clock=lambda: now[0])
+    meter.committed(_snap(0, 0.0, 0.0))  # the previous commit, at t=0
+    steps[0], now[0] = 100, 5.0  # 50 ms a step while the previous save's effects lasted
+    meter.sample()
+    steps[0], now[0] = 240, 6.5  # 10 ms a step from the sample to the snapshot at t=6, step 200
+    cost = meter.committed(_snap(200, 6.0, 0.0))
+    assert cost == pytest.approx(0.5 - 40.5 * 0.01)  # from the commit's 30 ms/step it would read 0
+    steps[0], now[0] = 280, 7.3  # the commit was at 6.5 (step 240)
+    meter.sample()  # fewer than 3 steps before the next snapshot: not a baseline
+    steps[0], now[0] = 300, 7.7
+    cost = meter.committed(_snap(281, 7.3, 0.0))  # the baseline falls back to the commit
+    assert cost == pytest.approx(0.4 - 19.5 * (0.8 / 41))
+
+
 def big_state() -> dict[str, Any]:
     return {"big": tf.Variable(tf.zeros([8 << 20])), "w": tf.Variable(0.0)}
 
