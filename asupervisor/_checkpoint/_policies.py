@@ -321,9 +321,10 @@ class OverheadBudget:
 
     CheckFreq's idea (FAST '21): measure what a save costs training, then pick the
     interval. After every save, the saver measures the training time it cost: the
-    steps done from the snapshot to the commit against the step rate before it (the
-    snapshot's blocked time, the next step's copy-on-write and the background write's
-    interference with the step loop, all together). The interval is the median of the
+    steps done from the snapshot to the commit against the step rate before it, measured
+    from halfway between saves (the snapshot's blocked time, the next step's
+    copy-on-write and the background write's interference with the step loop, all
+    together). The interval is the median of the
     last five costs divided by the budget (aiming at 90 % of it), within ``[min_secs,
     max_secs]``; ``min_secs`` until a cost has been measured. The saver logs
     ``checkpoint.interval`` when the interval changes by more than 10 %. A save during
