@@ -48,20 +48,20 @@ def tiny_step() -> tuple[Callable[[], Any], Any]:
     return step, v
 
 
-def mlp_step(batch: int = 64) -> tuple[Callable[[], Any], Any]:
-    """A ``tf.function`` training a 784-256-256-10 MLP on one fixed batch, and its state."""
+def mlp_step(
+    batch: int = 64, hidden: tuple[int, ...] = (256, 256), optimizer: Any = None
+) -> tuple[Callable[[], Any], Any]:
+    """A ``tf.function`` training an MLP (784, ``hidden``, 10) on one fixed batch, and its
+    state; SGD(0.01) unless ``optimizer`` is given."""
     import tensorflow as tf
 
     tf.random.set_seed(0)
     model = tf.keras.Sequential(
-        [
-            tf.keras.Input((784,)),
-            tf.keras.layers.Dense(256, activation="relu"),
-            tf.keras.layers.Dense(256, activation="relu"),
-            tf.keras.layers.Dense(10),
-        ]
+        [tf.keras.Input((784,))]
+        + [tf.keras.layers.Dense(width, activation="relu") for width in hidden]
+        + [tf.keras.layers.Dense(10)]
     )
-    opt = tf.keras.optimizers.SGD(0.01)
+    opt = optimizer if optimizer is not None else tf.keras.optimizers.SGD(0.01)
     x = tf.random.normal((batch, 784))
     y = tf.random.uniform((batch,), maxval=10, dtype=tf.int32)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)

@@ -32,34 +32,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine
+from _common import machine, mlp_step
 
 
-def mlp(width: int = 2176, batch: int = 64) -> tuple[Any, Any]:
-    """A training step of the 128 MB MLP and its state."""
+def mlp(width: int = 2176) -> tuple[Any, Any]:
+    """A training step of the 128 MB MLP and its state (Adam's slots built)."""
     import tensorflow as tf
 
-    tf.random.set_seed(0)
-    model = tf.keras.Sequential(
-        [tf.keras.Input((784,))]
-        + [tf.keras.layers.Dense(width, activation="relu") for _ in range(3)]
-        + [tf.keras.layers.Dense(10)]
-    )
-    opt = tf.keras.optimizers.Adam(1e-4)
-    x = tf.random.normal((batch, 784))
-    y = tf.random.uniform((batch,), maxval=10, dtype=tf.int32)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step() -> Any:
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    step, state = mlp_step(hidden=(width, width, width), optimizer=tf.keras.optimizers.Adam(1e-4))
     step()  # builds the optimizer's slots: the state is complete before the first save
-    return step, {"model": model, "optimizer": opt}
+    return step, state
 
 
 def state_mb(state: dict[str, Any]) -> float:

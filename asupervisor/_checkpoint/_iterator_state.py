@@ -132,8 +132,9 @@ def _block_entries(data: bytes, offset: int, size: int) -> list[tuple[bytes, byt
     return rows
 
 
-def entry_sizes(prefix: str) -> dict[str, int]:
-    """``{checkpoint key: bytes in the data files}`` read from ``<prefix>.index``."""
+def index_entries(prefix: str) -> dict[str, Any]:
+    """``{checkpoint key: BundleEntryProto}`` read from ``<prefix>.index`` (a LevelDB
+    table; TF's reader is not used, and neither is this project's writer)."""
     from tensorflow.core.protobuf import tensor_bundle_pb2
 
     with open(f"{prefix}.index", "rb") as f:
@@ -145,17 +146,19 @@ def entry_sizes(prefix: str) -> dict[str, int]:
     _, pos = _varint(data, pos)
     index_offset, pos = _varint(data, pos)
     index_size, _ = _varint(data, pos)
-    sizes: dict[str, int] = {}
+    entries: dict[str, Any] = {}
     for _, handle in _block_entries(data, index_offset, index_size):
         offset, at = _varint(handle, 0)
         size, _ = _varint(handle, at)
         for key, value in _block_entries(data, offset, size):
-            if not key:
-                continue  # the header
-            entry = tensor_bundle_pb2.BundleEntryProto()
-            entry.ParseFromString(value)
-            sizes[key.decode()] = int(entry.size)
-    return sizes
+            if key:  # "" is the header
+                entries[key.decode()] = tensor_bundle_pb2.BundleEntryProto.FromString(value)
+    return entries
+
+
+def entry_sizes(prefix: str) -> dict[str, int]:
+    """``{checkpoint key: bytes in the data files}`` read from ``<prefix>.index``."""
+    return {key: int(entry.size) for key, entry in index_entries(prefix).items()}
 
 
 def iterator_share(prefix: str) -> tuple[int, int] | None:

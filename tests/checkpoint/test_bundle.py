@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import struct
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from asupervisor._checkpoint import _bundle, _snapshot, _write
+from asupervisor._checkpoint._iterator_state import index_entries  # a reader the writer does not use
 
 pytestmark = [
     pytest.mark.usefixtures("no_new_threads"),
@@ -94,53 +94,6 @@ def test_load_checkpoint_reads_the_same_as_from_save_v2(tmp_path: Path) -> None:
     assert ours.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH") == theirs.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
 
 
-def _varint_at(buf: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return value, pos
-
-
-def _block_entries(block: bytes) -> list[tuple[bytes, bytes]]:
-    """The (key, value) rows of one LevelDB table block (prefix-compressed keys)."""
-    (restarts,) = struct.unpack_from("<I", block, len(block) - 4)
-    end, pos, key, rows = len(block) - 4 - 4 * restarts, 0, b"", []
-    while pos < end:
-        shared, pos = _varint_at(block, pos)
-        own, pos = _varint_at(block, pos)
-        size, pos = _varint_at(block, pos)
-        key = key[:shared] + block[pos : pos + own]
-        pos += own
-        rows.append((key, block[pos : pos + size]))
-        pos += size
-    return rows
-
-
-def _index_entries(prefix: Path) -> dict[str, Any]:
-    """``{key: BundleEntryProto}`` of a bundle's ``.index`` (a LevelDB table), parsed
-    independently of the writer under test."""
-    from tensorflow.core.protobuf import tensor_bundle_pb2
-
-    table = (prefix.parent / f"{prefix.name}.index").read_bytes()
-    footer = table[-48:]
-    _, pos = _varint_at(footer, 0)  # the metaindex handle
-    _, pos = _varint_at(footer, pos)
-    index_offset, pos = _varint_at(footer, pos)
-    index_size, _ = _varint_at(footer, pos)
-    out = {}
-    for _, handle in _block_entries(table[index_offset : index_offset + index_size]):
-        offset, pos = _varint_at(handle, 0)
-        size, _ = _varint_at(handle, pos)
-        for key, value in _block_entries(table[offset : offset + size]):
-            if key:  # "" is the header
-                out[key.decode()] = tensor_bundle_pb2.BundleEntryProto.FromString(value)
-    return out
-
-
 _LARGE = (1 << 31) + (3 << 20)  # a tensor over 2 GiB, not a multiple of the write piece
 
 
@@ -174,7 +127,7 @@ def test_a_shard_over_2_gib_reads_back_as_save_v2s(tmp_path: Path) -> None:
         snap = _snapshot.Snapshot(1, keys, [""] * len(keys), tensors, 0.0, 0.0)
         _write._save_v2(snap, str(work / "tf"), [[0, 1, 2]])
         assert os.path.getsize(_bundle.data_path(str(work / "ours"), 0, 1)) > 1 << 31
-        ours_entries, theirs_entries = _index_entries(work / "ours"), _index_entries(work / "tf")
+        ours_entries, theirs_entries = index_entries(str(work / "ours")), index_entries(str(work / "tf"))
         assert ours_entries["c_after"].offset > 1 << 31
         for key in keys:
             a, b = ours_entries[key], theirs_entries[key]
