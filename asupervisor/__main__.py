@@ -40,13 +40,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _inspect.run(args.logdir, as_json=args.json)
 
 
+def _secs_or_auto(value: str) -> float | str:
+    """``--save-secs``: a number of seconds or ``auto``."""
+    if value == "auto":
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds or 'auto', got {value!r}") from None
+
+
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     """The demo's command-line options."""
     parser.add_argument("--logdir", default="runs/demo")
     parser.add_argument("--max-steps", type=int, default=None, help="stop at this global step")
     parser.add_argument("--steps", type=int, default=60_000, help="without --max-steps: steps to run now")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--save-secs", type=float, default=5.0)
+    parser.add_argument(
+        "--save-secs", type=_secs_or_auto, default=5.0,
+        help="seconds between checkpoints, or 'auto': as often as costs training under 2%% (5)",
+    )
     parser.add_argument("--summary-secs", type=float, default=2.0)
     parser.add_argument("--progress-secs", type=float, default=2.0)
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")

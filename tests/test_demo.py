@@ -10,12 +10,12 @@ from pathlib import Path
 DEMO = ["-m", "asupervisor", "demo"]  # the command `asupervisor demo`, as `make demo` runs it
 
 
-def run_demo(logdir: Path, max_steps: int, *, stderr: list[str] | None = None) -> str:
+def run_demo(logdir: Path, max_steps: int, *, stderr: list[str] | None = None, extra: tuple[str, ...] = ()) -> str:
     env = dict(os.environ)
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the demo silences TensorFlow by itself
     proc = subprocess.run(
         [sys.executable, *DEMO, "--logdir", str(logdir), "--max-steps", str(max_steps),
-         "--progress-secs", "0.5"],
+         "--progress-secs", "0.5", *extra],
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -34,6 +34,20 @@ def test_demo_trains_and_reports(tmp_path: Path) -> None:
     assert "progress: step" in out
     last = out.strip().splitlines()[-2]
     assert last.startswith("done: step 300, stop reason max_steps")
+
+
+def test_demo_with_an_overhead_budget_cadence(tmp_path: Path) -> None:
+    """`asupervisor demo --save-secs auto` trains with save_model_secs="auto" and leaves
+    the final checkpoint; a bad value is a usage error naming it."""
+    logdir = tmp_path / "run"
+    out = run_demo(logdir, 200, extra=("--save-secs", "auto"))
+    assert out.strip().splitlines()[-2].startswith("done: step 200, stop reason max_steps")
+    assert (logdir / "model.ckpt-200.index").exists()
+    bad = subprocess.run(
+        [sys.executable, *DEMO, "--logdir", str(logdir), "--save-secs", "often"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert bad.returncode == 2 and "'often'" in bad.stderr, bad.stderr
 
 
 def test_demo_resumes_where_it_stopped(tmp_path: Path) -> None:
