@@ -34,6 +34,9 @@ the first raw write is left out likewise):
   ``readv`` calls, one thread, as ``cat`` would), each after dropping the files from the
   page cache (``posix_fadvise(DONTNEED)``; they are clean, so the kernel does drop them),
   alternating, as many rounds as saves. Linux only.
+* ``durable vs raw`` again, with the range of each over the steady rounds and the ratio of
+  the best rounds: on a virtual disk whose speed swings from round to round (freshly
+  allocated or discarded blocks on the host) a median of 7 can land on either mode.
 
 Then, unless ``--no-backpressure``, what back-pressure costs when saves are due faster
 than the disk writes them (``--bp-size`` MB state, a save every ``--bp-every`` steps of
@@ -66,6 +69,7 @@ import tensorflow as tf
 from asupervisor._checkpoint import _restore
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint._restore import restore_latest
+from asupervisor._checkpoint.files import _direct
 from asupervisor.testing import capture_logs
 
 MB = 1 << 20
@@ -216,7 +220,11 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         "tf_async": med(tf_async[1:]),
         "staging_mb": checkpointer._staging.nbytes / MB if checkpointer._staging is not None else 0.0,
         "durable": med(durable[1:]),
+        "durable_lo": min(durable[1:]),
+        "durable_hi": max(durable[1:]),
         "raw": med(raw[1:]),
+        "raw_lo": min(raw[1:]),
+        "raw_hi": max(raw[1:]),
         "restore_plain": med(plain),
         "restore_asv": med(ours),
     }
@@ -305,11 +313,13 @@ def main() -> None:
     parser.add_argument("--bp-every", type=int, default=10, help="back-pressure: save every N steps (10)")
     parser.add_argument("--bp-steps", type=int, default=300, help="back-pressure: steps timed (300)")
     parser.add_argument("--no-staging", action="store_true", help="copy-on-write snapshots, no staging buffers")
+    parser.add_argument("--no-direct", action="store_true", help="write data files buffered, not with direct I/O")
     parser.add_argument("--no-readahead", action="store_true", help="restore without asking the kernel to read ahead")
     args = parser.parse_args()
     global STAGING
     STAGING = not args.no_staging
     _restore._READ_AHEAD = not args.no_readahead
+    _direct.ENABLED = _direct.ENABLED and not args.no_direct
     sizes = args.sizes or ([16, 128] if args.quick else [16, 128, 512])
     repeats = args.repeats or (3 if args.quick else 7)
     logging.getLogger("asupervisor").propagate = False  # quiet: events are counted, not printed
@@ -356,6 +366,19 @@ def main() -> None:
             print(
                 f"{size:>5} | {ms['cold_raw']:8.1f} | {ms['cold_plain']:8.1f} {r['cold_plain'] / r['cold_raw']:6.2f} | "
                 f"{ms['cold_asv']:7.1f} {ms['cold_asv_lo']:7.1f}-{ms['cold_asv_hi']:<7.1f} {r['cold_asv'] / r['cold_raw']:6.2f}",
+                flush=True,
+            )
+        print(
+            f"\ndurable vs raw write + fsync, every steady round (a disk whose speed swings from round to "
+            f"round shows in the ranges), ms\n{'MB':>5} | {'durable':>8} {'(range)':>15} | {'raw':>7} "
+            f"{'(range)':>15} | {'ratio':>6} {'best/best':>9}"
+        )
+        for size, r in results:
+            ms = {k: v * 1000 for k, v in r.items()}
+            print(
+                f"{size:>5} | {ms['durable']:8.1f} {ms['durable_lo']:7.1f}-{ms['durable_hi']:<7.1f} | "
+                f"{ms['raw']:7.1f} {ms['raw_lo']:7.1f}-{ms['raw_hi']:<7.1f} | {r['durable'] / r['raw']:6.2f} "
+                f"{r['durable_lo'] / r['raw_lo']:9.2f}",
                 flush=True,
             )
         if not args.no_backpressure:

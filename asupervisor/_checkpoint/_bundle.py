@@ -8,11 +8,14 @@ file, offset, size and the masked CRC32C of the bytes). TensorFlow's reader chec
 index block's checksum and each tensor's; this module writes both, so plain
 ``tf.train.Checkpoint.restore`` and ``tf.train.load_checkpoint`` read its files.
 
-For plain numeric and bool tensors the data file is the tensors' memory as it is, so a
-write is ``pwrite(2)`` calls of :data:`CHUNK_BYTES` straight from the snapshot's buffers
-(no copy, no 8 MB staging buffer), made by the idle-priority thread of
-:mod:`.files._idle_io` when the caller passes one, and one CRC32C pass
-(``google-crc32c``, hardware accelerated, run with the GIL released). String tensors (the object graph) use TF's string encoding.
+For plain numeric and bool tensors the data file is the tensors' memory as it is. Where
+the filesystem takes direct I/O (:mod:`.files._direct`), a large tensor in aligned memory
+(the staging buffers) goes to disk straight from its buffer at an aligned offset, the rest
+through a reused aligned bounce buffer, past the page cache; elsewhere a write is
+buffered ``pwrite(2)`` calls of :data:`CHUNK_BYTES` straight from the snapshot's buffers.
+Either way the writes are made by the idle-priority thread of :mod:`.files._idle_io` when
+the caller passes one, with one CRC32C pass per tensor (``google-crc32c``, hardware
+accelerated, run with the GIL released). String tensors (the object graph) use TF's string encoding.
 Anything else (variant tensors such as a ``tf.data`` iterator's state, resources,
 quantized types, slices of partitioned variables) is not handled here:
 :func:`encodable` says no and the caller uses ``SaveV2``.
@@ -23,6 +26,7 @@ loop. TensorFlow is imported only for the index protos.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import struct
@@ -33,9 +37,13 @@ from typing import Any
 
 import numpy as np
 
+from .._logging import get_logger
+from .files import _direct
 from .files._idle_io import CHUNK_BYTES, IdleIO, pwrite_all
 
 __all__ = ["available", "encodable", "write_bundle"]
+
+log = get_logger(__name__)
 
 _MASK_DELTA = 0xA282EAD8
 _TABLE_MAGIC = 0xDB4775248B80FB57
@@ -131,10 +139,9 @@ def _self_check_tensors(tf_: Any) -> dict[str, Any]:
 def _run_self_check() -> bool:
     import tempfile
 
-    from .._logging import describe, get_logger
+    from .._logging import describe
     from .._tf import tf
 
-    log = get_logger(__name__)
     if not available():
         return False
     tf_ = tf()
@@ -233,29 +240,44 @@ def _string_bytes(tensor: Any) -> tuple[list[bytes], int]:
 
 
 def _write_at(
-    fd: int, data: Any, offset: int, check: Callable[[], None] | None = None, io: IdleIO | None = None
+    fd: int,
+    data: Any,
+    offset: int,
+    check: Callable[[], None] | None = None,
+    io: IdleIO | None = None,
+    chunk: int = CHUNK_BYTES,
 ) -> None:
-    """Write the buffer ``data`` at ``offset`` in :data:`CHUNK_BYTES` pieces, calling
+    """Write the buffer ``data`` at ``offset`` in pieces of ``chunk`` bytes, calling
     ``check`` between them; through ``io`` when given."""
     if io is not None:
-        io.write(fd, data, offset, check)
+        io.write(fd, data, offset, check, chunk)
         return
     view = memoryview(data).cast("B")
-    for start in range(0, len(view), CHUNK_BYTES):
+    for start in range(0, len(view), chunk):
         if check is not None and start:
             check()
-        pwrite_all(fd, view[start : start + CHUNK_BYTES], offset + start)
+        pwrite_all(fd, view[start : start + chunk], offset + start)
 
 
 def write_data_file(
     path: str, tensors: Sequence[Any], check: Callable[[], None] | None = None, io: IdleIO | None = None
 ) -> list[tuple[int, int, int]]:
-    """Write ``tensors`` back to back into a new file ``path``; ``(offset, size, crc)`` of each.
+    """Write ``tensors`` into a new file ``path``; ``(offset, size, crc)`` of each.
 
-    The file is left unsynced (the commit fsyncs it). ``check`` is called between
-    chunks and may raise to abandon the write. With ``io`` the bytes are written by its
-    idle-priority thread. An ``OSError`` names ``path`` (``os.write`` alone does not).
+    With direct I/O where the filesystem takes it (:mod:`.files._direct`: large tensors
+    in aligned memory at aligned offsets, written from their own memory, the rest through
+    a bounce buffer), else buffered, back to back. The file is left unsynced (the commit
+    fsyncs it). ``check`` is called between chunks and may raise to abandon the write.
+    With ``io`` the bytes are written by its idle-priority thread. An ``OSError`` names
+    ``path`` (``os.write`` alone does not).
     """
+    if not _direct.refused(os.path.dirname(path) or "."):
+        try:
+            return _write_data_file_direct(path, tensors, check, io)
+        except _direct.DirectRefused:
+            log.debug("checkpoint.direct_io_off", path=path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     placed: list[tuple[int, int, int]] = []
     offset = 0
     try:
@@ -278,6 +300,44 @@ def write_data_file(
                     crc = _crc_array(array) if size else 0
                 placed.append((offset, size, crc))
                 offset += size
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        exc.filename = exc.filename or path
+        raise
+    return placed
+
+
+def _write_data_file_direct(
+    path: str, tensors: Sequence[Any], check: Callable[[], None] | None, io: IdleIO | None
+) -> list[tuple[int, int, int]]:
+    placed: list[tuple[int, int, int]] = []
+
+    def write(fd: int, data: Any, offset: int, chunk: int) -> None:
+        if check is not None:
+            check()  # between two of the stream's writes too (each may be one chunk)
+        _write_at(fd, data, offset, check, io, chunk)
+
+    try:
+        fd = _direct.open_direct(path)
+        try:
+            with _direct.AlignedStream(fd, path, write) as stream:
+                for tensor in tensors:
+                    if check is not None:
+                        check()
+                    if int(tensor.dtype.as_datatype_enum) == _STRING:
+                        parts, crc = _string_bytes(tensor)
+                        offset = stream.offset
+                        for part in parts:
+                            stream.append(part)
+                        size = stream.offset - offset
+                    else:
+                        array = _plain_array(tensor)
+                        size = array.nbytes
+                        crc = _crc_array(array) if size else 0
+                        offset = stream.append_array(array)
+                    placed.append((offset, size, crc))
+                stream.close()
         finally:
             os.close(fd)
     except OSError as exc:

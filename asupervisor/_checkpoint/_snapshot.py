@@ -36,6 +36,7 @@ from .._exceptions import CheckpointError
 from .._logging import get_logger
 from .._tf import tf
 from ._walk_cache import WalkCache, plain_variable
+from .files._direct import aligned_empty
 
 __all__ = ["Snapshot", "Staged", "Staging", "take_snapshot"]
 
@@ -113,7 +114,7 @@ class Staging:
             if buf.shape == like.shape and buf.dtype == like.dtype:
                 return buf
             self.nbytes -= buf.nbytes
-        buf = np.empty_like(like, order="C")
+        buf = aligned_empty(like.shape, like.dtype)  # aligned: the writer sends it to disk with direct I/O
         buf.reshape(-1).view(np.uint8)[::4096] = 0  # touch every page now, not in the next save
         self.nbytes += buf.nbytes
         if index < len(buffers):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import os
 import time
 from pathlib import Path
 
 import pytest
 import tensorflow as tf
+from pagecache import drop_cached, resident_share
 
 from asupervisor import CheckpointError
 from asupervisor._checkpoint import _restore
@@ -19,32 +18,6 @@ pytestmark = [
     pytest.mark.usefixtures("no_new_threads"),
     pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise on this OS: no read-ahead"),
 ]
-
-
-def _resident_share(path: str) -> float:
-    """The share of ``path``'s pages in the page cache (``mincore`` on a private mapping,
-    which reports the file's cached pages and changes nothing)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    size = os.path.getsize(path)
-    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-    vec = (ctypes.c_ubyte * pages)()
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mm:
-        anchor = ctypes.c_char.from_buffer(mm)
-        try:
-            if libc.mincore(ctypes.c_void_p(ctypes.addressof(anchor)), ctypes.c_size_t(size), vec) != 0:
-                raise OSError(ctypes.get_errno(), f"mincore({path})")
-        finally:
-            del anchor  # the mapping cannot close while exported
-    return sum(v & 1 for v in vec) / pages
-
-
-def _drop(paths: list[str]) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def _saved(tmp_path: Path) -> tuple[tf.train.Checkpoint, str, list[str]]:
@@ -63,14 +36,14 @@ def test_the_data_files_are_read_ahead_into_the_page_cache(tmp_path: Path) -> No
     """Dropped from the cache, the data files come back into it through the read-ahead
     alone (no read by anyone): the kernel was asked to read them."""
     _, path, data = _saved(tmp_path)
-    _drop(data)
-    assert max(_resident_share(p) for p in data) < 0.5  # dropped (a little may be read back at once)
+    drop_cached(data)
+    assert max(resident_share(p) for p in data) < 0.5  # dropped (a little may be read back at once)
     ahead = _restore._ReadAhead(path)
     assert ahead._thread is not None
     ahead._thread.join()  # every hint given (join() would stop it early)
     deadline = time.monotonic() + 30
-    while min(_resident_share(p) for p in data) < 0.99:  # the reads the hints started complete
-        assert time.monotonic() < deadline, [_resident_share(p) for p in data]
+    while min(resident_share(p) for p in data) < 0.99:  # the reads the hints started complete
+        assert time.monotonic() < deadline, [resident_share(p) for p in data]
         time.sleep(0.01)
     ahead.join()
 

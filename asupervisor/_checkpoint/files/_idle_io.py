@@ -152,16 +152,18 @@ class IdleIO:
             if not lower_to_idle_priority():
                 log.debug("checkpoint.io_at_normal_priority")
 
-    def write(self, fd: int, data: Any, offset: int, check: Callable[[], None] | None = None) -> None:
-        """Write the buffer ``data`` at ``offset`` of ``fd`` in :data:`CHUNK_BYTES` pieces.
+    def write(
+        self, fd: int, data: Any, offset: int, check: Callable[[], None] | None = None, chunk: int = CHUNK_BYTES
+    ) -> None:
+        """Write the buffer ``data`` at ``offset`` of ``fd`` in pieces of ``chunk`` bytes.
 
         ``check`` is called between waits and may raise (an abandoned save); no piece is
         written after this returns or raises, so the caller may close ``fd``.
         """
         view = memoryview(data).cast("B")
         units = [
-            functools.partial(pwrite_all, fd, view[start : start + CHUNK_BYTES], offset + start)
-            for start in range(0, len(view), CHUNK_BYTES)
+            functools.partial(pwrite_all, fd, view[start : start + chunk], offset + start)
+            for start in range(0, len(view), chunk)
         ]
         self._run(_Job(units), check)
 
