@@ -77,14 +77,14 @@ def restore_latest(logdir: Path) -> int:
 
 @pytest.mark.parametrize("save_steps", [[], ["--save-steps", "3"]], ids=["final_save", "step_save_in_flight"])
 def test_grace_bounds_a_slow_final_save(tmp_path: Path, save_steps: list[str]) -> None:
-    """stop_grace_secs bounds the whole stop, final checkpoint included: a 512 MB final save
-    (well over a second of write and fsync here) with a 0.25 s grace — or the step save of
+    """stop_grace_secs bounds the whole stop, final checkpoint included: a 1 GB final save
+    (0.4-1.5 s of direct writes and fsync here) with a 0.1 s grace — or the step save of
     the last step, still being written when the stop comes — is abandoned, the stop
     returns within the grace plus a small margin, the previous checkpoint stays the
     latest and loads, nothing of the abandoned save stays and no thread outlives it."""
     logdir = tmp_path / "run"
-    grace = 0.25
-    out = run_child(logdir, "--mb", "512", "--steps", "3", "--grace", str(grace), "--save-first", *save_steps)
+    grace = 0.1
+    out = run_child(logdir, "--mb", "1024", "--steps", "3", "--grace", str(grace), "--save-first", *save_steps)
     assert out.returncode == 0, out.stderr
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
     assert lines["SAVED"].endswith("model.ckpt-0")
