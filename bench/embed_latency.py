@@ -218,7 +218,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--status", action="store_true", help="GET /status latency through examples/web_app.py")
+    parser.add_argument("--no-direct", action="store_true", help="asupervisor writes its data files buffered")
     args = parser.parse_args()
+    if args.no_direct:
+        from asupervisor._checkpoint.files import _direct
+
+        _direct.ENABLED = False
     step, state = mlp_step()
     for _ in range(50):
         step()  # trace and warm up

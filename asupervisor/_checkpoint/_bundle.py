@@ -8,8 +8,8 @@ file, offset, size and the masked CRC32C of the bytes). TensorFlow's reader chec
 index block's checksum and each tensor's; this module writes both, so plain
 ``tf.train.Checkpoint.restore`` and ``tf.train.load_checkpoint`` read its files.
 
-For plain numeric and bool tensors the data file is the tensors' memory as it is. Where
-the filesystem takes direct I/O (:mod:`.files._direct`), a large tensor in aligned memory
+For plain numeric and bool tensors the data file is the tensors' memory as it is. For a
+data file of 32 MB or more, where the filesystem takes direct I/O (:mod:`.files._direct`), a large tensor in aligned memory
 (the staging buffers) goes to disk straight from its buffer at an aligned offset, the rest
 through a reused aligned bounce buffer, past the page cache; elsewhere a write is
 buffered ``pwrite(2)`` calls of :data:`CHUNK_BYTES` straight from the snapshot's buffers.
@@ -223,6 +223,13 @@ def _plain_array(tensor: Any) -> np.ndarray:
     return array
 
 
+def _plain_nbytes(tensor: Any) -> int:
+    """The bytes of a plain tensor's data (0 for a string tensor)."""
+    if int(tensor.dtype.as_datatype_enum) == _STRING:
+        return 0
+    return int(tensor.shape.num_elements()) * int(tensor.dtype.size)
+
+
 def _string_bytes(tensor: Any) -> tuple[list[bytes], int]:
     """TF's on-disk string tensor: varint lengths, masked CRC of the lengths, the bytes."""
     values = np.asarray(tensor.numpy(), dtype=object).reshape(-1)
@@ -264,14 +271,14 @@ def write_data_file(
 ) -> list[tuple[int, int, int]]:
     """Write ``tensors`` into a new file ``path``; ``(offset, size, crc)`` of each.
 
-    With direct I/O where the filesystem takes it (:mod:`.files._direct`: large tensors
+    With direct I/O when large and the filesystem takes it (:mod:`.files._direct`: large tensors
     in aligned memory at aligned offsets, written from their own memory, the rest through
     a bounce buffer), else buffered, back to back. The file is left unsynced (the commit
     fsyncs it). ``check`` is called between chunks and may raise to abandon the write.
     With ``io`` the bytes are written by its idle-priority thread. An ``OSError`` names
     ``path`` (``os.write`` alone does not).
     """
-    if not _direct.refused(os.path.dirname(path) or "."):
+    if _direct.wanted(os.path.dirname(path) or ".", sum(map(_plain_nbytes, tensors))):
         try:
             return _write_data_file_direct(path, tensors, check, io)
         except _direct.DirectRefused:

@@ -51,9 +51,10 @@ pytestmark = [
 
 
 def _variables() -> dict[str, tf.Variable]:
+    """The state: tensors in every alignment and size class, a data file written direct."""
     return {
         "odd": tf.Variable(tf.random.uniform([(1 << 18) + 3], seed=1)),  # 1 MiB + 12 bytes
-        "whole": tf.Variable(tf.random.uniform([3 << 18], seed=2)),  # 3 MiB exactly
+        "whole": tf.Variable(tf.random.uniform([_direct.DIRECT_FILE_MIN_BYTES // 4], seed=2)),  # a direct-sized file
         "half": tf.Variable(tf.cast(tf.random.uniform([700_001], seed=3), tf.bfloat16)),
         "small": tf.Variable(tf.range(10, dtype=tf.float32)),
         "count": tf.Variable(7, dtype=tf.int64),
