@@ -34,14 +34,16 @@ def steps_of(events: dict[str, list[tuple[int, Any]]], tag: str) -> list[int]:
     return [step for step, _ in events.get(tag, [])]
 
 
-async def tick(clock: ManualClock, secs: float, sleepers: int = SERVICES) -> None:
+async def tick(clock: ManualClock, secs: float, sleepers: int = SERVICES, *, settle: bool = True) -> None:
     """Move the clock and return once every service has done its tick and sleeps again.
 
     The summary service always awaits the step thread in a tick, so the number of
-    sleepers drops below ``sleepers`` until its tick is done.
+    sleepers drops below ``sleepers`` until its tick is done. ``settle=False`` returns
+    as soon as they woke (for a tick whose work the test follows itself).
     """
     await clock.wait_for_sleepers(sleepers)
     clock.advance(secs)
     while clock.sleepers >= sleepers:  # let them wake up
         await anyio.lowlevel.checkpoint()
-    await clock.wait_for_sleepers(sleepers)
+    if settle:
+        await clock.wait_for_sleepers(sleepers)

@@ -7,9 +7,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 import tensorflow as tf
+from eventfiles import tick
 
 import asupervisor as asv
 from asupervisor._checkpoint import _write
@@ -415,14 +415,6 @@ async def test_unavailable_past_the_retry_bound_propagates(tmp_path: Path) -> No
     assert _state_file.read_state(tmp_path).latest == "model.ckpt-0"  # type: ignore[union-attr]
 
 
-async def _tick(clock: ManualClock, secs: float) -> None:
-    """Once the service sleeps on ``clock``, move time and wait until it sleeps again."""
-    await clock.wait_for_sleepers(1)
-    clock.advance(secs)
-    while clock.sleepers:
-        await anyio.sleep(0)
-    await clock.wait_for_sleepers(1)
-
 
 @pytest.mark.anyio
 async def test_timed_save_while_a_write_is_in_flight_is_skipped_and_logged(tmp_path: Path) -> None:
@@ -439,9 +431,9 @@ async def test_timed_save_while_a_write_is_in_flight_is_skipped_and_logged(tmp_p
                 saver = sv._runtime.extra(SessionAttribute.checkpoints).saver  # type: ignore[union-attr, attr-defined]
                 saver._writer.submit(gate.wait)  # the writer is busy until the gate opens
                 await sess.run(bump(state))
-                await _tick(clock, 60)  # step 1 snapshotted, its write queued: in flight
+                await tick(clock, 60, 1)  # step 1 snapshotted, its write queued: in flight
                 await sess.run(bump(state))
-                await _tick(clock, 60)  # step 2: skipped, the step loop does not wait
+                await tick(clock, 60, 1)  # step 2: skipped, the step loop does not wait
                 assert [e["step"] for e in logs if e["event"] == "checkpoint.skipped"] == [2]
             finally:
                 gate.set()

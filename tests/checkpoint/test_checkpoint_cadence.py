@@ -7,9 +7,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 import tensorflow as tf
+from eventfiles import tick
 
 import asupervisor as asv
 from asupervisor._checkpoint.files import _state_file
@@ -87,13 +87,6 @@ async def test_skip_policy_skips_saves_while_busy_and_says_so(tmp_path: Path) ->
     assert not {10, 20, 30, 40} <= set(saved_steps(tmp_path))  # (the final save may save step 50)
 
 
-async def _tick(clock: ManualClock, secs: float) -> None:
-    """Once the service sleeps on ``clock``, move time and let it run until it sleeps again."""
-    await clock.wait_for_sleepers(1)
-    clock.advance(secs)
-    while clock.sleepers:
-        await anyio.sleep(0)
-
 
 @pytest.mark.anyio
 async def test_timed_saves_coalesce_while_the_writer_is_busy(tmp_path: Path) -> None:
@@ -113,10 +106,10 @@ async def test_timed_saves_coalesce_while_the_writer_is_busy(tmp_path: Path) -> 
                 saver = sv._runtime.extra(SessionAttribute.checkpoints).saver  # type: ignore[union-attr, attr-defined]
                 saver._writer.submit(gate.wait)  # the writer is busy until the gate opens
                 await sess.run(bump(state))
-                await _tick(clock, 60)  # step 1 snapshotted, its write queued behind the gate
+                await tick(clock, 60, 1, settle=False)  # step 1 snapshotted, its write queued behind the gate
                 await clock.wait_for_sleepers(1)
                 await sess.run(bump(state))
-                await _tick(clock, 60)  # due while busy: waits for the writer
+                await tick(clock, 60, 1, settle=False)  # due while busy: waits for the writer
                 clock.advance(600)  # ten more ticks missed meanwhile
                 await sess.run(bump(state))  # steps go on
                 assert sess.global_step == 3

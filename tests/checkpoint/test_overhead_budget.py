@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import anyio
 import pytest
 import tensorflow as tf
+from eventfiles import tick
 
 import asupervisor as asv
 from asupervisor._checkpoint._policies import SaveMoment, save_policy_for
@@ -116,12 +117,6 @@ async def _steps_past(sess: Any, target: int) -> None:
         await anyio.sleep(0.005)
 
 
-async def _tick(clock: ManualClock, secs: float) -> None:
-    await clock.wait_for_sleepers(1)
-    clock.advance(secs)
-    while clock.sleepers:
-        await anyio.sleep(0)
-
 
 @pytest.mark.anyio
 async def test_the_timer_follows_the_interval_the_measured_saves_choose(tmp_path: Path) -> None:
@@ -165,7 +160,7 @@ async def test_the_timer_follows_the_interval_the_measured_saves_choose(tmp_path
                 tg.start_soon(sess.run_loop, step)
                 for _ in range(2):  # the first commit is the baseline, the second is measured
                     await _steps_past(sess, sess.global_step + 20)
-                    await _tick(clock, 0.001)
+                    await tick(clock, 0.001, 1, settle=False)
                     await saver.drain()
                 moved = [e for e in logs if e["event"] == "checkpoint.interval"]
                 assert len(moved) == 1 and len(saved()) == 2 and len(budget.costs) == 1
@@ -179,7 +174,7 @@ async def test_the_timer_follows_the_interval_the_measured_saves_choose(tmp_path
                     await anyio.sleep(0)
                 assert clock.sleepers == 1 and len(saved()) == 2
                 await _steps_past(sess, sess.global_step + 20)
-                await _tick(clock, interval * 0.6)  # now it is
+                await tick(clock, interval * 0.6, 1, settle=False)  # now it is
                 await saver.drain()
                 assert len(saved()) == 3
                 sess.request_stop()
