@@ -62,9 +62,11 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # pagecache: the tests' helpers
 
 import numpy as np
 import tensorflow as tf
+from pagecache import drop_cached
 
 from asupervisor._checkpoint import _restore
 from asupervisor._checkpoint._manager import Checkpointer
@@ -194,7 +196,7 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
                 (cold_plain, lambda: ckpt.restore(latest).expect_partial()),
                 (cold_ours, lambda: restore_latest(ckpt, asv_dir)),
             ):
-                _drop_cache(files)
+                drop_cached(files)
                 t0 = time.perf_counter()
                 fn()
                 out.append(time.perf_counter() - t0)
@@ -228,16 +230,6 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         "restore_plain": med(plain),
         "restore_asv": med(ours),
     }
-
-
-def _drop_cache(paths: list[str]) -> None:
-    """Drop ``paths`` (written and synced, so clean) from the page cache."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 _READ_BUFFER = bytearray(8 * MB)

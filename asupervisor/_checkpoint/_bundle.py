@@ -32,7 +32,7 @@ import os
 import struct
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -266,6 +266,16 @@ def _write_at(
         pwrite_all(fd, view[start : start + chunk], offset + start)
 
 
+@contextlib.contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """An ``OSError`` raised inside names ``path`` (``os.write`` and friends do not)."""
+    try:
+        yield
+    except OSError as exc:
+        exc.filename = exc.filename or path
+        raise
+
+
 def write_data_file(
     path: str, tensors: Sequence[Any], check: Callable[[], None] | None = None, io: IdleIO | None = None
 ) -> list[tuple[int, int, int]]:
@@ -287,7 +297,7 @@ def write_data_file(
                 os.unlink(path)
     placed: list[tuple[int, int, int]] = []
     offset = 0
-    try:
+    with _naming(path):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             for tensor in tensors:
@@ -309,9 +319,6 @@ def write_data_file(
                 offset += size
         finally:
             os.close(fd)
-    except OSError as exc:
-        exc.filename = exc.filename or path
-        raise
     return placed
 
 
@@ -325,7 +332,7 @@ def _write_data_file_direct(
             check()  # between two of the stream's writes too (each may be one chunk)
         _write_at(fd, data, offset, check, io, chunk)
 
-    try:
+    with _naming(path):
         fd = _direct.open_direct(path)
         try:
             with _direct.AlignedStream(fd, path, write) as stream:
@@ -347,9 +354,6 @@ def _write_data_file_direct(
                 stream.close()
         finally:
             os.close(fd)
-    except OSError as exc:
-        exc.filename = exc.filename or path
-        raise
     return placed
 
 
@@ -477,12 +481,9 @@ def write_bundle(
     index = index_bytes(entries, count)
     if check is not None:
         check()
-    try:
+    with _naming(f"{prefix}.index"):
         fd = os.open(f"{prefix}.index", os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             pwrite_all(fd, index, 0)
         finally:
             os.close(fd)
-    except OSError as exc:
-        exc.filename = exc.filename or f"{prefix}.index"
-        raise
