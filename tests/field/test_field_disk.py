@@ -48,11 +48,12 @@ needs_mount = pytest.mark.skipif(not CAN_MOUNT, reason="mounting a tmpfs needs r
 
 
 @pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 6 MB tmpfs mounted for the test, unmounted after it."""
+def tmpfs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A tmpfs mounted for the test (6 MB, or the size given as the fixture's param), unmounted after it."""
     target = tmp_path / "mnt"
     target.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m,mode=0755", "tmpfs", str(target)], check=True)
+    size = getattr(request, "param", "6m")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(target)], check=True)
     try:
         yield target
     finally:
@@ -131,17 +132,24 @@ def test_forbidden_logdir_fails_the_start() -> None:
 
 
 @needs_mount
-def test_disk_full_mid_training_names_the_file_and_keeps_the_last_checkpoint(tmpfs: Path) -> None:
-    """A 6 MB tmpfs filled by 1 MB checkpoints kept forever: the child exits with the
-    CheckpointError on stderr naming the file and "No space left on device", the last good
-    checkpoint is still the latest and restores, and nothing of the failed save stays."""
+@pytest.mark.parametrize(
+    ("tmpfs", "mb", "trained"),
+    [("6m", "1", 10), ("100m", "40", 4)],  # 40 MB data files are written with direct I/O
+    ids=["buffered", "direct"],
+    indirect=["tmpfs"],
+)
+def test_disk_full_mid_training_names_the_file_and_keeps_the_last_checkpoint(tmpfs: Path, mb: str, trained: int) -> None:
+    """A small tmpfs filled by checkpoints kept forever (1 MB ones in 6 MB; 40 MB ones,
+    written with direct I/O, in 100 MB): the child exits with the CheckpointError on
+    stderr naming the file and "No space left on device", the last good checkpoint is
+    still the latest and restores, and nothing of the failed save stays."""
     logdir = tmpfs / "run"
-    out = run_child(logdir, "--mb", "1", "--steps", "40", "--save-steps", "2", "--keep", "none")
+    out = run_child(logdir, "--mb", mb, "--steps", "40", "--save-steps", "2", "--keep", "none")
     assert out.returncode != 0, out.stdout
     assert "CheckpointError" in out.stderr
     assert "No space left on device" in out.stderr
     assert f"{logdir}/model.ckpt-" in out.stderr
-    assert "STEP 10" in out.stdout  # it trained for a while before the disk filled up
+    assert f"STEP {trained}" in out.stdout  # it trained for a while before the disk filled up
     assert leftovers(logdir) == []
     step = restore_latest(logdir)
     assert step >= 2 and step % 2 == 0
