@@ -56,7 +56,9 @@ _BOUNCE_BYTES = 8 << 20
 ENABLED = hasattr(os, "O_DIRECT") and sys.platform.startswith("linux")
 
 _refused_devices: set[int] = set()
-_pool: list[np.ndarray] = []  # bounce buffers, reused (fresh memory is slow to touch here)
+# Bounce buffers, reused (fresh memory is slow to touch here): one per data file being
+# written at the same time (at most the writer's shards, 4), kept for the process.
+_pool: list[np.ndarray] = []
 _pool_lock = threading.Lock()
 
 
@@ -66,10 +68,10 @@ class DirectRefused(Exception):
 
 def aligned_empty(shape: Any, dtype: Any) -> np.ndarray:
     """An uninitialised C-contiguous array whose memory starts at an :data:`ALIGN` boundary
-    and whose allocation extends to the next one (so a direct write may cover its last block)."""
+    (its last partial block is written through the bounce buffer, so nothing past it is read)."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + 2 * ALIGN, dtype=np.uint8)
+    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
     start = -raw.ctypes.data % ALIGN
     aligned: np.ndarray = raw[start : start + nbytes].view(dtype).reshape(shape)
     return aligned
