@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import slowdisk
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_until_signal.py"
 
@@ -68,17 +69,33 @@ def _leftovers(logdir: Path) -> list[str]:
     return sorted(n for n in os.listdir(logdir) if ".asv-tmp-" in n)
 
 
-@pytest.mark.timeout(240)  # a 256 MB state on a loaded machine
-@pytest.mark.parametrize("backend", ["asyncio", "trio"])
-def test_second_signal_abandons_the_final_checkpoint(tmp_path: Path, backend: str) -> None:
-    """A second Ctrl-C while the final checkpoint of a 256 MB state is being saved
-    abandons it the same way on both backends: nothing of it stays, the checkpoint taken
-    before stays the latest, the process ends at once (not after the 120 s grace) with
-    the interrupted status 130."""
+def _wait_for_a_save_in_flight(logdir: Path, timeout: float = 60) -> None:
+    """Until a save's temporary files are in ``logdir`` (checked every 10 ms)."""
     import time
 
-    logdir = tmp_path / "run"
-    with _start(backend, logdir, "--mb", "256") as proc:
+    end = time.monotonic() + timeout
+    while not _leftovers(logdir):
+        assert time.monotonic() < end, f"no save started in {logdir} within {timeout} s"
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not slowdisk.available(), reason="the slow disk is a FUSE mount: it needs root and /dev/fuse")
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_second_signal_abandons_the_final_checkpoint(tmp_path: Path, backend: str) -> None:
+    """A second Ctrl-C while the final checkpoint of a 64 MB state is being saved — on a
+    disk that writes 40 MB/s (``tests/slowdisk.py``), so that save takes 1.6 s at the
+    least — abandons it the same way on both backends: nothing of it stays, the
+    checkpoint taken before stays the latest, the process ends at once (not after the
+    120 s grace) with the interrupted status 130."""
+    import time
+
+    backing = tmp_path / "disk"
+    backing.mkdir()
+    with (
+        slowdisk.mounted(backing, tmp_path / "mnt", mb_per_sec=40) as mnt,
+        _start(backend, mnt / "run", "--mb", "64") as proc,
+    ):
         try:
             assert proc.stdout is not None and proc.stderr is not None
             ready = proc.stdout.readline().split()
@@ -88,6 +105,7 @@ def test_second_signal_abandons_the_final_checkpoint(tmp_path: Path, backend: st
             for line in proc.stderr:  # the first signal is taken: the stop has begun
                 if "session.signal" in line:
                     break
+            _wait_for_a_save_in_flight(backing / "run")  # the final save's files appear
             t0 = time.monotonic()
             proc.send_signal(signal.SIGINT)
             out, err = _finish(proc)
@@ -98,8 +116,9 @@ def test_second_signal_abandons_the_final_checkpoint(tmp_path: Path, backend: st
     assert secs < 30, f"the second Ctrl-C took {secs:.1f} s to end the process"
     last = out.strip().splitlines()[-1]
     assert last.startswith("stop_reason=signal:SIGINT ")
-    assert last.endswith(f"latest={logdir / f'model.ckpt-{saved_step}'}"), last
-    assert _leftovers(logdir) == []
+    assert last.endswith(f"latest={mnt / 'run' / f'model.ckpt-{saved_step}'}"), last
+    assert "checkpoint.abandoned" in err
+    assert _leftovers(backing / "run") == []
 
 
 @pytest.mark.timeout(240)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import slowdisk
 
 SCRIPT = Path(__file__).parent / "scripts" / "disk_train.py"
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -35,7 +36,10 @@ def _can_mount() -> bool:
         return False
     target = tempfile.mkdtemp(prefix="asv-mount-probe-")
     try:
-        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", target], capture_output=True).returncode == 0
+        ok = (
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", target], capture_output=True).returncode
+            == 0
+        )
         if ok:
             subprocess.run(["umount", target], capture_output=True)
         return ok
@@ -76,23 +80,31 @@ def restore_latest(logdir: Path) -> int:
     return int(path.rsplit("-", 1)[1])
 
 
+@pytest.mark.skipif(not slowdisk.available(), reason="the slow disk is a FUSE mount: it needs root and /dev/fuse")
+@pytest.mark.parametrize("mb", ["24", "64"], ids=["buffered", "direct"])  # 64 MB data files are written direct
 @pytest.mark.parametrize("save_steps", [[], ["--save-steps", "3"]], ids=["final_save", "step_save_in_flight"])
-def test_grace_bounds_a_slow_final_save(tmp_path: Path, save_steps: list[str]) -> None:
-    """stop_grace_secs bounds the whole stop, final checkpoint included: a 1 GB final save
-    (0.4-1.5 s of direct writes and fsync here) with a 0.1 s grace — or the step save of
-    the last step, still being written when the stop comes — is abandoned, the stop
-    returns within the grace plus a small margin, the previous checkpoint stays the
-    latest and loads, nothing of the abandoned save stays and no thread outlives it."""
-    logdir = tmp_path / "run"
-    grace = 0.1
-    out = run_child(logdir, "--mb", "1024", "--steps", "3", "--grace", str(grace), "--save-first", *save_steps)
+def test_grace_bounds_a_slow_final_save(tmp_path: Path, save_steps: list[str], mb: str) -> None:
+    """stop_grace_secs bounds the whole stop, final checkpoint included: on a disk that
+    writes 40 MB/s (a FUSE mount, ``tests/slowdisk.py``), a final save of 24 or 64 MB takes
+    0.6 or 1.6 s at the least; with a 0.2 s grace it — or the step save of the last step,
+    still being written when the stop comes — is abandoned, the stop returns within the
+    grace plus a small margin, the previous checkpoint stays the latest and loads, nothing
+    of the abandoned save stays and no thread outlives it."""
+    grace = 0.2
+    backing = tmp_path / "disk"
+    backing.mkdir()
+    with slowdisk.mounted(backing, tmp_path / "mnt", mb_per_sec=40) as mnt:
+        out = run_child(mnt / "run", "--mb", mb, "--steps", "3", "--grace", str(grace), "--save-first", *save_steps)
     assert out.returncode == 0, out.stderr
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
     assert lines["SAVED"].endswith("model.ckpt-0")
     stop_secs = float(lines["STOP_SECS"])
     assert stop_secs < grace + 0.75, f"the stop took {stop_secs} s with stop_grace_secs={grace}"
-    assert "shutdown.overrun" in out.stdout + out.stderr and "final_checkpoint" in out.stdout + out.stderr
+    logs = out.stdout + out.stderr
+    assert "checkpoint.abandoned step=3" in logs
+    assert "shutdown.overrun" in logs and "final_checkpoint" in logs
     assert lines.get("THREADS", "").strip() == ""
+    logdir = backing / "run"
     assert leftovers(logdir) == []
     assert not (logdir / "model.ckpt-3.index").exists()
     assert restore_latest(logdir) == 0
@@ -138,7 +150,9 @@ def test_forbidden_logdir_fails_the_start() -> None:
     ids=["buffered", "direct"],
     indirect=["tmpfs"],
 )
-def test_disk_full_mid_training_names_the_file_and_keeps_the_last_checkpoint(tmpfs: Path, mb: str, trained: int) -> None:
+def test_disk_full_mid_training_names_the_file_and_keeps_the_last_checkpoint(
+    tmpfs: Path, mb: str, trained: int
+) -> None:
     """A small tmpfs filled by checkpoints kept forever (1 MB ones in 6 MB; 40 MB ones,
     written with direct I/O, in 100 MB): the child exits with the CheckpointError on
     stderr naming the file and "No space left on device", the last good checkpoint is
