@@ -149,6 +149,7 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         checkpointer.write(snap)
         assert checkpointer.last_commit_secs is not None
         durable.append(checkpointer.last_commit_secs)  # write, fsync, publish, state file
+        checkpointer.prepare_next(snap)  # as the writer thread does after a save
         del snap
     # the floor: one memcpy of the state into buffers kept (and touched) across rounds;
     # TF's own async checkpoint (blocked + the next step's copy-on-write), alternating

@@ -50,6 +50,7 @@ def main() -> None:
                     t0 = time.perf_counter()
                     checkpointer.write(snap)
                     times[native].append(time.perf_counter() - t0)
+                    checkpointer.prepare_next(snap)  # as the writer thread does after a save
         _write._NATIVE_WRITER = True
         native, save_v2 = statistics.median(times[True][1:]), statistics.median(times[False][1:])
         print(

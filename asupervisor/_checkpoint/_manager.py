@@ -92,7 +92,7 @@ class Checkpointer:
         self._iterator_share_logged = False  # once per session
         self._lock = threading.Lock()
         self._owner = False  # whether this process writes the directory (prepare() was called)
-        self._walks = WalkCache()  # step thread only
+        self._walks = WalkCache()  # step thread, but prepare() on the writer's
         self._staging = _snapshot.Staging() if staging else None
         self._staging_logged = 0  # bytes of staging buffers last logged
         self._abandon = threading.Event()  # set by abandon(): writes give up
@@ -403,8 +403,16 @@ class Checkpointer:
             deleted=delete or None,
         )
         self._report_iterator_share(info.path)
-        self._prepare_staging(snapshot)
         return info
+
+    def prepare_next(self, snapshot: _snapshot.Snapshot) -> None:
+        """On the writer thread, after ``snapshot`` was written (not when the session is
+        stopping: there is no next save): make the next snapshot cheaper for the step
+        thread. The staging buffers are allocated and touched, and a walk of many
+        variables gets its batched read traced (:meth:`.WalkCache.prepare`)."""
+        self._prepare_staging(snapshot)
+        if self._walks.prepare():
+            log.debug("checkpoint.batched_read", step=snapshot.step)
 
     def _plan(
         self, name: str, snapshot: _snapshot.Snapshot, min_keep: int = 1

@@ -35,6 +35,7 @@ import numpy as np
 from .._exceptions import CheckpointError
 from .._logging import get_logger
 from .._tf import tf
+from ._bundle import _PLAIN_DTYPES
 from ._walk_cache import WalkCache, plain_variable
 from .files._direct import aligned_empty
 
@@ -59,15 +60,20 @@ class Staged:
     """A variable's value copied into a staging buffer at a step boundary.
 
     What the bundle writer needs of a tensor: ``dtype`` (a ``tf.DType``), ``shape`` (a
-    ``tf.TensorShape``) and the bytes (``numpy.asarray(staged)``).
+    ``tf.TensorShape``, made when asked: on the writer thread) and the bytes
+    (``numpy.asarray(staged)``).
     """
 
-    __slots__ = ("array", "dtype", "shape")
+    __slots__ = ("array", "dtype")
 
-    def __init__(self, array: np.ndarray, dtype: Any, shape: Any) -> None:
+    def __init__(self, array: np.ndarray, dtype: Any) -> None:
         self.array = array
         self.dtype = dtype
-        self.shape = shape
+
+    @property
+    def shape(self) -> Any:
+        """The value's ``tf.TensorShape``."""
+        return tf().TensorShape(self.array.shape)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return self.array if dtype is None else self.array.astype(dtype)
@@ -143,13 +149,15 @@ class Staging:
 
 
 def _stageable(value: Any) -> bool:
-    """Whether a read value is staged: a plain-numbered tensor of rank >= 1 on the CPU."""
-    from ._bundle import _PLAIN_DTYPES
+    """Whether a read value is staged: a plain-numbered tensor of rank >= 1 on the CPU.
 
+    Runs once per variable on the step thread: EagerTensor's own accessors, which skip
+    building ``DType`` and ``TensorShape`` objects (~2 us a variable otherwise).
+    """
     return (
         getattr(value, "_numpy", None) is not None
-        and value.dtype.as_datatype_enum in _PLAIN_DTYPES
-        and bool(value.shape.rank)
+        and value._datatype_enum() in _PLAIN_DTYPES
+        and len(value._shape_tuple()) > 0
         and "CPU" in value.device
     )
 
@@ -175,14 +183,18 @@ class _Stager:
         self._copies: list[tuple[np.ndarray, np.ndarray]] = []  # (buffer, the variable's own memory)
 
     def __call__(self, variable: Any) -> Any:
-        value = self.read(variable)
+        return self.stage(self.read(variable))
+
+    def stage(self, value: Any) -> Any:
+        """``value`` (a variable's read) queued for its staging buffer, as a :class:`Staged`;
+        the read itself if it is not :func:`_stageable`."""
         if not _stageable(value):
             return value
         view = value._numpy()  # the variable's own buffer, no copy (a CPU tensor)
         buf = self.staging.buffer(self.count, view)
         self._copies.append((buf, view))
         self.count += 1
-        return Staged(buf, value.dtype, value.shape)
+        return Staged(buf, value.dtype)
 
     def reset(self) -> None:
         """Forget the values read so far (the walk starts again)."""
@@ -282,10 +294,10 @@ def take_snapshot(
         checkpoint.save_counter.assign_add(1)
     read = _variable_reader()
     stager = _Stager(staging, read) if staging is not None and staging.prepared and staging.begin() else None
-    if stager is not None:
-        read = stager
     try:
-        cached = None if walks is None else walks.read(checkpoint, read)
+        cached = None if walks is None else walks.read(checkpoint, read, None if stager is None else stager.stage)
+        if stager is not None:
+            read = stager
         if cached is not None:
             keys, tensors = cached
             slices = [""] * len(keys)

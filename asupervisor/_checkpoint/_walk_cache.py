@@ -19,7 +19,19 @@ walk does) and the proto: other objects that compute their own tensors (legacy
 saveables, ...), slot variables of TF1-style optimizers (found by ``get_slot_names``,
 not by the traversal), uninitialised or distributed variables always take the full walk.
 
-Runs on the step thread only. Never imports TensorFlow at module import.
+A remembered walk of many variables also gets a **batched read**: one ``tf.function``
+reading every variable of the walk (the same two ops per variable as
+``_snapshot._variable_reader``) in one call. Read one by one, each variable costs two
+eager op dispatches, ~13-30 us on the machines measured: ~15-30 ms of step loop per save
+for a model of a thousand variables (weights and optimizer slots), against ~2 ms for the
+function. A function call costs ~0.1 ms itself, so walks of fewer than
+:data:`BATCH_MIN_VARIABLES` variables keep reading them one by one. Tracing the function
+takes ~0.7 s for a thousand variables, so it is never done on the step thread:
+:meth:`WalkCache.prepare` traces it on the checkpoint writer's thread after a save, and
+snapshots use it from then on while the walk holds.
+
+:meth:`WalkCache.read` and :meth:`WalkCache.learn` run on the step thread,
+:meth:`WalkCache.prepare` on the writer thread. Never imports TensorFlow at module import.
 """
 
 from __future__ import annotations
@@ -28,7 +40,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["WalkCache", "plain_variable"]
+from .._logging import describe, get_logger
+
+__all__ = ["BATCH_MIN_VARIABLES", "WalkCache", "plain_variable"]
+
+log = get_logger(__name__)
+
+BATCH_MIN_VARIABLES = 16  # from this many variables on, a walk's reads are batched in one function
 
 _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
@@ -81,7 +99,7 @@ def _has_slots(obj: Any) -> bool:
     return isinstance(obj, optimizer_v1.Optimizer) or "get_slot_names" in dir(obj)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Walk:
     objects: list[Any]  # the traversal, compared by identity
     paths: list[tuple[str, ...]]
@@ -89,6 +107,29 @@ class _Walk:
     owners: list[Any]  # per key: the variable or iterator it reads, or None for the proto
     iterators: list[bool]  # per key: whether its owner is a tf.data iterator
     graph: Any  # the object-graph proto tensor (a constant)
+    variable_owners: list[Any]  # the owners that are variables, in order
+    variables: list[Any]  # the ResourceVariable each of them saved at the walk
+    batch: Callable[[], list[Any]] | None = None  # reads all of them in one call (prepare)
+    batch_tried: bool = False  # prepare() was done for this walk
+
+
+def _batch_reader(variables: list[Any]) -> Callable[[], list[Any]]:
+    """A traced function reading every one of ``variables`` as the snapshot reads one:
+    copy-on-read switched off (the read shares the variable's buffer, the next update
+    copies), then the value, on the variable's device."""
+    from tensorflow.python.ops import gen_resource_variable_ops as ops
+
+    from .._tf import tf
+
+    def read_all() -> list[Any]:
+        values = []
+        for variable in variables:
+            ops.disable_copy_on_read(variable.handle)
+            values.append(ops.read_variable_op(variable.handle, variable.dtype))
+        return values
+
+    concrete: Callable[[], list[Any]] = tf().function(read_all, autograph=False).get_concrete_function()
+    return concrete
 
 
 class WalkCache:
@@ -96,18 +137,23 @@ class WalkCache:
 
     Attributes:
         hits: snapshots taken without a full walk (for tests and benchmarks).
+        batched: snapshots whose variables were read by a batched read.
     """
 
     def __init__(self) -> None:
         self._walk: _Walk | None = None
         self.hits = 0
+        self.batched = 0
 
-    def read(self, checkpoint: Any, read: Callable[[Any], Any]) -> tuple[list[str], list[Any]] | None:
+    def read(
+        self, checkpoint: Any, read: Callable[[Any], Any], stage: Callable[[Any], Any] | None = None
+    ) -> tuple[list[str], list[Any]] | None:
         """Keys and values of a snapshot from the remembered walk, or ``None`` if it is stale.
 
         Args:
             checkpoint: the ``tf.train.Checkpoint`` walked before.
             read: reads a ``ResourceVariable`` as the snapshot does.
+            stage: applied to each variable's value once read (``None``: kept as read).
         """
         walk = self._walk
         if walk is None:
@@ -118,19 +164,52 @@ class WalkCache:
         for a, b in zip(objects, walk.objects):
             if a is not b:
                 return None
+        variables = walk.variables
+        for owner, variable in zip(walk.variable_owners, variables):
+            if plain_variable(owner) is not variable:  # e.g. a Keras variable given a new one
+                return None
+        values = self._batched(walk)
+        if values is None:
+            values = [read(variable) for variable in variables]
+        if stage is not None:
+            values = [stage(value) for value in values]
         tensors = []
+        next_value = iter(values).__next__
         for owner, iterator in zip(walk.owners, walk.iterators):
             if owner is None:
                 tensors.append(walk.graph)
             elif iterator:
                 tensors.append(owner._serialize_to_tensors()["_STATE"])  # its position now
             else:
-                variable = plain_variable(owner)
-                if variable is None:
-                    return None
-                tensors.append(read(variable))
+                tensors.append(next_value())
         self.hits += 1
         return list(walk.keys), tensors
+
+    def _batched(self, walk: _Walk) -> list[Any] | None:
+        """Every variable of ``walk`` read by its batched read; ``None`` without one (or
+        if it failed: logged once, the walk reads one by one from then on)."""
+        batch = walk.batch
+        if batch is None:
+            return None
+        try:
+            values = batch()
+        except Exception as exc:  # the reads one by one raise what is really wrong, if anything
+            walk.batch = None
+            log.warning("checkpoint.batched_read_failed", variables=len(walk.variables), error=describe(exc))
+            return None
+        self.batched += 1
+        return values
+
+    def prepare(self) -> bool:
+        """Off the step thread (the writer's, after a save): trace the batched read of the
+        remembered walk, if it has :data:`BATCH_MIN_VARIABLES` variables or more and has
+        none yet. ``True`` if one was made."""
+        walk = self._walk
+        if walk is None or walk.batch_tried or len(walk.variables) < BATCH_MIN_VARIABLES:
+            return False
+        walk.batch_tried = True
+        walk.batch = _batch_reader(walk.variables)
+        return True
 
     def learn(self, checkpoint: Any, serialized: dict[Any, dict[str, Any]]) -> None:
         """Remember a full walk (``{object: {key: value}}``), if it is one that can be reused."""
@@ -159,4 +238,6 @@ class WalkCache:
         objects, paths = _traversal(checkpoint)
         if any(_has_slots(obj) for obj in objects):
             return
-        self._walk = _Walk(objects, paths, keys, owners, iterators, graph)
+        variable_owners = [o for o, it in zip(owners, iterators) if o is not None and not it]
+        variables = [plain_variable(o) for o in variable_owners]
+        self._walk = _Walk(objects, paths, keys, owners, iterators, graph, variable_owners, variables)

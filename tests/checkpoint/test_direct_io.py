@@ -77,6 +77,7 @@ def _two_saves(logdir: Path) -> tuple[dict[str, tf.Variable], list[Any], dict[st
         assert snap is not None
         snapshots.append([type(t) for t in snap.tensors])
         checkpointer.write(snap)
+        checkpointer.prepare_next(snap)  # as the writer thread does after a save
         del snap
     return variables, snapshots, {k: v.numpy() for k, v in variables.items()}
 

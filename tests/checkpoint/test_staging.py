@@ -8,6 +8,7 @@ reused (no allocation per save) and never be shared by two live snapshots.
 from __future__ import annotations
 
 import gc
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,7 @@ def test_the_checkpointer_stages_from_its_second_save(tmp_path: Path, staging: b
             saved[step] = values(state)
             bump(state)  # training goes on while the writer writes
             checkpointer.write(snap)
+            checkpointer.prepare_next(snap)  # as the writer thread does after a save
             del snap
     staged_bytes = [e["bytes"] for e in logs if e["event"] == "checkpoint.staging"]
     if staging:
@@ -199,3 +201,137 @@ def test_checkpoint_staging_must_be_a_bool() -> None:
 
     with pytest.raises(TypeError, match=r"checkpoint_staging.*'no'"):
         asv.Supervisor(None, checkpoint_staging="no", handle_signals=False)  # type: ignore[arg-type]
+
+
+def many_variables(copies: int = 3) -> dict[str, Any]:
+    """``mixed_state`` ``copies`` times over: enough variables for a batched read."""
+    return {f"{name}{i}": v for i in range(copies) for name, v in mixed_state().items()}
+
+
+@pytest.mark.parametrize("staging", [True, False])
+def test_a_walk_of_many_variables_is_read_in_one_batched_call(tmp_path: Path, staging: bool) -> None:
+    """From the second save on, a remembered walk of many variables (every dtype kind) is
+    read by one traced function, made on the writer thread after the first save: the
+    snapshot holds exactly the values at the boundary (staged, or shared copy-on-write
+    with the variables), later updates do not reach it, and plain TF restores each step."""
+    from asupervisor._checkpoint._walk_cache import BATCH_MIN_VARIABLES
+
+    state = many_variables()
+    assert len(state) >= BATCH_MIN_VARIABLES
+    ckpt = tf.train.Checkpoint(**state)
+    checkpointer = Checkpointer(ckpt, tmp_path, staging=staging)
+    checkpointer.prepare()
+    walks = checkpointer._walks
+    saved = {}
+    for step in (1, 2, 3):
+        bump(state)
+        snap = checkpointer.snapshot(step)
+        assert snap is not None
+        saved[step] = values(state)
+        bump(state)  # training goes on while the writer writes
+        held = {k.split("/")[0]: np.asarray(t.numpy()) for k, t in zip(snap.keys, snap.tensors) if "VARIABLE_VALUE" in k}
+        for name, want in saved[step].items():
+            assert held[name].tolist() == want.tolist(), (step, name)
+        assert staged_count(snap) == (18 if staging and step > 1 else 0)
+        checkpointer.write(snap)
+        checkpointer.prepare_next(snap)
+        del snap
+    assert walks.hits == 2 and walks.batched == 2
+    for step in (1, 2, 3):
+        reader = tf.train.load_checkpoint(str(tmp_path / f"model.ckpt-{step}"))
+        for name, want in saved[step].items():
+            assert np.asarray(reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE")).tolist() == want.tolist()
+
+
+def test_a_walk_of_few_variables_reads_them_one_by_one(tmp_path: Path) -> None:
+    """Below BATCH_MIN_VARIABLES a function call costs more than it saves: nothing is traced."""
+    ckpt = tf.train.Checkpoint(**mixed_state())
+    checkpointer = Checkpointer(ckpt, tmp_path)
+    checkpointer.prepare()
+    for step in (1, 2, 3):
+        snap = checkpointer.snapshot(step)
+        assert snap is not None
+        checkpointer.write(snap)
+        checkpointer.prepare_next(snap)
+    assert checkpointer._walks.hits == 2 and checkpointer._walks.batched == 0
+
+
+def test_a_batched_read_that_fails_falls_back_to_reading_one_by_one(tmp_path: Path) -> None:
+    """A batched read raising (injected here) is logged once and dropped; the snapshot, and
+    the ones after it, read the variables one by one and hold the right values."""
+    state = many_variables()
+    ckpt = tf.train.Checkpoint(**state)
+    checkpointer = Checkpointer(ckpt, tmp_path, staging=False)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(1)
+    assert snap is not None
+    checkpointer.write(snap)
+    checkpointer.prepare_next(snap)
+    walk = checkpointer._walks._walk
+    assert walk is not None and walk.batch is not None
+
+    def broken() -> list[Any]:
+        raise tf.errors.InternalError(None, None, "injected")
+
+    walk.batch = broken
+    with capture_logs() as logs:
+        for step in (2, 3):
+            bump(state)
+            snap = checkpointer.snapshot(step)
+            assert snap is not None
+            held = {k.split("/")[0]: np.asarray(t.numpy()) for k, t in zip(snap.keys, snap.tensors) if "VARIABLE_VALUE" in k}
+            assert all(held[n].tolist() == v.tolist() for n, v in values(state).items())
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["checkpoint.batched_read_failed"]
+    assert checkpointer._walks.hits == 2 and checkpointer._walks.batched == 0
+
+
+def test_a_keras_variable_given_a_new_inner_variable_is_walked_again(tmp_path: Path) -> None:
+    """The batched read captured the ResourceVariable inside each Keras variable; if one is
+    replaced, the snapshot takes the full walk and reads the new one."""
+    import keras
+
+    state = many_variables()
+    wrapped = keras.Variable(np.array([1.0, 2.0], np.float32))
+    ckpt = tf.train.Checkpoint(wrapped=wrapped, **state)
+    checkpointer = Checkpointer(ckpt, tmp_path, staging=False)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(1)
+    assert snap is not None
+    checkpointer.write(snap)
+    checkpointer.prepare_next(snap)
+    wrapped._value = tf.Variable(np.array([5.0, 6.0], np.float32))
+    snap = checkpointer.snapshot(2)
+    assert snap is not None
+    assert dict(zip(snap.keys, snap.tensors))["wrapped/.ATTRIBUTES/VARIABLE_VALUE"].numpy().tolist() == [5.0, 6.0]
+    assert checkpointer._walks.hits == 0 and checkpointer._walks.batched == 0
+
+
+@pytest.mark.anyio
+async def test_a_session_traces_the_batched_read_off_the_step_thread(tmp_path: Path) -> None:
+    """In a session the batched read is traced by the checkpoint writer after the first
+    save (the one at the start, step 0; logged ``checkpoint.batched_read``), once, and the
+    checkpoints it reads resume every value."""
+    import asupervisor as asv
+
+    state = many_variables()
+    traced_on: list[str] = []
+    from asupervisor._checkpoint import _walk_cache
+
+    real = _walk_cache._batch_reader
+
+    def spy(variables: list[Any]) -> Any:
+        traced_on.append(threading.current_thread().name)
+        return real(variables)
+
+    sv = asv.Supervisor(
+        tmp_path, state=state, save_model_secs=0, save_model_steps=5, save_summaries_secs=0, handle_signals=False
+    )
+    with capture_logs() as logs, pytest.MonkeyPatch.context() as patch:
+        patch.setattr("asupervisor._checkpoint._walk_cache._batch_reader", spy)
+        async with sv.managed_session() as sess:
+            await sess.run_loop(lambda: bump(state), max_steps=20)
+    assert [e["step"] for e in logs if e["event"] == "checkpoint.batched_read"] == [0]
+    assert traced_on == ["asv-checkpoint"]
+    reader = tf.train.load_checkpoint(str(tmp_path / "model.ckpt-20"))
+    for name, want in values(state).items():
+        assert np.asarray(reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE")).tolist() == want.tolist()
