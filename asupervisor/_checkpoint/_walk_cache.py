@@ -17,7 +17,8 @@ walk, which is then remembered instead. A walk is only reused when the whole che
 is plain variables, ``tf.data`` iterators (whose position is serialised again, as TF's
 walk does) and the proto: other objects that compute their own tensors (legacy
 saveables, ...), slot variables of TF1-style optimizers (found by ``get_slot_names``,
-not by the traversal), uninitialised or distributed variables always take the full walk.
+not by the traversal) and distributed variables always take the full walk; a checkpoint
+with a variable not yet initialised is walked until it is.
 
 A remembered walk of many variables also gets a **batched read**: one ``tf.function``
 reading every variable of the walk (the same two ops per variable as
@@ -42,7 +43,7 @@ from typing import Any
 
 from .._logging import describe, get_logger
 
-__all__ = ["BATCH_MIN_VARIABLES", "WalkCache", "plain_variable"]
+__all__ = ["BATCH_MIN_VARIABLES", "WalkCache", "initialized", "plain_variable"]
 
 log = get_logger(__name__)
 
@@ -51,23 +52,44 @@ BATCH_MIN_VARIABLES = 16  # from this many variables on, a walk's reads are batc
 _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 
+_PLAIN: dict[type, bool] = {}  # variable class -> whether it may be uninitialised (filled at first use)
+
+
+def _plain_types() -> dict[type, bool]:
+    if not _PLAIN:
+        from tensorflow.python.eager.polymorphic_function.polymorphic_function import UnliftedInitializerVariable
+        from tensorflow.python.ops.resource_variable_ops import ResourceVariable, UninitializedVariable
+
+        _PLAIN.update({ResourceVariable: False, UninitializedVariable: True, UnliftedInitializerVariable: True})
+    return _PLAIN
+
+
 def plain_variable(obj: Any) -> Any:
     """The ``ResourceVariable`` that ``obj`` saves, when it is a plain one; else ``None``.
 
     ``obj`` is a ``tf.Variable`` or a Keras 3 variable wrapping one (its
-    ``_serialize_to_tensors`` delegates to it). Subclasses (distributed, uninitialised,
-    ...) and variables with a caching device take TF's own path.
+    ``_serialize_to_tensors`` delegates to it). Plain means a ``ResourceVariable``, or one
+    created inside a ``tf.function`` (``UnliftedInitializerVariable``: every optimizer
+    slot a Keras optimizer makes in its first traced step) or restored lazily
+    (``UninitializedVariable``), which read the same way once initialised: check with
+    :func:`initialized` before reading those. Other subclasses (distributed, ...) and
+    variables with a caching device take TF's own path.
     """
-    from tensorflow.python.ops.resource_variable_ops import ResourceVariable
-
-    if type(obj) is not ResourceVariable:
+    types = _PLAIN or _plain_types()
+    if type(obj) not in types:
         inner = getattr(obj, "_value", None)
-        if type(inner) is not ResourceVariable or not hasattr(obj, "_serialize_to_tensors"):
+        if type(inner) not in types or not hasattr(obj, "_serialize_to_tensors"):
             return None
         obj = inner
     if getattr(obj, "_caching_device", None) is not None:
         return None
     return obj
+
+
+def initialized(variable: Any) -> bool:
+    """Whether a :func:`plain_variable` holds a value (TF's walk skips it otherwise). A
+    ``ResourceVariable`` made eagerly always does; the others are asked (one op)."""
+    return not _PLAIN[type(variable)] or bool(variable.is_initialized())
 
 
 _ITERATOR_KEY = "/.ATTRIBUTES/ITERATOR_STATE"
@@ -240,4 +262,6 @@ class WalkCache:
             return
         variable_owners = [o for o, it in zip(owners, iterators) if o is not None and not it]
         variables = [plain_variable(o) for o in variable_owners]
+        if not all(initialized(v) for v in variables):
+            return  # not saved yet: walk until it is (a variable never becomes uninitialised again)
         self._walk = _Walk(objects, paths, keys, owners, iterators, graph, variable_owners, variables)

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from eventfiles import tick
@@ -777,6 +778,12 @@ def test_snapshot_reads_what_tfs_own_walk_reads_and_is_copy_on_write() -> None:
     assert after.tobytes() == before.tobytes()  # the snapshot kept the value at the boundary
 
 
+def _snapshot_serialized(ckpt: Any) -> dict[Any, dict[str, Any]]:
+    from asupervisor._checkpoint import _snapshot
+
+    return _snapshot._serialized(ckpt)[0]
+
+
 def _tf_walk_keys(ckpt: Any) -> set[str]:
     from asupervisor._checkpoint import _snapshot
 
@@ -825,6 +832,76 @@ def test_snapshots_reuse_the_walk_only_while_the_object_graph_is_unchanged(tmp_p
     fresh.restore(tf.train.latest_checkpoint(str(tmp_path))).expect_partial().assert_existing_objects_matched()
     assert fresh.plain.numpy().tolist() == [8.0, 9.0] and float(fresh.extra) == 7.0
     assert walks.hits == 3
+
+
+def test_a_walk_with_optimizer_slots_made_in_a_traced_step_is_reused(tmp_path: Path) -> None:
+    """A Keras optimizer's first traced step makes its slots as variables of a subclass
+    (``UnliftedInitializerVariable``): they are read like plain ones, so the walk is
+    reused and the snapshot holds what TF's own walk reads; plain TF restores it."""
+    from asupervisor._checkpoint._manager import Checkpointer
+
+    def build() -> tuple[Any, Any, Any]:
+        model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(4), tf.keras.layers.Dense(2)])
+        opt = tf.keras.optimizers.Adam()
+
+        @tf.function
+        def step() -> None:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(model(tf.ones((1, 3))))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+        return model, opt, step
+
+    model, opt, step = build()
+    step()
+    assert "UnliftedInitializerVariable" in {type(v._value).__name__ for v in opt.variables}  # the slots
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+    checkpointer = Checkpointer(ckpt, tmp_path)
+    checkpointer.prepare()
+    for n in (1, 2):
+        step()
+        snap = checkpointer.snapshot(n)
+        assert snap is not None and set(snap.keys) == _tf_walk_keys(ckpt)
+        expected = {}
+        for tensor_dict in _snapshot_serialized(ckpt).values():
+            for key, value in tensor_dict.items():
+                if key != "_CHECKPOINTABLE_OBJECT_GRAPH":
+                    expected[key] = getattr(value, "tensor", value).numpy()  # TF's own closure
+        got = {k: t.numpy() for k, t in zip(snap.keys, snap.tensors) if k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+        assert got.keys() == expected.keys() and all(got[k].tobytes() == expected[k].tobytes() for k in got)
+        checkpointer.write(snap)
+    assert checkpointer._walks.hits == 1
+    fresh_model, fresh_opt, fresh_step = build()
+    fresh_step()  # creates the slots, then the restore overwrites them
+    tf.train.Checkpoint(model=fresh_model, optimizer=fresh_opt).restore(str(tmp_path / "model.ckpt-2")).assert_consumed()
+    for a, b in zip(opt.variables + model.variables, fresh_opt.variables + fresh_model.variables):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), a.path
+
+
+def test_an_uninitialised_variable_is_left_out_until_it_holds_a_value(tmp_path: Path) -> None:
+    """As TF's own save does, a variable without a value is not in the snapshot, and the
+    walk is not reused while one is in the checkpoint; once assigned, it is saved."""
+    from tensorflow.python.ops.resource_variable_ops import UninitializedVariable
+
+    from asupervisor._checkpoint._manager import Checkpointer
+
+    late = UninitializedVariable(shape=[2], dtype=tf.float32)
+    ckpt = tf.train.Checkpoint(v=tf.Variable(1.0), late=late)
+    checkpointer = Checkpointer(ckpt, tmp_path)
+    checkpointer.prepare()
+    key = "late/.ATTRIBUTES/VARIABLE_VALUE"
+    for n in (1, 2):
+        snap = checkpointer.snapshot(n)
+        assert snap is not None and key not in snap.keys
+        checkpointer.write(snap)
+    assert checkpointer._walks.hits == 0
+    tf.train.Checkpoint(v=tf.Variable(1.0), late=late).write(str(tmp_path / "plain"))
+    assert key not in tf.train.load_checkpoint(str(tmp_path / "plain")).get_variable_to_shape_map()  # TF agrees
+    late.assign([3.0, 4.0])
+    for n in (3, 4):
+        snap = checkpointer.snapshot(n)
+        assert snap is not None and dict(zip(snap.keys, snap.tensors))[key].numpy().tolist() == [3.0, 4.0]
+    assert checkpointer._walks.hits == 1
 
 
 def test_snapshots_from_a_reused_walk_read_a_data_iterator_where_it_is_now(tmp_path: Path) -> None:
