@@ -410,7 +410,11 @@ class Checkpointer:
         stopping: there is no next save): make the next snapshot cheaper for the step
         thread. The staging buffers are allocated and touched, and a walk of many
         variables gets its batched read traced (:meth:`.WalkCache.prepare`)."""
-        self._prepare_staging(snapshot)
+        try:
+            self._prepare_staging(snapshot)
+        except Exception as exc:  # e.g. MemoryError: this save is committed, the next ones copy-on-write
+            self._staging = None  # for the session: its buffers are freed
+            log.warning("checkpoint.staging_failed", step=snapshot.step, error=describe(exc))
         if self._walks.prepare():
             log.debug("checkpoint.batched_read", step=snapshot.step)
 

@@ -27,7 +27,7 @@ eager op dispatches, ~13-30 us on the machines measured: ~15-30 ms of step loop 
 for a model of a thousand variables (weights and optimizer slots), against ~2 ms for the
 function. A function call costs ~0.1 ms itself, so walks of fewer than
 :data:`BATCH_MIN_VARIABLES` variables keep reading them one by one. Tracing the function
-takes ~0.7 s for a thousand variables, so it is never done on the step thread:
+takes ~1 s for a thousand variables, so it is never done on the step thread:
 :meth:`WalkCache.prepare` traces it on the checkpoint writer's thread after a save, and
 snapshots use it from then on while the walk holds.
 
@@ -230,7 +230,11 @@ class WalkCache:
         if walk is None or walk.batch_tried or len(walk.variables) < BATCH_MIN_VARIABLES:
             return False
         walk.batch_tried = True
-        walk.batch = _batch_reader(walk.variables)
+        try:
+            walk.batch = _batch_reader(walk.variables)
+        except Exception as exc:  # an optimisation: the snapshots read one by one
+            log.warning("checkpoint.batched_read_failed", variables=len(walk.variables), error=describe(exc))
+            return False
         return True
 
     def learn(self, checkpoint: Any, serialized: dict[Any, dict[str, Any]]) -> None:

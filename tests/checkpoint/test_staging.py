@@ -335,3 +335,36 @@ async def test_a_session_traces_the_batched_read_off_the_step_thread(tmp_path: P
     reader = tf.train.load_checkpoint(str(tmp_path / "model.ckpt-20"))
     for name, want in values(state).items():
         assert np.asarray(reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE")).tolist() == want.tolist()
+
+
+def test_preparing_the_next_save_never_fails_the_committed_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Staging buffers that cannot be allocated (a MemoryError, injected) and a batched read
+    that cannot be traced (injected) are logged once; the save is committed, and the next
+    ones are copy-on-write, read one by one, and restore."""
+    from asupervisor._checkpoint import _walk_cache
+
+    def no_memory(*args: Any) -> Any:
+        raise MemoryError("injected")
+
+    def no_trace(variables: list[Any]) -> Any:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(_snapshot, "aligned_empty", no_memory)
+    monkeypatch.setattr(_walk_cache, "_batch_reader", no_trace)
+    state = many_variables()
+    ckpt = tf.train.Checkpoint(**state)
+    checkpointer = Checkpointer(ckpt, tmp_path)
+    checkpointer.prepare()
+    with capture_logs() as logs:
+        for step in (1, 2):
+            bump(state)
+            snap = checkpointer.snapshot(step)
+            assert snap is not None and staged_count(snap) == 0
+            checkpointer.write(snap)
+            checkpointer.prepare_next(snap)
+    warnings = [e["event"] for e in logs if e["log_level"] == "warning"]
+    assert warnings == ["checkpoint.staging_failed", "checkpoint.batched_read_failed"]  # each once: given up
+    assert checkpointer._walks.batched == 0
+    reader = tf.train.load_checkpoint(str(tmp_path / "model.ckpt-2"))
+    for name, want in values(state).items():
+        assert np.asarray(reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE")).tolist() == want.tolist()
