@@ -243,6 +243,17 @@ def test_a_walk_of_many_variables_is_read_in_one_batched_call(tmp_path: Path, st
             assert np.asarray(reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE")).tolist() == want.tolist()
 
 
+def saved_once(ckpt: Any, logdir: Path) -> Checkpointer:
+    """A copy-on-write Checkpointer of ``ckpt`` after its first save, as the writer leaves it."""
+    checkpointer = Checkpointer(ckpt, logdir, staging=False)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(1)
+    assert snap is not None
+    checkpointer.write(snap)
+    checkpointer.prepare_next(snap)
+    return checkpointer
+
+
 def test_a_walk_of_few_variables_reads_them_one_by_one(tmp_path: Path) -> None:
     """Below BATCH_MIN_VARIABLES a function call costs more than it saves: nothing is traced."""
     ckpt = tf.train.Checkpoint(**mixed_state())
@@ -261,12 +272,7 @@ def test_a_batched_read_that_fails_falls_back_to_reading_one_by_one(tmp_path: Pa
     the ones after it, read the variables one by one and hold the right values."""
     state = many_variables()
     ckpt = tf.train.Checkpoint(**state)
-    checkpointer = Checkpointer(ckpt, tmp_path, staging=False)
-    checkpointer.prepare()
-    snap = checkpointer.snapshot(1)
-    assert snap is not None
-    checkpointer.write(snap)
-    checkpointer.prepare_next(snap)
+    checkpointer = saved_once(ckpt, tmp_path)
     walk = checkpointer._walks._walk
     assert walk is not None and walk.batch is not None
 
@@ -293,12 +299,7 @@ def test_a_keras_variable_given_a_new_inner_variable_is_walked_again(tmp_path: P
     state = many_variables()
     wrapped = keras.Variable(np.array([1.0, 2.0], np.float32))
     ckpt = tf.train.Checkpoint(wrapped=wrapped, **state)
-    checkpointer = Checkpointer(ckpt, tmp_path, staging=False)
-    checkpointer.prepare()
-    snap = checkpointer.snapshot(1)
-    assert snap is not None
-    checkpointer.write(snap)
-    checkpointer.prepare_next(snap)
+    checkpointer = saved_once(ckpt, tmp_path)
     wrapped._value = tf.Variable(np.array([5.0, 6.0], np.float32))
     snap = checkpointer.snapshot(2)
     assert snap is not None
