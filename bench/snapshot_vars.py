@@ -8,9 +8,11 @@ prints the median blocked time of each, its range over the rounds, and the ratio
 TF's full walk (what every snapshot would cost without the remembered walk) and how long
 the batched read took to trace (off the step thread in a session).
 
-States: ``N`` plain variables of 256 float32 each (``--counts``), and a Keras MLP of
-``--layers`` Dense(64) layers with Adam after one step (weights and both moments). Run:
-``python bench/snapshot_vars.py [--rounds 40] [--counts 16 100 1000] [--layers 150]``.
+States: ``N`` plain variables of 256 float32 each (``--counts``), a Keras MLP of
+``--layers`` Dense(64) layers with Adam after one step (weights and both moments), and
+one of ``--strategy-layers`` layers with Adam and a Mean metric made under
+``MirroredStrategy`` (one CPU). Run: ``python bench/snapshot_vars.py [--rounds 40]
+[--counts 16 100 1000] [--layers 150] [--strategy-layers 20]``.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--counts", type=int, nargs="*", default=[16, 100, 1000])
     parser.add_argument("--layers", type=int, default=150)
+    parser.add_argument("--strategy-layers", type=int, default=20)
     args = parser.parse_args()
     import numpy as np
     import tensorflow as tf
@@ -86,6 +89,41 @@ def main() -> None:
         step, state = mlp_step(hidden=(64,) * args.layers, optimizer=tf.keras.optimizers.Adam())
         step()
         measure(f"MLP of {args.layers} layers + Adam", tf.train.Checkpoint(**state), args.rounds)
+    if args.strategy_layers:
+        measure(
+            f"MLP of {args.strategy_layers} layers + Adam + Mean, MirroredStrategy",
+            mirrored_state(args.strategy_layers),
+            args.rounds,
+        )
+
+
+def mirrored_state(layers: int) -> Any:
+    """A Keras MLP, Adam and a Mean metric made under ``MirroredStrategy`` (one CPU), after
+    one traced step: MirroredVariables (read through their primary copy) and two
+    SyncOnRead ones (read as TF's walk reads them)."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        model = tf.keras.Sequential(
+            [tf.keras.Input((784,))] + [tf.keras.layers.Dense(64) for _ in range(layers)] + [tf.keras.layers.Dense(10)]
+        )
+        opt = tf.keras.optimizers.Adam()
+        mean = tf.keras.metrics.Mean()
+    x = tf.random.normal((64, 784))
+
+    @tf.function
+    def step() -> None:
+        def replica() -> None:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x)))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            mean.update_state(loss)
+
+        strategy.run(replica)
+
+    step()
+    return tf.train.Checkpoint(model=model, optimizer=opt, metric=list(mean.variables))
 
 
 if __name__ == "__main__":

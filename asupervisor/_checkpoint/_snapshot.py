@@ -36,7 +36,7 @@ from .._exceptions import CheckpointError
 from .._logging import get_logger
 from .._tf import tf
 from ._bundle import _PLAIN_DTYPES
-from ._walk_cache import WalkCache, initialized, plain_variable
+from ._walk_cache import WalkCache, initialized, saved_variable
 from .files._direct import aligned_empty
 
 __all__ = ["Snapshot", "Staged", "Staging", "take_snapshot"]
@@ -336,7 +336,7 @@ def _read_serialized(
     slices: list[str] = []
     tensors: list[Any] = []
     for obj, tensor_dict in serialized.items():
-        variable = plain_variable(obj) if len(tensor_dict) == 1 else None
+        variable = saved_variable(obj) if len(tensor_dict) == 1 else None
         if variable is not None and not initialized(variable):
             continue  # TF's walk skips it too (its closure reads None)
         for key, value in tensor_dict.items():

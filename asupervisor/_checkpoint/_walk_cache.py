@@ -41,15 +41,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _tf
 from .._logging import describe, get_logger
 
-__all__ = ["BATCH_MIN_VARIABLES", "WalkCache", "initialized", "plain_variable"]
+__all__ = ["BATCH_MIN_VARIABLES", "WalkCache", "initialized", "plain_variable", "saved_variable"]
 
 log = get_logger(__name__)
 
 BATCH_MIN_VARIABLES = 16  # from this many variables on, a walk's reads are batched in one function
 
 _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+# what a remembered walk reads for each key
+_GRAPH = "graph"  # the object-graph proto, a constant
+_VARIABLE = "variable"  # a variable, read directly (saved_variable)
+_ITERATOR = "iterator"  # a tf.data iterator's position, serialised again
+_DISTRIBUTED = "distributed"  # another tf.distribute variable (SyncOnRead: a collective read), read as TF's walk does
 
 
 _PLAIN: dict[type, bool] = {}  # variable class -> whether it may be uninitialised (filled at first use)
@@ -92,6 +99,35 @@ def initialized(variable: Any) -> bool:
     return not _PLAIN[type(variable)] or bool(variable.is_initialized())
 
 
+def _distributed(obj: Any) -> Any:
+    """The ``tf.distribute`` variable a Keras 3 variable ``obj`` wraps (TF's walk is handed
+    that variable itself as the value to save), or ``None``."""
+    from tensorflow.python.distribute.values import DistributedVariable
+
+    inner = getattr(obj, "_value", None)
+    return inner if isinstance(inner, DistributedVariable) and hasattr(obj, "_serialize_to_tensors") else None
+
+
+def saved_variable(obj: Any) -> Any:
+    """The variable a snapshot reads directly (two ops, or batched) for ``obj``; ``None``
+    if ``obj`` must be read another way.
+
+    A :func:`plain_variable`, or, for a Keras variable made under a ``tf.distribute``
+    strategy whose value is a ``MirroredVariable``, that variable's primary copy: TF's
+    own save reads the copy on the current device or the primary
+    (``strategy.extended.read_var``), and every copy holds the same value between steps.
+    """
+    variable = plain_variable(obj)
+    if variable is not None:
+        return variable
+    from tensorflow.python.distribute.values import MirroredVariable
+
+    inner = _distributed(obj)
+    if type(inner) is not MirroredVariable:
+        return None
+    return plain_variable(inner._primary)
+
+
 _ITERATOR_KEY = "/.ATTRIBUTES/ITERATOR_STATE"
 
 
@@ -127,10 +163,11 @@ class _Walk:
     paths: list[tuple[str, ...]]
     keys: list[str]  # checkpoint keys, in the walk's order
     owners: list[Any]  # per key: the variable or iterator it reads, or None for the proto
-    iterators: list[bool]  # per key: whether its owner is a tf.data iterator
+    kinds: list[str]  # per key: _GRAPH, _VARIABLE, _ITERATOR or _DISTRIBUTED
     graph: Any  # the object-graph proto tensor (a constant)
-    variable_owners: list[Any]  # the owners that are variables, in order
-    variables: list[Any]  # the ResourceVariable each of them saved at the walk
+    variable_owners: list[Any]  # the owners of kind _VARIABLE, in order
+    variables: list[Any]  # the ResourceVariable each of them saved at the walk (saved_variable)
+    distributed: list[Any]  # per key: the distributed variable of a _DISTRIBUTED owner, else None
     batch: Callable[[], list[Any]] | None = None  # reads all of them in one call (prepare)
     batch_tried: bool = False  # prepare() was done for this walk
 
@@ -188,7 +225,10 @@ class WalkCache:
                 return None
         variables = walk.variables
         for owner, variable in zip(walk.variable_owners, variables):
-            if plain_variable(owner) is not variable:  # e.g. a Keras variable given a new one
+            if saved_variable(owner) is not variable:  # e.g. a Keras variable given a new one
+                return None
+        for owner, distributed in zip(walk.owners, walk.distributed):
+            if distributed is not None and _distributed(owner) is not distributed:
                 return None
         values = self._batched(walk)
         if values is None:
@@ -197,13 +237,15 @@ class WalkCache:
             values = [stage(value) for value in values]
         tensors = []
         next_value = iter(values).__next__
-        for owner, iterator in zip(walk.owners, walk.iterators):
-            if owner is None:
-                tensors.append(walk.graph)
-            elif iterator:
-                tensors.append(owner._serialize_to_tensors()["_STATE"])  # its position now
-            else:
+        for owner, kind, distributed in zip(walk.owners, walk.kinds, walk.distributed):
+            if kind == _VARIABLE:
                 tensors.append(next_value())
+            elif kind == _GRAPH:
+                tensors.append(walk.graph)
+            elif kind == _ITERATOR:
+                tensors.append(owner._serialize_to_tensors()["_STATE"])  # its position now
+            else:  # in key order, as TF's walk: the same collectives, in the same order, on every worker
+                tensors.append(_tf.tf().convert_to_tensor(distributed))
         self.hits += 1
         return list(walk.keys), tensors
 
@@ -242,30 +284,34 @@ class WalkCache:
         self._walk = None
         keys: list[str] = []
         owners: list[Any] = []
-        iterators: list[bool] = []
+        kinds: list[str] = []
+        distributed: list[Any] = []
         graph = None
         for obj, tensor_dict in serialized.items():
             for key, value in tensor_dict.items():
-                iterator = False
+                single = len(tensor_dict) == 1 and not isinstance(value, dict)
+                owner, found, kind = obj, None, _VARIABLE
                 if key == _GRAPH_KEY:
-                    graph = value
-                    owners.append(None)
-                elif len(tensor_dict) == 1 and not isinstance(value, dict) and plain_variable(obj) is not None:
-                    owners.append(obj)
-                elif len(tensor_dict) == 1 and _owned_iterator(obj) is not None and key.endswith(_ITERATOR_KEY):
-                    owners.append(_owned_iterator(obj))
-                    iterator = True
+                    graph, owner, kind = value, None, _GRAPH
+                elif single and saved_variable(obj) is not None:
+                    pass
+                elif single and _owned_iterator(obj) is not None and key.endswith(_ITERATOR_KEY):
+                    owner, kind = _owned_iterator(obj), _ITERATOR
+                elif single and value is not None and value is _distributed(obj):
+                    found, kind = value, _DISTRIBUTED
                 else:
                     return  # an object computing other tensors, or slices: walk every time
                 keys.append(key)
-                iterators.append(iterator)
+                owners.append(owner)
+                kinds.append(kind)
+                distributed.append(found)
         if graph is None:
             return
         objects, paths = _traversal(checkpoint)
         if any(_has_slots(obj) for obj in objects):
             return
-        variable_owners = [o for o, it in zip(owners, iterators) if o is not None and not it]
-        variables = [plain_variable(o) for o in variable_owners]
+        variable_owners = [o for o, kind in zip(owners, kinds) if kind == _VARIABLE]
+        variables = [saved_variable(o) for o in variable_owners]
         if not all(initialized(v) for v in variables):
             return  # not saved yet: walk until it is (a variable never becomes uninitialised again)
-        self._walk = _Walk(objects, paths, keys, owners, iterators, graph, variable_owners, variables)
+        self._walk = _Walk(objects, paths, keys, owners, kinds, graph, variable_owners, variables, distributed)

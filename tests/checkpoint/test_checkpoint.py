@@ -778,10 +778,19 @@ def test_snapshot_reads_what_tfs_own_walk_reads_and_is_copy_on_write() -> None:
     assert after.tobytes() == before.tobytes()  # the snapshot kept the value at the boundary
 
 
-def _snapshot_serialized(ckpt: Any) -> dict[Any, dict[str, Any]]:
+def _assert_holds_what_tf_saves(snap: Any, ckpt: Any) -> None:
+    """``snap`` holds TF's own walk's keys, and each value TF's own closure reads now."""
     from asupervisor._checkpoint import _snapshot
 
-    return _snapshot._serialized(ckpt)[0]
+    expected = {}
+    for tensor_dict in _snapshot._serialized(ckpt)[0].values():
+        for key, value in tensor_dict.items():
+            if key != "_CHECKPOINTABLE_OBJECT_GRAPH":
+                expected[key] = np.asarray(getattr(value, "tensor", value).numpy())
+    got = {k: np.asarray(t.numpy()) for k, t in zip(snap.keys, snap.tensors) if k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+    assert got.keys() == expected.keys()
+    for key in got:
+        assert got[key].tobytes() == expected[key].tobytes(), key
 
 
 def _tf_walk_keys(ckpt: Any) -> set[str]:
@@ -861,20 +870,64 @@ def test_a_walk_with_optimizer_slots_made_in_a_traced_step_is_reused(tmp_path: P
     for n in (1, 2):
         step()
         snap = checkpointer.snapshot(n)
-        assert snap is not None and set(snap.keys) == _tf_walk_keys(ckpt)
-        expected = {}
-        for tensor_dict in _snapshot_serialized(ckpt).values():
-            for key, value in tensor_dict.items():
-                if key != "_CHECKPOINTABLE_OBJECT_GRAPH":
-                    expected[key] = getattr(value, "tensor", value).numpy()  # TF's own closure
-        got = {k: t.numpy() for k, t in zip(snap.keys, snap.tensors) if k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
-        assert got.keys() == expected.keys() and all(got[k].tobytes() == expected[k].tobytes() for k in got)
+        assert snap is not None
+        _assert_holds_what_tf_saves(snap, ckpt)
         checkpointer.write(snap)
     assert checkpointer._walks.hits == 1
     fresh_model, fresh_opt, fresh_step = build()
     fresh_step()  # creates the slots, then the restore overwrites them
     tf.train.Checkpoint(model=fresh_model, optimizer=fresh_opt).restore(str(tmp_path / "model.ckpt-2")).assert_consumed()
     for a, b in zip(opt.variables + model.variables, fresh_opt.variables + fresh_model.variables):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), a.path
+
+
+def test_a_walk_of_keras_variables_under_a_strategy_is_reused(tmp_path: Path) -> None:
+    """Keras variables made under a tf.distribute strategy: a MirroredVariable's primary
+    copy is read directly (what TF saves: every copy holds the same value), a SyncOnRead
+    one (a metric) as TF's walk reads it, at every snapshot, in key order. The walk is
+    reused, each snapshot holds what TF's own walk reads, and the checkpoint restores."""
+    from asupervisor._checkpoint import _walk_cache
+    from asupervisor._checkpoint._manager import Checkpointer
+    from asupervisor._checkpoint._restore import restore_path
+
+    def build() -> tuple[dict[str, Any], Any]:
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+        with strategy.scope():
+            model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
+            opt = tf.keras.optimizers.Adam()
+            mean = tf.keras.metrics.Mean()
+
+        @tf.function
+        def step() -> None:
+            def replica() -> None:
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(model(tf.ones((1, 3))))
+                opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+                mean.update_state(loss)
+
+            strategy.run(replica)
+
+        return {"model": model, "opt": opt, "metric": list(mean.variables)}, step
+
+    state, step = build()
+    step()
+    ckpt = tf.train.Checkpoint(**state)
+    checkpointer = Checkpointer(ckpt, tmp_path)
+    checkpointer.prepare()
+    for n in (1, 2, 3):
+        step()
+        snap = checkpointer.snapshot(n)
+        assert snap is not None
+        _assert_holds_what_tf_saves(snap, ckpt)
+        checkpointer.write(snap)
+    walk = checkpointer._walks._walk
+    assert walk is not None and checkpointer._walks.hits == 2
+    assert walk.kinds.count(_walk_cache._DISTRIBUTED) == 2  # the metric's total and count
+    assert "MirroredVariable" in {type(getattr(o, "_value", None)).__name__ for o in walk.variable_owners}
+    fresh, fresh_step = build()
+    fresh_step()
+    restore_path(tf.train.Checkpoint(**fresh), str(tmp_path / "model.ckpt-3"))
+    for a, b in zip(state["opt"].variables + state["model"].variables + state["metric"], fresh["opt"].variables + fresh["model"].variables + fresh["metric"]):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), a.path
 
 

@@ -205,9 +205,11 @@ def _finish(procs: list[subprocess.Popen[str]], expected_rc: int = 0, before: li
     return [lines + out.splitlines() for lines, (out, _) in zip(read, results)]
 
 
-def _run_cluster(tmp_path: Path, logdir: Path, max_steps: int, save_steps: int, backend: str) -> list[list[str]]:
+def _run_cluster(
+    tmp_path: Path, logdir: Path, max_steps: int, save_steps: int, backend: str, *extra: str
+) -> list[list[str]]:
     """Run the chief and one worker to ``max_steps``; their stdout lines (chief first)."""
-    return _finish(_start_cluster(tmp_path, logdir, max_steps, save_steps, backend))
+    return _finish(_start_cluster(tmp_path, logdir, max_steps, save_steps, backend, *extra))
 
 
 def _saves(lines: list[str], tag: str) -> list[int]:
@@ -330,12 +332,14 @@ def test_cluster_killed_at_a_random_moment_resumes_to_the_weights_of_an_uninterr
     random and shown on failure), then restarted: both resume from the same step (the
     chief's latest committed checkpoint), only the chief's logdir holds checkpoints, no
     worker temporary directory remains, and the final weights are bitwise those of an
-    uninterrupted run on both workers. An evaluator following ``watch_checkpoints`` the
+    uninterrupted run on both workers (a state of Keras variables only, so snapshots read
+    from the remembered walk, SyncOnRead collectives included). An evaluator following ``watch_checkpoints`` the
     whole time sees every committed checkpoint exactly once, in order, and each loads."""
     seed = int(os.environ.get("ASV_TEST_SEED") or random.SystemRandom().randrange(1 << 30))
     why = f"ASV_TEST_SEED={seed}"
     final, every = 600, 10
-    reference = _run_cluster(tmp_path / "reference", tmp_path / "reference" / "logdir", final, every, "asyncio")
+    # a state of Keras variables only (SyncOnRead ones included): snapshots reuse the walk
+    reference = _run_cluster(tmp_path / "reference", tmp_path / "reference" / "logdir", final, every, "asyncio", "keras-counter")
     assert reference[0][-1] == f"DONE {final} max_steps"
 
     logdir = tmp_path / "logdir"
@@ -347,7 +351,7 @@ def test_cluster_killed_at_a_random_moment_resumes_to_the_weights_of_an_uninterr
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )
     try:
-        procs = _start_cluster(tmp_path, logdir, final, every, "asyncio", "keep-all")
+        procs = _start_cluster(tmp_path, logdir, final, every, "asyncio", "keep-all", "keras-counter")
         chief_out = procs[0].stdout
         assert chief_out is not None
         while "RUNNING" not in (line := chief_out.readline()):
@@ -361,7 +365,7 @@ def test_cluster_killed_at_a_random_moment_resumes_to_the_weights_of_an_uninterr
         killed_at = 0 if latest is None else int(latest.rsplit("-", 1)[1])
         assert killed_at < final, f"the training ended before the kill; nothing was tested ({why})"
 
-        chief, worker = _finish(_start_cluster(tmp_path, logdir, final, every, "asyncio", "keep-all"))
+        chief, worker = _finish(_start_cluster(tmp_path, logdir, final, every, "asyncio", "keep-all", "keras-counter"))
         eval_out, eval_err = evaluator.communicate(timeout=60)
     finally:
         if evaluator.poll() is None:

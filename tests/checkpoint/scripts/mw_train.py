@@ -4,7 +4,9 @@ Usage: ``python mw_train.py LOGDIR MAX_STEPS SAVE_STEPS BACKEND OUT.npz [signals
 ``TF_CONFIG`` set by the parent. The process prints ``RUNNING`` after its 20th step of
 this run. With ``signals`` the session handles SIGINT/SIGTERM and the process exits with
 ``asv.exit_code``; with ``keep-all`` no checkpoint is deleted (``max_to_keep=None``). The state holds a Keras model and optimizer, a Keras ``Mean`` metric and
-an ``ON_READ``/``SUM`` counter (both SyncOnRead: reading them is a collective all-reduce).
+an ``ON_READ``/``SUM`` counter (both SyncOnRead: reading them is a collective all-reduce),
+a ``tf.Variable`` or, with ``keras-counter``, a Keras variable (then every variable of
+the state is a Keras one, and snapshots after the first reuse the walk).
 Each worker trains on its own data; gradients are all-reduced.
 
 Prints, one line each: ``RESTORED <step> <path>``, then for every save this process took
@@ -30,7 +32,9 @@ import tensorflow as tf
 import asupervisor as asv
 
 
-async def main(logdir: str, max_steps: int, save_steps: int, out: str, signals: bool, keep_all: bool) -> int:
+async def main(
+    logdir: str, max_steps: int, save_steps: int, out: str, signals: bool, keep_all: bool, keras_counter: bool
+) -> int:
     info = asv.cluster_info()
     tf.keras.utils.set_random_seed(0)  # the same initial weights in every run: runs compare bitwise
     tf.config.experimental.enable_op_determinism()
@@ -39,9 +43,12 @@ async def main(logdir: str, max_steps: int, save_steps: int, out: str, signals: 
         model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
         opt = tf.keras.optimizers.SGD(0.05)
         mean = tf.keras.metrics.Mean()
-        counter = tf.Variable(
-            0.0, synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM
-        )
+        if keras_counter:  # the whole state Keras variables: snapshots reuse the walk
+            counter = tf.keras.Variable(0.0, synchronization="on_read", aggregation="sum", name="counter")
+        else:  # a tf.Variable under a strategy: TF's walk computes its tensors, walked every time
+            counter = tf.Variable(
+                0.0, synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM
+            )
     worker = 0 if info.is_chief else 1 + info.task_index
 
     @tf.function
@@ -95,7 +102,7 @@ async def main(logdir: str, max_steps: int, save_steps: int, out: str, signals: 
     # reading SyncOnRead variables is a collective: every worker does it, in this order
     arrays = {f"w{i}": v.numpy() for i, v in enumerate(model.weights)}
     arrays["mean"] = np.array(mean.result().numpy())
-    arrays["counter"] = np.array(counter.read_value().numpy())
+    arrays["counter"] = np.array(tf.convert_to_tensor(counter).numpy() if keras_counter else counter.read_value().numpy())
     np.savez(out, **arrays)
     print(f"DONE {sv.global_step} {sv.status().stop_reason}", flush=True)
     return asv.exit_code(sv.status())
@@ -104,5 +111,8 @@ async def main(logdir: str, max_steps: int, save_steps: int, out: str, signals: 
 if __name__ == "__main__":
     logdir, max_steps, save_steps, backend, out = sys.argv[1:6]
     flags = sys.argv[6:]
-    code = anyio.run(main, logdir, int(max_steps), int(save_steps), out, "signals" in flags, "keep-all" in flags, backend=backend)
+    code = anyio.run(
+        main, logdir, int(max_steps), int(save_steps), out, "signals" in flags, "keep-all" in flags,
+        "keras-counter" in flags, backend=backend,
+    )
     sys.exit(code)
