@@ -100,20 +100,34 @@ def initialized(variable: Any) -> bool:
 
 
 def _distributed(obj: Any) -> Any:
-    """The ``tf.distribute`` variable a Keras 3 variable ``obj`` wraps (TF's walk is handed
-    that variable itself as the value to save), or ``None``."""
+    """The ``tf.distribute`` variable ``obj`` is, or that a Keras 3 variable ``obj`` wraps
+    (TF's walk is handed that variable itself as the value to save); else ``None``."""
     from tensorflow.python.distribute.values import DistributedVariable
 
+    if isinstance(obj, DistributedVariable):
+        return obj
     inner = getattr(obj, "_value", None)
     return inner if isinstance(inner, DistributedVariable) and hasattr(obj, "_serialize_to_tensors") else None
+
+
+def _converted(obj: Any) -> Any:
+    """The ``tf.distribute`` variable behind ``obj`` when ``obj`` is the wrapper TF's walk
+    makes for a ``tf.Variable`` created under a strategy (``SaveableCompatibilityConverter``:
+    its tensors are those of the variable's legacy saveable); else ``None``."""
+    from tensorflow.python.distribute.values import DistributedVariable
+    from tensorflow.python.training.saving.saveable_object_util import SaveableCompatibilityConverter
+
+    if type(obj) is SaveableCompatibilityConverter and isinstance(obj.obj, DistributedVariable):
+        return obj.obj
+    return None
 
 
 def saved_variable(obj: Any) -> Any:
     """The variable a snapshot reads directly (two ops, or batched) for ``obj``; ``None``
     if ``obj`` must be read another way.
 
-    A :func:`plain_variable`, or, for a Keras variable made under a ``tf.distribute``
-    strategy whose value is a ``MirroredVariable``, that variable's primary copy: TF's
+    A :func:`plain_variable`, or, for a ``MirroredVariable`` (a ``tf.Variable`` or the value
+    of a Keras variable made under a ``tf.distribute`` strategy), its primary copy: TF's
     own save reads the copy on the current device or the primary
     (``strategy.extended.read_var``), and every copy holds the same value between steps.
     """
@@ -129,6 +143,7 @@ def saved_variable(obj: Any) -> Any:
 
 
 _ITERATOR_KEY = "/.ATTRIBUTES/ITERATOR_STATE"
+_VARIABLE_KEY = "/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 def _owned_iterator(obj: Any) -> Any:
@@ -299,6 +314,10 @@ class WalkCache:
                     owner, kind = _owned_iterator(obj), _ITERATOR
                 elif single and value is not None and value is _distributed(obj):
                     found, kind = value, _DISTRIBUTED
+                elif single and key.endswith(_VARIABLE_KEY) and _converted(obj) is not None:
+                    owner = _converted(obj)  # a tf.Variable made under a strategy: read as a Keras one's
+                    if saved_variable(owner) is None:
+                        found, kind = owner, _DISTRIBUTED
                 else:
                     return  # an object computing other tensors, or slices: walk every time
                 keys.append(key)

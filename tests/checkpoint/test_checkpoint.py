@@ -881,11 +881,12 @@ def test_a_walk_with_optimizer_slots_made_in_a_traced_step_is_reused(tmp_path: P
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), a.path
 
 
-def test_a_walk_of_keras_variables_under_a_strategy_is_reused(tmp_path: Path) -> None:
-    """Keras variables made under a tf.distribute strategy: a MirroredVariable's primary
-    copy is read directly (what TF saves: every copy holds the same value), a SyncOnRead
-    one (a metric) as TF's walk reads it, at every snapshot, in key order. The walk is
-    reused, each snapshot holds what TF's own walk reads, and the checkpoint restores."""
+def test_a_walk_of_variables_made_under_a_strategy_is_reused(tmp_path: Path) -> None:
+    """Keras variables and tf.Variables made under a tf.distribute strategy: a
+    MirroredVariable's primary copy is read directly (what TF saves: every copy holds the
+    same value), a SyncOnRead one (a metric, a counter) as TF's walk reads it, at every
+    snapshot, in key order. The walk is reused, each snapshot holds what TF's own walk
+    reads, and the checkpoint restores."""
     from asupervisor._checkpoint import _walk_cache
     from asupervisor._checkpoint._manager import Checkpointer
     from asupervisor._checkpoint._restore import restore_path
@@ -896,6 +897,10 @@ def test_a_walk_of_keras_variables_under_a_strategy_is_reused(tmp_path: Path) ->
             model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
             opt = tf.keras.optimizers.Adam()
             mean = tf.keras.metrics.Mean()
+            epoch = tf.Variable(0, dtype=tf.int64)  # tf.Variables too, as TF's MWMS tutorial has them
+            total = tf.Variable(
+                0.0, synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM
+            )
 
         @tf.function
         def step() -> None:
@@ -904,10 +909,13 @@ def test_a_walk_of_keras_variables_under_a_strategy_is_reused(tmp_path: Path) ->
                     loss = tf.reduce_sum(model(tf.ones((1, 3))))
                 opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
                 mean.update_state(loss)
+                total.assign_add(1.0)
 
             strategy.run(replica)
+            epoch.assign_add(1)
 
-        return {"model": model, "opt": opt, "metric": list(mean.variables)}, step
+        state = {"model": model, "opt": opt, "metric": list(mean.variables), "epoch": epoch, "total": total}
+        return state, step
 
     state, step = build()
     step()
@@ -922,13 +930,16 @@ def test_a_walk_of_keras_variables_under_a_strategy_is_reused(tmp_path: Path) ->
         checkpointer.write(snap)
     walk = checkpointer._walks._walk
     assert walk is not None and checkpointer._walks.hits == 2
-    assert walk.kinds.count(_walk_cache._DISTRIBUTED) == 2  # the metric's total and count
-    assert "MirroredVariable" in {type(getattr(o, "_value", None)).__name__ for o in walk.variable_owners}
+    assert walk.kinds.count(_walk_cache._DISTRIBUTED) == 3  # the metric's total and count, total
+    owners = {type(getattr(o, "_value", o)).__name__ for o in walk.variable_owners}
+    assert "MirroredVariable" in owners and state["epoch"] in walk.variable_owners
     fresh, fresh_step = build()
     fresh_step()
     restore_path(tf.train.Checkpoint(**fresh), str(tmp_path / "model.ckpt-3"))
     for a, b in zip(state["opt"].variables + state["model"].variables + state["metric"], fresh["opt"].variables + fresh["model"].variables + fresh["metric"]):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), a.path
+    assert int(fresh["epoch"].read_value()) == int(state["epoch"].read_value()) == 4
+    assert float(fresh["total"].read_value()) == float(state["total"].read_value()) == 4.0
 
 
 def test_an_uninitialised_variable_is_left_out_until_it_holds_a_value(tmp_path: Path) -> None:

@@ -332,13 +332,14 @@ def test_cluster_killed_at_a_random_moment_resumes_to_the_weights_of_an_uninterr
     random and shown on failure), then restarted: both resume from the same step (the
     chief's latest committed checkpoint), only the chief's logdir holds checkpoints, no
     worker temporary directory remains, and the final weights are bitwise those of an
-    uninterrupted run on both workers (a state of Keras variables only, so snapshots read
+    uninterrupted run on both workers (a state of Keras variables only; snapshots read
     from the remembered walk, SyncOnRead collectives included). An evaluator following ``watch_checkpoints`` the
     whole time sees every committed checkpoint exactly once, in order, and each loads."""
     seed = int(os.environ.get("ASV_TEST_SEED") or random.SystemRandom().randrange(1 << 30))
     why = f"ASV_TEST_SEED={seed}"
     final, every = 600, 10
-    # a state of Keras variables only (SyncOnRead ones included): snapshots reuse the walk
+    # a state of Keras variables only (SyncOnRead ones included; the other multi-worker
+    # tests have a tf.Variable counter): snapshots from the remembered walk either way
     reference = _run_cluster(tmp_path / "reference", tmp_path / "reference" / "logdir", final, every, "asyncio", "keras-counter")
     assert reference[0][-1] == f"DONE {final} max_steps"
 

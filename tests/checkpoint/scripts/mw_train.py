@@ -5,8 +5,8 @@ Usage: ``python mw_train.py LOGDIR MAX_STEPS SAVE_STEPS BACKEND OUT.npz [signals
 this run. With ``signals`` the session handles SIGINT/SIGTERM and the process exits with
 ``asv.exit_code``; with ``keep-all`` no checkpoint is deleted (``max_to_keep=None``). The state holds a Keras model and optimizer, a Keras ``Mean`` metric and
 an ``ON_READ``/``SUM`` counter (both SyncOnRead: reading them is a collective all-reduce),
-a ``tf.Variable`` or, with ``keras-counter``, a Keras variable (then every variable of
-the state is a Keras one, and snapshots after the first reuse the walk).
+a ``tf.Variable`` (which TF's walk saves through a saveable converter) or, with
+``keras-counter``, a Keras variable. Either way snapshots after the first reuse the walk.
 Each worker trains on its own data; gradients are all-reduced.
 
 Prints, one line each: ``RESTORED <step> <path>``, then for every save this process took
@@ -43,9 +43,9 @@ async def main(
         model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
         opt = tf.keras.optimizers.SGD(0.05)
         mean = tf.keras.metrics.Mean()
-        if keras_counter:  # the whole state Keras variables: snapshots reuse the walk
+        if keras_counter:  # the whole state Keras variables
             counter = tf.keras.Variable(0.0, synchronization="on_read", aggregation="sum", name="counter")
-        else:  # a tf.Variable under a strategy: TF's walk computes its tensors, walked every time
+        else:  # a tf.Variable under a strategy: TF's walk wraps it in a SaveableCompatibilityConverter
             counter = tf.Variable(
                 0.0, synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM
             )
