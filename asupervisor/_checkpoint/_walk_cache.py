@@ -16,9 +16,12 @@ read directly. Anything else (an object added, removed, replaced or renamed) mea
 walk, which is then remembered instead. A walk is only reused when the whole checkpoint
 is plain variables, ``tf.data`` iterators (whose position is serialised again, as TF's
 walk does) and the proto: other objects that compute their own tensors (legacy
-saveables, ...), slot variables of TF1-style optimizers (found by ``get_slot_names``,
-not by the traversal) and distributed variables always take the full walk; a checkpoint
-with a variable not yet initialised is walked until it is.
+saveables, ...) and slot variables of TF1-style optimizers (found by ``get_slot_names``,
+not by the traversal) always take the full walk; a checkpoint with a variable not yet
+initialised is walked until it is. Variables made under a ``tf.distribute`` strategy
+(Keras ones, and ``tf.Variable``s, which TF's walk wraps in a
+``SaveableCompatibilityConverter``) are remembered too: a mirrored one is read through
+its primary copy like a plain variable, any other (SyncOnRead) as TF's walk reads it.
 
 A remembered walk of many variables also gets a **batched read**: one ``tf.function``
 reading every variable of the walk (the same two ops per variable as
@@ -193,8 +196,6 @@ def _batch_reader(variables: list[Any]) -> Callable[[], list[Any]]:
     copies), then the value, on the variable's device."""
     from tensorflow.python.ops import gen_resource_variable_ops as ops
 
-    from .._tf import tf
-
     def read_all() -> list[Any]:
         values = []
         for variable in variables:
@@ -202,7 +203,7 @@ def _batch_reader(variables: list[Any]) -> Callable[[], list[Any]]:
             values.append(ops.read_variable_op(variable.handle, variable.dtype))
         return values
 
-    concrete: Callable[[], list[Any]] = tf().function(read_all, autograph=False).get_concrete_function()
+    concrete: Callable[[], list[Any]] = _tf.tf().function(read_all, autograph=False).get_concrete_function()
     return concrete
 
 
