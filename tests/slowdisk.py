@@ -19,11 +19,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,9 +50,24 @@ _NO_REPLY = {FORGET, BATCH_FORGET, INTERRUPT}
 _FATTR_MODE, _FATTR_SIZE, _FATTR_ATIME, _FATTR_MTIME = 1, 8, 16, 32
 
 
+@functools.cache
 def available() -> bool:
-    """Whether this process can mount a FUSE file system (root and ``/dev/fuse``)."""
-    return os.geteuid() == 0 and os.path.exists("/dev/fuse")
+    """Whether this process can mount a FUSE file system: root, ``/dev/fuse``, and a
+    mount that works (tried once, on an empty directory, and taken down again; a
+    container may have the device but not the right to mount)."""
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        return False
+    probe = tempfile.mkdtemp(prefix="asv-fuse-probe-")
+    fd = os.open("/dev/fuse", os.O_RDWR)
+    try:
+        _mount(probe, fd)
+    except OSError:
+        return False
+    finally:
+        subprocess.run(["umount", "-l", probe], capture_output=True)
+        os.close(fd)
+        os.rmdir(probe)
+    return True
 
 
 @contextlib.contextmanager
