@@ -23,6 +23,13 @@ logs ``signals.not_installed``, and leaves signals to the application: stop it w
 A handler runs on the main thread between two bytecodes, possibly in the middle of the
 event loop's own code: it only schedules its work on the loop (``call_soon``, which both
 backends allow from a signal handler), never touches a cancel scope itself.
+
+The kernel may deliver a process's signal to any of its threads (the step thread, a
+TensorFlow thread). Python then runs the handler only when the main thread next runs
+Python code, so the main thread must wake: trio sets a wakeup file descriptor for that,
+asyncio does not (unless ``loop.add_signal_handler`` was used). On asyncio the session
+sets one of its own (:class:`_AsyncioWakeup`) for as long as its handlers are installed;
+without it a SIGTERM could wait, unseen, until something else woke the loop.
 """
 
 from __future__ import annotations
@@ -59,6 +66,58 @@ def _chainable(handler: Any) -> bool:
     return module.split(".")[0] not in _LOOP_MACHINERY
 
 
+class _AsyncioWakeup:
+    """A socket pair that wakes the running asyncio loop at every signal: its write end is
+    the process's wakeup file descriptor, its read end is drained by the loop. Nothing is
+    done where a wakeup descriptor is set already (the application's, or asyncio's own
+    after ``add_signal_handler``) or the loop cannot watch a socket."""
+
+    def __init__(self) -> None:
+        import asyncio
+        import socket
+
+        self._loop: Any = None
+        self._read, self._write = socket.socketpair()
+        self._read.setblocking(False)
+        self._write.setblocking(False)
+        loop = asyncio.get_running_loop()
+        previous = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+        if previous != -1:  # someone else's: theirs wakes the loop already, or was meant to
+            signal.set_wakeup_fd(previous)
+            self._close_sockets()
+            return
+        try:
+            loop.add_reader(self._read.fileno(), self._drain)
+        except NotImplementedError:  # a loop that cannot watch sockets (Windows' proactor)
+            signal.set_wakeup_fd(-1)
+            self._close_sockets()
+            return
+        self._loop = loop
+
+    def _drain(self) -> None:
+        try:
+            while self._read.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def _close_sockets(self) -> None:
+        self._read.close()
+        self._write.close()
+
+    def close(self) -> None:
+        """Stop watching; put the wakeup descriptor back as it was (unless replaced since)."""
+        if self._loop is None:
+            return
+        loop, self._loop = self._loop, None
+        current = signal.set_wakeup_fd(-1)
+        if current != self._write.fileno():
+            signal.set_wakeup_fd(current)  # set by someone after us: theirs stays
+        if not loop.is_closed():
+            loop.remove_reader(self._read.fileno())
+        self._close_sockets()
+
+
 class SignalHandlers:
     """The session's SIGINT/SIGTERM handlers (see the module docstring).
 
@@ -75,6 +134,7 @@ class SignalHandlers:
         self._previous: dict[int, Any] = {}
         self._received = 0
         self._retired = False
+        self._wakeup: _AsyncioWakeup | None = None
 
     def install(self) -> bool:
         """Install the handlers; ``False`` (logged) off the main thread."""
@@ -83,6 +143,8 @@ class SignalHandlers:
             return False
         for signum in SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
+        if self._loop.backend == "asyncio":
+            self._wakeup = _AsyncioWakeup()
         return True
 
     def restore(self) -> None:
@@ -93,6 +155,9 @@ class SignalHandlers:
         signal on to the handler it replaced, as if it had never been there.
         """
         self._retired = True
+        if self._wakeup is not None:
+            self._wakeup.close()
+            self._wakeup = None
         for signum, handler in self._previous.items():
             if signal.getsignal(signum) == self._handle:  # a bound method: compare, not `is`
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)

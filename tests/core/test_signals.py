@@ -165,3 +165,24 @@ def test_the_applications_handler_is_called_too_and_put_back(tmp_path: Path, bac
     assert stop.startswith("stop_reason=signal:SIGTERM latest=")
     step = int(lines[-2].split()[1])
     assert stop.endswith(f"latest={logdir / f'model.ckpt-{step}'}")  # the final checkpoint
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_signal_delivered_to_another_thread_stops_the_session(tmp_path: Path, backend: str) -> None:
+    """The kernel may hand a process's SIGTERM to any thread; the step thread sends it to
+    itself here (``pthread_kill``), while the event loop on the main thread sleeps with
+    nothing due for an hour. The main thread must wake and stop the session gracefully,
+    final checkpoint included (on asyncio this needs the session's wakeup descriptor:
+    without it the child hangs)."""
+    logdir = tmp_path / "run"
+    with _start(backend, logdir, "--signal-from-thread") as proc:
+        try:
+            out, err = _finish(proc, timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 143, out + err
+    lines = out.strip().splitlines()
+    assert lines[-1].startswith("stop_reason=signal:SIGTERM latest="), out
+    step = int(lines[-2].split()[1])
+    assert step >= 20 and lines[-1].endswith(f"latest={logdir / f'model.ckpt-{step}'}")  # the final checkpoint

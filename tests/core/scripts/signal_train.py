@@ -1,6 +1,6 @@
 """A training process for the signal tests with checkpoints (tests/core/test_signals.py).
 
-    python signal_train.py BACKEND LOGDIR [--mb MB] [--slow-init] [--app-handler]
+    python signal_train.py BACKEND LOGDIR [--mb MB] [--slow-init] [--app-handler] [--signal-from-thread]
 
 The state holds a ``big`` variable of ``MB`` megabytes, so a checkpoint takes a while to
 write. With ``--slow-init`` the state is initialised by an ``init_fn`` that prints
@@ -9,7 +9,9 @@ the body takes a checkpoint with ``save_now()``, prints ``ready <step>`` and tra
 a signal stops it. It prints ``step <global step>`` at the end. With ``--app-handler`` the program installs its own SIGINT/SIGTERM
 handler first (as a web server does), which prints ``app-handler <NAME>``; after the
 session it prints ``handler-restored <True|False>``. At the end it prints ``stop_reason=<reason> latest=<path or None>``
-and exits with ``asv.exit_code``.
+and exits with ``asv.exit_code``. With ``--signal-from-thread`` the step thread sends
+SIGTERM to itself at step 20 (``pthread_kill``): the kernel's choice of a thread other
+than the main one, made deterministic.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -56,6 +59,8 @@ async def main(args: argparse.Namespace) -> int:
     def step() -> None:
         state["w"].assign_add(1.0)
         time.sleep(0.001)
+        if args.signal_from_thread and sv.global_step == 20:  # on the step thread, not the main one
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
 
     async with sv.managed_session() as sess:
         if not args.slow_init:
@@ -79,5 +84,6 @@ if __name__ == "__main__":
     parser.add_argument("--mb", type=float, default=1.0)
     parser.add_argument("--slow-init", action="store_true")
     parser.add_argument("--app-handler", action="store_true")
+    parser.add_argument("--signal-from-thread", action="store_true")
     ns = parser.parse_args()
     sys.exit(anyio.run(main, ns, backend=ns.backend))
