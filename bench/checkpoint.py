@@ -68,7 +68,6 @@ import numpy as np
 import tensorflow as tf
 from pagecache import drop_cached
 
-from asupervisor._checkpoint import _restore
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint._restore import restore_latest
 from asupervisor._checkpoint.files import _direct
@@ -307,11 +306,9 @@ def main() -> None:
     parser.add_argument("--bp-steps", type=int, default=300, help="back-pressure: steps timed (300)")
     parser.add_argument("--no-staging", action="store_true", help="copy-on-write snapshots, no staging buffers")
     parser.add_argument("--no-direct", action="store_true", help="write data files buffered, not with direct I/O")
-    parser.add_argument("--no-readahead", action="store_true", help="restore without asking the kernel to read ahead")
     args = parser.parse_args()
     global STAGING
     STAGING = not args.no_staging
-    _restore._READ_AHEAD = not args.no_readahead
     _direct.ENABLED = _direct.ENABLED and not args.no_direct
     sizes = args.sizes or ([16, 128] if args.quick else [16, 128, 512])
     repeats = args.repeats or (3 if args.quick else 7)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,72 +233,6 @@ def _prod(dims: list[int]) -> int:
     return n
 
 
-# Read-ahead of the data files during a restore (_ReadAhead); a switch for A/B benchmarks.
-_READ_AHEAD = True
-_READ_AHEAD_PIECE = 4 << 20
-
-
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) << 10
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-class _ReadAhead:
-    """While TensorFlow restores ``path`` (one tensor at a time: read, checksum, copy),
-    a short-lived thread (``asv-restore-readahead``) asks the kernel to read the data
-    files ahead, 4 MiB at a time (``posix_fadvise(WILLNEED)``), so that the disk works
-    while TF checksums and copies: a cold restore took 0.88-0.92x of plain TF's time on
-    the machines measured (no difference with a warm page cache, where the hints cost
-    nothing). A hint only: errors end it quietly (TF's own reads report them). Not done
-    when the data exceed half the available memory (pages read too early would be
-    evicted before TF reads them), nor where ``posix_fadvise`` does not exist.
-    :meth:`join` is called before the restore returns, whatever happens.
-    """
-
-    def __init__(self, path: str) -> None:
-        self._thread: threading.Thread | None = None
-        if not _READ_AHEAD or not hasattr(os, "posix_fadvise"):
-            return
-        directory, prefix = os.path.split(path)
-        try:
-            names = sorted(n for n in os.listdir(directory or ".") if n.startswith(f"{prefix}.data-"))
-            files = [(os.path.join(directory, n), os.path.getsize(os.path.join(directory, n))) for n in names]
-        except OSError:
-            return
-        available = _available_memory()
-        if not files or (available is not None and 2 * sum(size for _, size in files) > available):
-            return
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(files,), name="asv-restore-readahead")
-        self._thread.start()
-
-    def _run(self, files: list[tuple[str, int]]) -> None:
-        try:
-            for path, size in files:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                try:
-                    for start in range(0, size, _READ_AHEAD_PIECE):
-                        if self._stop.is_set():
-                            return
-                        os.posix_fadvise(fd, start, _READ_AHEAD_PIECE, os.POSIX_FADV_WILLNEED)
-                finally:
-                    os.close(fd)
-        except OSError:
-            return
-
-    def join(self) -> None:
-        """Stop asking (the restore is over) and wait for the thread."""
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-
-
 def restore_path(checkpoint: Any, path: str, *, strict: bool = True) -> None:
     """Restore ``path`` into ``checkpoint`` (checking it matches the model first).
 
@@ -308,19 +241,15 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True) -> None:
     (optimizer slots), which are read once here so that a corrupt one is found at
     start-up, not at the first step.
     """
-    ahead = _ReadAhead(path)
+    reader = tf().train.load_checkpoint(path)
+    if strict:
+        check_matches(checkpoint, path, allow_missing=(f"{ITERATOR_ATTR}/",), reader=reader)
     try:
-        reader = tf().train.load_checkpoint(path)
-        if strict:
-            check_matches(checkpoint, path, allow_missing=(f"{ITERATOR_ATTR}/",), reader=reader)
-        try:
-            status = checkpoint.restore(path).expect_partial()
-            _verify_values(path, _deferred_keys(status), reader)
-        except BaseException:
-            _forget_deferred(checkpoint, path)
-            raise
-    finally:
-        ahead.join()
+        status = checkpoint.restore(path).expect_partial()
+        _verify_values(path, _deferred_keys(status), reader)
+    except BaseException:
+        _forget_deferred(checkpoint, path)
+        raise
 
 
 def _forget_deferred(checkpoint: Any, path: str) -> None:

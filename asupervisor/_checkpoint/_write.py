@@ -80,7 +80,13 @@ def _nbytes(tensor: Any) -> int:
 
 
 def _shards(tensors: list[Any]) -> list[list[int]]:
-    """Indices into ``tensors`` per data shard: balanced by bytes, as many shards as cores help."""
+    """Indices into ``tensors`` per data shard: balanced by bytes, as many shards as cores help.
+
+    Within a shard the small values come first (the object-graph proto, scalars), the large
+    after them, each kind in the snapshot's order: a cold restore reads the proto (to match
+    the model) before any variable, and finds it in the first pages the read-ahead fetches
+    instead of waiting behind the whole file.
+    """
     sizes = [_nbytes(t) for t in tensors]
     big = sum(1 for n in sizes if n >= _SHARD_BYTES // 4)
     count = max(1, min(_MAX_SHARDS, os.cpu_count() or 1, sum(sizes) // _SHARD_BYTES, big))
@@ -90,7 +96,10 @@ def _shards(tensors: list[Any]) -> list[list[int]]:
         j = loads.index(min(loads))
         groups[j].append(i)
         loads[j] += sizes[i]
-    return [g for g in groups if g]
+    return [sorted(g, key=lambda i: (sizes[i] >= _SMALL_FIRST, i)) for g in groups if g]
+
+
+_SMALL_FIRST = 64 << 10  # values under this many bytes are placed before the others of their shard
 
 
 # Write plain tensors with our own bundle writer (see _bundle) instead of SaveV2; a

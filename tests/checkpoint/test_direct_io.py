@@ -164,8 +164,9 @@ def test_a_filesystem_refusing_direct_io_gets_buffered_files(
 async def test_a_session_saves_direct_and_resumes_exactly(tmp_path: Path) -> None:
     """Through a real session (the background writer and its idle-priority I/O thread):
     step saves of a 40 MB state are written direct (none of their pages cached where the
-    page cache is real; large tensors aligned) and a second session resumes the last
-    step's values exactly."""
+    page cache is real) and a second session resumes the last step's values exactly.
+    (Whether a save's large tensor sits at an aligned offset depends on whether it was
+    staged, which the writer's pace decides here: the layout is tested above.)"""
     import asupervisor as asv
 
     def make() -> dict[str, tf.Variable]:
@@ -184,8 +185,7 @@ async def test_a_session_saves_direct_and_resumes_exactly(tmp_path: Path) -> Non
 
     async with supervisor(state).managed_session() as sess:
         await sess.run_loop(step, max_steps=12)
-    entries = index_entries(str(tmp_path / "model.ckpt-12"))
-    assert entries["w/.ATTRIBUTES/VARIABLE_VALUE"].offset % _direct.ALIGN == 0
+    assert index_entries(str(tmp_path / "model.ckpt-12"))["w/.ATTRIBUTES/VARIABLE_VALUE"].size == 40 << 20
     if _page_cache_drops(TMP):
         data = sorted(str(p) for p in tmp_path.glob("model.ckpt-12.data-*"))
         assert data and all(resident_share(p) == 0.0 for p in data)
