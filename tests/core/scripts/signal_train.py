@@ -5,8 +5,8 @@
 The state holds a ``big`` variable of ``MB`` megabytes, so a checkpoint takes a while to
 write. With ``--slow-init`` the state is initialised by an ``init_fn`` that prints
 ``init`` and then takes a few seconds (a signal can arrive during start-up). Otherwise
-the body takes a checkpoint with ``save_now()``, prints ``ready <step>`` and trains until
-a signal stops it. It prints ``step <global step>`` at the end. With ``--app-handler`` the program installs its own SIGINT/SIGTERM
+the body takes a checkpoint with ``save_now()``, takes one more step, prints ``ready
+<the saved step>`` and trains until a signal stops it. It prints ``step <global step>`` at the end. With ``--app-handler`` the program installs its own SIGINT/SIGTERM
 handler first (as a web server does), which prints ``app-handler <NAME>``; after the
 session it prints ``handler-restored <True|False>``. At the end it prints ``stop_reason=<reason> latest=<path or None>``
 and exits with ``asv.exit_code``. With ``--signal-from-thread`` the step thread sends
@@ -67,6 +67,7 @@ async def main(args: argparse.Namespace) -> int:
             for _ in range(5):
                 await sess.run(step)
             info = await sv.save_now()
+            await sess.run(step)  # one step past the saved one: a stop from now on has a final save to take
             print(f"ready {info.step}", flush=True)
         await sess.run_loop(step)
     if args.app_handler:
