@@ -274,6 +274,24 @@ def _variable_reader() -> Callable[[Any], Any]:
     return read
 
 
+_ONE: Any = None  # an int64 1 on the CPU, made once (a constant per save costs ~15 us)
+
+
+def _count_save(counter: Any) -> None:
+    """``counter += 1``, TF's ``save_counter``: one op for a plain variable (~7 us against
+    ``assign_add(1)``'s ~30 us, which converts the 1 and wraps the result), else as TF does."""
+    global _ONE
+    from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops
+
+    if type(counter) is not resource_variable_ops.ResourceVariable or counter.dtype != tf().int64:
+        counter.assign_add(1)
+        return
+    if _ONE is None:
+        with tf().device("/cpu:0"):
+            _ONE = tf().constant(1, tf().int64)
+    gen_resource_variable_ops.assign_add_variable_op(counter.handle, _ONE)
+
+
 def take_snapshot(
     checkpoint: Any, step: int, walks: WalkCache | None = None, staging: Staging | None = None
 ) -> Snapshot:
@@ -291,7 +309,7 @@ def take_snapshot(
     counter = getattr(checkpoint, "_maybe_create_save_counter", None)
     if counter is not None:  # as tf.train.Checkpoint.save() does: plain TF restores match
         counter()
-        checkpoint.save_counter.assign_add(1)
+        _count_save(checkpoint.save_counter)
     read = _variable_reader()
     stager = _Stager(staging, read) if staging is not None and staging.prepared and staging.begin() else None
     try:

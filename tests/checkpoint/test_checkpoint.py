@@ -778,6 +778,25 @@ def test_snapshot_reads_what_tfs_own_walk_reads_and_is_copy_on_write() -> None:
     assert after.tobytes() == before.tobytes()  # the snapshot kept the value at the boundary
 
 
+@pytest.mark.parametrize("where", ["plain", "mirrored"])
+def test_every_snapshot_counts_one_save_as_tfs_own_save_does(where: str) -> None:
+    """``save_counter`` goes up by one per snapshot, and each snapshot holds its own count,
+    as ``tf.train.Checkpoint.save`` numbers its saves (a plain counter takes one op, a
+    counter made under a strategy TF's own ``assign_add``)."""
+    from asupervisor._checkpoint import _snapshot
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"]) if where == "mirrored" else tf.distribute.get_strategy()
+    with strategy.scope():
+        ckpt = tf.train.Checkpoint(w=tf.Variable([1.0, 2.0]))
+        ckpt._maybe_create_save_counter()
+    assert (type(ckpt.save_counter).__name__ == "ResourceVariable") is (where == "plain")
+    counts = []
+    for step in range(1, 4):
+        snap = _snapshot.take_snapshot(ckpt, step)
+        counts.append(int(dict(zip(snap.keys, snap.tensors))["save_counter/.ATTRIBUTES/VARIABLE_VALUE"].numpy()))
+    assert counts == [1, 2, 3] and int(ckpt.save_counter.numpy()) == 3
+
+
 def _assert_holds_what_tf_saves(snap: Any, ckpt: Any) -> None:
     """``snap`` holds TF's own walk's keys, and each value TF's own closure reads now."""
     from asupervisor._checkpoint import _snapshot
