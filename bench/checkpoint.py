@@ -18,10 +18,11 @@ the first raw write is left out likewise):
   memcpy at the boundary, no copy-on-write after), from the second save on.
 * ``training-thread cost``: ``blocked+cow`` against ``memcpy`` (numpy copies of the
   same state into reused buffers, the floor of a consistent in-memory copy; ``+next``
-  adds the excess of the step after that copy, as ``cow`` does for ours) and against
-  TensorFlow's own async checkpoint (``CheckpointOptions(
+  adds the excess of the step after that copy, as ``cow`` does for ours), the copy taken
+  in the same rounds as the snapshots, after the same preamble (``os.sync()``, a step),
+  and against TensorFlow's own async checkpoint (``CheckpointOptions(
   experimental_enable_async_checkpoint=True)``, ``Checkpoint.write``: its blocked time
-  plus the next step's copy-on-write), in the same rounds.
+  plus the next step's copy-on-write), in rounds of its own.
 * ``durable``: from the snapshot until the checkpoint is committed (files fsynced,
   renamed, directory fsynced, ``checkpoint`` state file replaced; retention's deletions
   come after), against writing the same bytes with numpy plus ``fsync``. The two
@@ -121,6 +122,8 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
     # with no dirty page cache (os.sync), so neither pays for writing back the other's
     # (or TF's unsynced) files.
     arrays = [v.numpy() for v in variables]
+    buffers = [np.ones_like(a) for a in arrays]  # the memcpy's destination, touched, kept across rounds
+    memcpy, memcpy_next = [], []
     asv_dir = root / f"asv-{size_mb}"
     checkpointer = Checkpointer(ckpt, asv_dir, max_to_keep=2, staging=STAGING)
     checkpointer.prepare()
@@ -150,19 +153,21 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         durable.append(checkpointer.last_commit_secs)  # write, fsync, publish, state file
         checkpointer.prepare_next(snap)  # as the writer thread does after a save
         del snap
-    # the floor: one memcpy of the state into buffers kept (and touched) across rounds;
-    # TF's own async checkpoint (blocked + the next step's copy-on-write), alternating
-    buffers = [np.ones_like(a) for a in arrays]
-    async_options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
-    async_ckpt = tf.train.Checkpoint(vars=variables, global_step=ckpt.global_step)
-    memcpy, memcpy_next, tf_async = [], [], []
-    for i in range(repeats + 1):
+        # the floor, in the same round and after the same preamble as the snapshot (a
+        # sync, a step; the kernel's work after the writes before it hits both alike):
+        # one memcpy of the state into the buffers kept (and touched) across rounds
+        os.sync()
         train_step(variables)
         t0 = time.perf_counter()
         for b, a in zip(buffers, arrays):
             np.copyto(b, a)
         memcpy.append(time.perf_counter() - t0)
         memcpy_next.append(max(train_step(variables) - base_step, 0.0))  # the copy's wake: caches, TLB
+    # TF's own async checkpoint (blocked + the next step's copy-on-write)
+    async_options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
+    async_ckpt = tf.train.Checkpoint(vars=variables, global_step=ckpt.global_step)
+    tf_async = []
+    for i in range(repeats + 1):
         train_step(variables)
         t0 = time.perf_counter()
         async_ckpt.write(str(root / f"tf-async-{size_mb}-{i}"), options=async_options)
