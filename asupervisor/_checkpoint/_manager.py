@@ -405,17 +405,18 @@ class Checkpointer:
         self._report_iterator_share(info.path)
         return info
 
-    def prepare_next(self, snapshot: _snapshot.Snapshot) -> None:
+    def prepare_next(self, snapshot: _snapshot.Snapshot, stopping: Callable[[], bool] | None = None) -> None:
         """On the writer thread, after ``snapshot`` was written (not when the session is
         stopping: there is no next save): make the next snapshot cheaper for the step
         thread. The staging buffers are allocated and touched, and a walk of many
-        variables gets its batched read traced (:meth:`.WalkCache.prepare`)."""
+        variables gets its batched read made (:meth:`.WalkCache.prepare`, which asks
+        ``stopping()`` between its pieces: a stop waits for one piece at most)."""
         try:
             self._prepare_staging(snapshot)
         except Exception as exc:  # e.g. MemoryError: this save is committed, the next ones copy-on-write
             self._staging = None  # for the session: its buffers are freed
             log.warning("checkpoint.staging_failed", step=snapshot.step, error=describe(exc))
-        if self._walks.prepare():
+        if self._walks.prepare(stopping):
             log.debug("checkpoint.batched_read", step=snapshot.step)
 
     def _plan(

@@ -289,8 +289,9 @@ class CheckpointSaver:
                 self._in_flight -= 1
                 self._idle.notify_all()
         self._measure(snap)
-        if not self.ctx.control.stopping:
-            self.checkpointer.prepare_next(snap)
+        control = self.ctx.control
+        if not control.stopping:
+            self.checkpointer.prepare_next(snap, lambda: control.stopping)
         return info  # None: a non-chief's temporary save
 
     def sample_baseline(self) -> None:

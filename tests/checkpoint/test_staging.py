@@ -208,14 +208,20 @@ def many_variables(copies: int = 3) -> dict[str, Any]:
     return {f"{name}{i}": v for i in range(copies) for name, v in mixed_state().items()}
 
 
+@pytest.mark.parametrize("chunk", [256, 8], ids=["one-function", "three-functions"])
 @pytest.mark.parametrize("staging", [True, False])
-def test_a_walk_of_many_variables_is_read_in_one_batched_call(tmp_path: Path, staging: bool) -> None:
+def test_a_walk_of_many_variables_is_read_in_one_batched_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, staging: bool, chunk: int
+) -> None:
     """From the second save on, a remembered walk of many variables (every dtype kind) is
-    read by one traced function, made on the writer thread after the first save: the
-    snapshot holds exactly the values at the boundary (staged, or shared copy-on-write
-    with the variables), later updates do not reach it, and plain TF restores each step."""
+    read by traced functions (one per BATCH_CHUNK variables, called in turn), made on the
+    writer thread after the first save: the snapshot holds exactly the values at the
+    boundary (staged, or shared copy-on-write with the variables), later updates do not
+    reach it, and plain TF restores each step."""
+    from asupervisor._checkpoint import _walk_cache
     from asupervisor._checkpoint._walk_cache import BATCH_MIN_VARIABLES
 
+    monkeypatch.setattr(_walk_cache, "BATCH_CHUNK", chunk)
     state = many_variables()
     assert len(state) >= BATCH_MIN_VARIABLES
     ckpt = tf.train.Checkpoint(**state)
@@ -310,19 +316,28 @@ def test_a_keras_variable_given_a_new_inner_variable_is_walked_again(tmp_path: P
 @pytest.mark.anyio
 async def test_a_session_traces_the_batched_read_off_the_step_thread(tmp_path: Path) -> None:
     """In a session the batched read is traced by the checkpoint writer after the first
-    save (the one at the start, step 0; logged ``checkpoint.batched_read``), once, and the
-    checkpoints it reads resume every value."""
+    save (the one at the start, step 0; logged ``checkpoint.batched_read``), once, and run
+    there first (its first call costs as much as the trace: 1 s on the step thread at a
+    thousand variables otherwise), and the checkpoints it reads resume every value."""
     import asupervisor as asv
 
     state = many_variables()
     traced_on: list[str] = []
     from asupervisor._checkpoint import _walk_cache
 
+    first_run_on: list[str] = []
     real = _walk_cache._batch_reader
 
     def spy(variables: list[Any]) -> Any:
         traced_on.append(threading.current_thread().name)
-        return real(variables)
+        reader = real(variables)
+
+        def read() -> Any:
+            if not first_run_on:  # the first call instantiates the function: as long as the trace
+                first_run_on.append(threading.current_thread().name)
+            return reader()
+
+        return read
 
     sv = asv.Supervisor(
         tmp_path, state=state, save_model_secs=0, save_model_steps=5, save_summaries_secs=0, handle_signals=False
@@ -332,10 +347,45 @@ async def test_a_session_traces_the_batched_read_off_the_step_thread(tmp_path: P
         async with sv.managed_session() as sess:
             await sess.run_loop(lambda: bump(state), max_steps=20)
     assert [e["step"] for e in logs if e["event"] == "checkpoint.batched_read"] == [0]
-    assert traced_on == ["asv-checkpoint"]
+    assert traced_on == ["asv-checkpoint"] and first_run_on == ["asv-checkpoint"]
     reader = tf.train.load_checkpoint(str(tmp_path / "model.ckpt-20"))
     for name, want in values(state).items():
         assert np.asarray(reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE")).tolist() == want.tolist()
+
+
+def test_a_stop_ends_the_making_of_the_batched_read_between_its_functions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Making the batched read of thousands of variables takes seconds on the writer
+    thread, which the final save waits for: ``stopping()`` is asked before each function
+    of BATCH_CHUNK variables, and once it says yes nothing more is traced and the
+    snapshots read one by one."""
+    from asupervisor._checkpoint import _walk_cache
+
+    monkeypatch.setattr(_walk_cache, "BATCH_CHUNK", 8)
+    traced: list[int] = []
+    real = _walk_cache._batch_reader
+
+    def spy(variables: list[Any]) -> Any:
+        traced.append(len(variables))
+        return real(variables)
+
+    monkeypatch.setattr(_walk_cache, "_batch_reader", spy)
+    state = many_variables()
+    ckpt = tf.train.Checkpoint(**state)
+    checkpointer = Checkpointer(ckpt, tmp_path, staging=False)
+    checkpointer.prepare()
+    snap = checkpointer.snapshot(1)
+    assert snap is not None
+    checkpointer.write(snap)
+    checkpointer.prepare_next(snap, stopping=lambda: len(traced) == 1)  # the stop comes during the first
+    assert traced == [8]
+    walk = checkpointer._walks._walk
+    assert walk is not None and walk.batch is None
+    snap = checkpointer.snapshot(2)
+    assert snap is not None and checkpointer._walks.batched == 0
+    held = {k.split("/")[0]: np.asarray(t.numpy()) for k, t in zip(snap.keys, snap.tensors) if "VARIABLE_VALUE" in k}
+    assert all(held[n].tolist() == v.tolist() for n, v in values(state).items())
 
 
 def test_preparing_the_next_save_never_fails_the_committed_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
