@@ -229,12 +229,12 @@ class Checkpointer:
             return None
         return self._staging
 
-    def _prepare_staging(self, snapshot: _snapshot.Snapshot) -> None:
+    def _prepare_staging(self, snapshot: _snapshot.Snapshot, stopping: Callable[[], bool] | None) -> None:
         """On the writer thread after a save: have the staging buffers ready for the next."""
         staging = self._staging_ready()
         if staging is None or any(isinstance(t, _snapshot.Staged) for t in snapshot.tensors):
             return
-        if staging.prepare(snapshot.tensors) and staging.nbytes != self._staging_logged:
+        if staging.prepare(snapshot.tensors, stopping) and staging.nbytes != self._staging_logged:
             self._staging_logged = staging.nbytes
             log.info("checkpoint.staging", bytes=staging.nbytes, step=snapshot.step)
 
@@ -408,11 +408,11 @@ class Checkpointer:
     def prepare_next(self, snapshot: _snapshot.Snapshot, stopping: Callable[[], bool] | None = None) -> None:
         """On the writer thread, after ``snapshot`` was written (not when the session is
         stopping: there is no next save): make the next snapshot cheaper for the step
-        thread. The staging buffers are allocated and touched, and a walk of many
-        variables gets its batched read made (:meth:`.WalkCache.prepare`, which asks
-        ``stopping()`` between its pieces: a stop waits for one piece at most)."""
+        thread. The staging buffers are allocated and touched (:meth:`.Staging.prepare`),
+        and a walk of many variables gets its batched read made (:meth:`.WalkCache.prepare`);
+        both ask ``stopping()`` between their pieces, so a stop waits for one at most."""
         try:
-            self._prepare_staging(snapshot)
+            self._prepare_staging(snapshot, stopping)
         except Exception as exc:  # e.g. MemoryError: this save is committed, the next ones copy-on-write
             self._staging = None  # for the session: its buffers are freed
             log.warning("checkpoint.staging_failed", step=snapshot.step, error=describe(exc))

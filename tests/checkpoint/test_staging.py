@@ -117,6 +117,33 @@ def test_staging_buffers_are_reused_and_never_shared_by_two_live_snapshots() -> 
     np.testing.assert_array_equal(np.asarray(c_f32), state["f32"].numpy())
 
 
+def test_a_stop_ends_the_preparation_of_the_staging_buffers_between_buffers() -> None:
+    """Touching the buffers of a large state takes the writer a second per 512 MB here,
+    and the final save waits for the writer: ``stopping()`` is asked before each buffer;
+    once it says yes nothing more is allocated and snapshots stay copy-on-write."""
+    state = mixed_state()
+    ckpt = tf.train.Checkpoint(**state)
+    snap = _snapshot.take_snapshot(ckpt, 1)
+    stageable = [t for t in snap.tensors if _snapshot._stageable(t)]
+    assert len(stageable) >= 3
+    asked: list[int] = []
+    staging = _snapshot.Staging()
+
+    def stopping() -> bool:
+        asked.append(staging.nbytes)
+        return len(asked) == 2  # the stop comes while the first buffer is made
+
+    assert not staging.prepare(snap.tensors, stopping)
+    assert len(asked) == 2 and staging.nbytes == stageable[0]._numpy().nbytes
+    assert not staging.prepared
+    bump(state)
+    after = _snapshot.take_snapshot(ckpt, 2, staging=staging)
+    assert staged_count(after) == 0
+    f32 = dict(zip(after.keys, after.tensors))["f32/.ATTRIBUTES/VARIABLE_VALUE"]
+    np.testing.assert_array_equal(np.asarray(f32), state["f32"].numpy())
+    assert staging.prepare(snap.tensors) and staging.prepared  # no stop: every buffer
+
+
 def test_a_large_state_is_copied_in_parallel_pieces_exactly() -> None:
     """Above the parallel threshold the copy is split in pieces over threads (joined before
     the snapshot returns): every byte lands, odd sizes and piece boundaries included."""
