@@ -23,12 +23,12 @@ initialised is walked until it is. Variables made under a ``tf.distribute`` stra
 ``SaveableCompatibilityConverter``) are remembered too: a mirrored one is read through
 its primary copy like a plain variable, any other (SyncOnRead) as TF's walk reads it.
 
-A remembered walk of many variables also gets a **batched read**: one ``tf.function``
+A remembered walk of many variables also gets a **batched read**: traced functions
 reading every variable of the walk (the same two ops per variable as
-``_snapshot._variable_reader``) in one call. Read one by one, each variable costs two
-eager op dispatches, ~13-30 us on the machines measured: ~15-30 ms of step loop per save
-for a model of a thousand variables (weights and optimizer slots), against ~2 ms for the
-function. A function call costs ~0.1 ms itself, so walks of fewer than
+``_snapshot._variable_reader``), one call per :data:`BATCH_CHUNK` variables. Read one
+by one, each variable costs two eager op dispatches, ~13-30 us on the machines
+measured: ~15-30 ms of step loop per save for a model of a thousand variables (weights
+and optimizer slots), against ~2 ms for the functions. A function call costs ~0.1 ms itself, so walks of fewer than
 :data:`BATCH_MIN_VARIABLES` variables keep reading them one by one. Tracing the function
 takes ~1 s for a thousand variables, and its first call as long again (TF instantiates
 the function then), so neither is done on the step thread: :meth:`WalkCache.prepare`
@@ -53,7 +53,7 @@ __all__ = ["BATCH_MIN_VARIABLES", "WalkCache", "initialized", "plain_variable", 
 
 log = get_logger(__name__)
 
-BATCH_MIN_VARIABLES = 16  # from this many variables on, a walk's reads are batched in one function
+BATCH_MIN_VARIABLES = 16  # from this many variables on, a walk's reads are batched (traced functions)
 BATCH_CHUNK = 256  # variables per batched function: traced and first run in ~0.3-0.4 s (superlinear beyond)
 
 _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
