@@ -123,6 +123,36 @@ def test_second_signal_abandons_the_final_checkpoint(tmp_path: Path, backend: st
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sigterm_while_the_writer_prepares_the_next_save_is_not_kept_waiting(tmp_path: Path, backend: str) -> None:
+    """After the start-up save of a state of 3,000 variables the writer makes their batched
+    read (seconds of tracing); a SIGTERM sent as soon as that save is logged ends the
+    making between two of its pieces: the final checkpoint is taken and the process exits
+    preempted, and the batched read is never finished (``checkpoint.batched_read`` would
+    say it was: without the stop check it is, and the stop waits for it)."""
+    logdir = tmp_path / "run"
+    with _start(backend, logdir, "--vars", "3000", "--debug") as proc:
+        try:
+            assert proc.stderr is not None
+            seen = []
+            for line in proc.stderr:
+                seen.append(line)
+                if "checkpoint.saved" in line:  # the start-up save: the writer now prepares the next
+                    break
+            assert any("checkpoint.saved" in line for line in seen), "".join(seen)
+            proc.send_signal(signal.SIGTERM)
+            out, err = _finish(proc)
+        finally:
+            proc.kill()
+    err = "".join(seen) + err
+    assert proc.returncode == 143, out + err
+    assert "checkpoint.batched_read " not in err and not err.rstrip().endswith("checkpoint.batched_read"), err
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("stop_reason=signal:SIGTERM latest=")
+    assert not last.endswith("latest=None"), last
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_sigterm_during_start_up_is_a_graceful_stop(tmp_path: Path, backend: str) -> None:
     """A SIGTERM while the state is being initialised (a slow ``init_fn``) does not kill
     the process: start-up completes, the session stops before the first step with a

@@ -1,6 +1,7 @@
 """A training process for the signal tests with checkpoints (tests/core/test_signals.py).
 
-    python signal_train.py BACKEND LOGDIR [--mb MB] [--slow-init] [--app-handler] [--signal-from-thread]
+    python signal_train.py BACKEND LOGDIR [--mb MB] [--vars N] [--debug] [--slow-init] [--app-handler]
+                           [--signal-from-thread]
 
 The state holds a ``big`` variable of ``MB`` megabytes, so a checkpoint takes a while to
 write. With ``--slow-init`` the state is initialised by an ``init_fn`` that prints
@@ -11,7 +12,9 @@ handler first (as a web server does), which prints ``app-handler <NAME>``; after
 session it prints ``handler-restored <True|False>``. At the end it prints ``stop_reason=<reason> latest=<path or None>``
 and exits with ``asv.exit_code``. With ``--signal-from-thread`` the step thread sends
 SIGTERM to itself at step 20 (``pthread_kill``): the kernel's choice of a thread other
-than the main one, made deterministic.
+than the main one, made deterministic. ``--vars N`` adds N small variables to the state
+(a walk the writer makes a batched read for, seconds of work at thousands); ``--debug``
+logs debug events too.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import asupervisor as asv
 
 
 async def main(args: argparse.Namespace) -> int:
-    asv.configure_logging()  # events to stderr; stdout is for the test
+    asv.configure_logging(level="debug" if args.debug else "info")  # events to stderr; stdout is for the test
 
     def app_handler(signum: int, frame: object) -> None:
         print(f"app-handler {signal.Signals(signum).name}", flush=True)
@@ -42,6 +45,7 @@ async def main(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, app_handler)
     n = int(args.mb * (1 << 20) / 4)
     state = {"big": tf.Variable(tf.fill([n], 1.5)), "w": tf.Variable(0.0)}
+    state.update({f"small{i}": tf.Variable(tf.zeros([4])) for i in range(args.vars)})
 
     def slow_init() -> None:
         print("init", flush=True)
@@ -83,6 +87,8 @@ if __name__ == "__main__":
     parser.add_argument("backend")
     parser.add_argument("logdir")
     parser.add_argument("--mb", type=float, default=1.0)
+    parser.add_argument("--vars", type=int, default=0)
+    parser.add_argument("--debug", action="store_true")
     parser.add_argument("--slow-init", action="store_true")
     parser.add_argument("--app-handler", action="store_true")
     parser.add_argument("--signal-from-thread", action="store_true")
