@@ -71,6 +71,8 @@ _SHARD_BYTES = 32 << 20
 
 _MAX_SHARDS = 4
 
+_SMALL_FIRST = 64 << 10  # values under this many bytes are placed before the others of their shard
+
 
 def _nbytes(tensor: Any) -> int:
     try:
@@ -84,8 +86,8 @@ def _shards(tensors: list[Any]) -> list[list[int]]:
 
     Within a shard the small values come first (the object-graph proto, scalars), the large
     after them, each kind in the snapshot's order: a cold restore reads the proto (to match
-    the model) before any variable, and finds it in the first pages the read-ahead fetches
-    instead of waiting behind the whole file.
+    the model) before any variable, and finds it in the first pages the kernel reads
+    ahead, then reads on sequentially instead of going back to the start.
     """
     sizes = [_nbytes(t) for t in tensors]
     big = sum(1 for n in sizes if n >= _SHARD_BYTES // 4)
@@ -97,9 +99,6 @@ def _shards(tensors: list[Any]) -> list[list[int]]:
         groups[j].append(i)
         loads[j] += sizes[i]
     return [sorted(g, key=lambda i: (sizes[i] >= _SMALL_FIRST, i)) for g in groups if g]
-
-
-_SMALL_FIRST = 64 << 10  # values under this many bytes are placed before the others of their shard
 
 
 # Write plain tensors with our own bundle writer (see _bundle) instead of SaveV2; a
