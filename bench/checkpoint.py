@@ -69,6 +69,7 @@ import numpy as np
 import tensorflow as tf
 from pagecache import drop_cached
 
+from asupervisor._checkpoint import _restore
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint._restore import restore_latest
 from asupervisor._checkpoint.files import _direct
@@ -311,10 +312,14 @@ def main() -> None:
     parser.add_argument("--bp-steps", type=int, default=300, help="back-pressure: steps timed (300)")
     parser.add_argument("--no-staging", action="store_true", help="copy-on-write snapshots, no staging buffers")
     parser.add_argument("--no-direct", action="store_true", help="write data files buffered, not with direct I/O")
+    parser.add_argument(
+        "--no-direct-restore", action="store_true", help="restore through TF's restore, not by reading the files into the variables"
+    )
     args = parser.parse_args()
     global STAGING
     STAGING = not args.no_staging
     _direct.ENABLED = _direct.ENABLED and not args.no_direct
+    _restore.DIRECT_RESTORE = not args.no_direct_restore
     sizes = args.sizes or ([16, 128] if args.quick else [16, 128, 512])
     repeats = args.repeats or (3 if args.quick else 7)
     logging.getLogger("asupervisor").propagate = False  # quiet: events are counted, not printed

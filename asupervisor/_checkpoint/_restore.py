@@ -12,7 +12,10 @@ listing each; transient errors (``AbortedError``, ``UnavailableError``) and othe
 non-data errors propagate as themselves, for the caller to retry or report, and never
 mark a checkpoint corrupt. A checkpoint of a different model (a variable missing or of
 another shape or dtype) is a :class:`~asupervisor.CheckpointError` naming the variables,
-raised before anything is restored. This module never runs on the event loop thread.
+raised before anything is restored. A checkpoint of plain variables that all exist is read
+straight into them (:mod:`._direct_restore`: the files read while the model is checked,
+each value's checksum verified before any variable changes); anything else goes through
+TF's ``Checkpoint.restore``. This module never runs on the event loop thread.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 from .._exceptions import CheckpointError
 from .._logging import describe, get_logger
 from .._tf import tf
-from . import _snapshot
+from . import _direct_restore, _snapshot
 from ._iterator_state import ITERATOR_ATTR
 from .files import _names, _state_file
 
@@ -122,22 +125,35 @@ def _surely_matches(checkpoint: Any, matched: dict[int, str], with_values: set[i
     return True
 
 
-def check_matches(checkpoint: Any, path: str, *, allow_missing: tuple[str, ...] = (), reader: Any = None) -> None:
+def check_matches(
+    checkpoint: Any,
+    path: str,
+    *,
+    allow_missing: tuple[str, ...] = (),
+    reader: Any = None,
+    graph: Any = None,
+    index: tuple[dict[str, list[int]], dict[str, Any]] | None = None,
+) -> None:
     """Raise :class:`CheckpointError` if ``path`` holds another model than ``checkpoint``.
 
     Compares the index and object graph of ``path`` (no data read) with the variables the
     state holds now: a variable the checkpoint lacks, or has with another shape or dtype,
     is named. Checkpoint values the state has no object for yet are allowed (objects
     created later, such as optimizer slots, are restored when they are created).
-    ``reader``: the checkpoint's ``tf.train.load_checkpoint`` reader, if already open.
+    ``reader``: the checkpoint's ``tf.train.load_checkpoint`` reader, if already open;
+    ``graph``: its object graph and ``index``: ``(shapes, dtypes)`` by key, if already
+    read (then no reader is opened).
     """
     from tensorflow.python.training.saving.saveable_object_util import SaveableCompatibilityConverter as converter
 
-    if reader is None:
-        reader = tf().train.load_checkpoint(path)
-    shapes = reader.get_variable_to_shape_map()
-    dtypes = reader.get_variable_to_dtype_map()
-    matched, with_values = _matched_keys(checkpoint, _object_graph(reader))
+    if index is not None and graph is not None:
+        shapes, dtypes = index
+    else:
+        if reader is None:
+            reader = tf().train.load_checkpoint(path)
+        shapes = reader.get_variable_to_shape_map()
+        dtypes = reader.get_variable_to_dtype_map()
+    matched, with_values = _matched_keys(checkpoint, graph if graph is not None else _object_graph(reader))
     if _surely_matches(checkpoint, matched, with_values, shapes, dtypes):
         return
     serialized, _ = _snapshot._serialized(checkpoint)
@@ -239,17 +255,42 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True) -> None:
     Every value of the checkpoint is read and checksummed before this returns: the
     values TF restores now, and those it defers until their objects are created
     (optimizer slots), which are read once here so that a corrupt one is found at
-    start-up, not at the first step.
+    start-up, not at the first step. When :func:`._direct_restore.plan` finds every value
+    a plain variable's, the values are read straight into the variables instead of by
+    TF's restore (logged at debug: ``checkpoint.read how=direct``).
     """
+    allow_missing = (f"{ITERATOR_ATTR}/",)
+    checked = not strict
+    prefetch = _direct_restore.start(path) if DIRECT_RESTORE else None
+    if prefetch is not None:
+        try:
+            graph = prefetch.graph()
+            if graph is not None:
+                if not checked:
+                    check_matches(checkpoint, path, allow_missing=allow_missing, graph=graph, index=prefetch.index())
+                    checked = True
+                planned = _direct_restore.plan(checkpoint, graph, prefetch.entries)
+                if planned is not None:
+                    _direct_restore.assign(planned, prefetch.finish())
+                    log.debug("checkpoint.read", path=path, how="direct", values=len(planned))
+                    return
+        finally:
+            prefetch.cancel()
     reader = tf().train.load_checkpoint(path)
-    if strict:
-        check_matches(checkpoint, path, allow_missing=(f"{ITERATOR_ATTR}/",), reader=reader)
+    if not checked:
+        check_matches(checkpoint, path, allow_missing=allow_missing, reader=reader)
+    log.debug("checkpoint.read", path=path, how="tensorflow")
     try:
         status = checkpoint.restore(path).expect_partial()
         _verify_values(path, _deferred_keys(status), reader)
     except BaseException:
         _forget_deferred(checkpoint, path)
         raise
+
+
+#: whether a checkpoint of plain variables is read straight into them (``bench/checkpoint.py
+#: --no-direct-restore`` and the tests switch it off to compare with TF's restore)
+DIRECT_RESTORE = True
 
 
 def _forget_deferred(checkpoint: Any, path: str) -> None:

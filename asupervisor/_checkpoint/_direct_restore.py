@@ -1,0 +1,414 @@
+"""Restoring a checkpoint of plain variables by reading its files straight into them.
+
+TensorFlow's restore matches the object graph in Python, then reads each tensor through
+its bundle reader (small buffered reads, a checksum, a copy) into new tensors that the
+variables adopt. For the common checkpoint (every value a plain numeric variable that
+exists now, nothing deferred), this module does the same in fewer steps:
+
+1. :func:`plan`: walk the checkpoint's object graph and the live one together from the
+   root, child by child name, as TF's restore matches them. Only if every checkpoint
+   object holding values is matched to exactly one live, initialised plain
+   ``ResourceVariable`` (or a Keras variable wrapping one) of the same shape and dtype,
+   holding one value (``VARIABLE_VALUE``) of a plain numeric dtype in one piece, and
+   nothing is left for later (no slot variables of TF1 optimizers, no registered savers,
+   no iterator or other saveable), is there a plan; otherwise ``None`` and the caller
+   uses TF's restore, unchanged.
+2. :func:`restore`: read the index (a LevelDB table; every block's checksum checked),
+   allocate each value as a TF tensor, read the data files into those tensors with
+   large ``preadv`` calls on two threads, check each value's masked CRC32C (the
+   checksum TF's reader checks, computed with the GIL released), and only when every
+   value has been read and checked, hand each tensor to its variable
+   (``AssignVariableOp``, which adopts the buffer: no copy). A short file or a bad
+   checksum raises TF's ``DataLossError`` naming the file and key before any variable
+   changes, as TF's own restore of one device's values does.
+
+Runs on the caller's thread (never the event loop) and one helper thread, joined before
+it returns.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from .._tf import tf
+from . import _bundle
+from ._walk_cache import initialized, plain_variable
+
+__all__ = ["Planned", "Prefetch", "assign", "plan", "read_index", "start"]
+
+#: bytes per ``preadv`` call (the raw-read baseline reads 8 MiB at a time too)
+READ_BYTES = 8 << 20
+
+_VALUE = "VARIABLE_VALUE"
+
+
+@dataclass
+class Planned:
+    """One value to restore: the variable, the checkpoint key and the index entry."""
+
+    variable: Any
+    key: str
+    entry: Any
+
+
+def _children(obj: Any) -> dict[str, Any]:
+    try:
+        return dict(obj._trackable_children(save_type="checkpoint"))
+    except (AttributeError, TypeError):
+        return {}
+
+
+def plan(checkpoint: Any, graph: Any, entries: dict[str, Any]) -> list[Planned] | None:
+    """What :func:`restore` would restore of ``entries`` into ``checkpoint``'s objects,
+    matched through the checkpoint's object ``graph``; ``None`` if TF's restore must do it
+    (see the module docstring for when)."""
+    create_counter = getattr(checkpoint, "_maybe_create_save_counter", None)
+    if create_counter is not None:
+        create_counter()  # as TF's restore does (after its read: the counter is then deferred)
+    live: dict[int, Any] = {}
+    stack = [(0, checkpoint)]
+    while stack:
+        node_id, obj = stack.pop()
+        known = live.get(node_id)
+        if known is not None:
+            if known is not obj:
+                return None  # two live objects for one checkpoint object
+            continue
+        live[node_id] = obj
+        node = graph.nodes[node_id]
+        if node.slot_variables or node.HasField("registered_saver"):
+            return None
+        if node.children:
+            children = _children(obj)
+            for ref in node.children:
+                child = children.get(ref.local_name)
+                if child is not None:
+                    stack.append((ref.node_id, child))
+    planned: list[Planned] = []
+    owners: set[int] = set()
+    for node_id, node in enumerate(graph.nodes):
+        if not node.attributes:
+            continue
+        obj = live.get(node_id)
+        if obj is None or len(node.attributes) != 1 or node.attributes[0].name != _VALUE:
+            return None  # a value TF would defer, or not a variable's
+        variable = plain_variable(obj)
+        if variable is None or id(variable) in owners or not initialized(variable):
+            return None
+        owners.add(id(variable))
+        key = node.attributes[0].checkpoint_key
+        entry = entries.get(key)
+        if entry is None or entry.slices or entry.dtype not in _bundle._PLAIN_DTYPES:
+            return None
+        shape = variable.shape
+        if not shape.is_fully_defined() or [d.size for d in entry.shape.dim] != shape.as_list():
+            return None
+        if variable.dtype.base_dtype.as_datatype_enum != entry.dtype:
+            return None
+        planned.append(Planned(variable, key, entry))
+    return planned
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("bad varint")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _block(data: bytes, handle: bytes, path: str) -> bytes:
+    offset, pos = _varint(handle, 0)
+    size, _ = _varint(handle, pos)
+    if offset + size + 5 > len(data):
+        raise ValueError(f"{path}: a block runs past the end of the file (truncated?)")
+    contents = data[offset : offset + size]
+    kind = data[offset + size : offset + size + 1]
+    (stored,) = struct.unpack_from("<I", data, offset + size + 1)
+    if _bundle._mask(_bundle._crc_bytes(kind, _bundle._crc_bytes(contents))) != stored:
+        raise ValueError(f"{path}: block checksum mismatch (corrupt index)")
+    if kind != _bundle._NO_COMPRESSION:
+        raise _Unsupported("compressed index block")
+    return contents
+
+
+def _rows(block: bytes) -> list[tuple[bytes, bytes]]:
+    (restarts,) = struct.unpack_from("<I", block, len(block) - 4)
+    end = len(block) - 4 - 4 * restarts
+    rows: list[tuple[bytes, bytes]] = []
+    pos, last = 0, b""
+    while pos < end:
+        shared, pos = _varint(block, pos)
+        fresh, pos = _varint(block, pos)
+        length, pos = _varint(block, pos)
+        key = last[:shared] + block[pos : pos + fresh]
+        pos += fresh
+        rows.append((key, block[pos : pos + length]))
+        pos += length
+        last = key
+    return rows
+
+
+class _Unsupported(Exception):
+    """An index this module does not read (TF's reader does)."""
+
+
+def read_index(prefix: str) -> tuple[int, dict[str, Any]] | None:
+    """``(number of data files, {key: BundleEntryProto})`` of the checkpoint ``prefix``,
+    every index block's checksum checked; ``None`` for an index this module does not read
+    (compressed, big-endian): TF's reader reads those.
+
+    Raises:
+        ValueError: the index is damaged (naming it).
+    """
+    from tensorflow.core.protobuf import tensor_bundle_pb2
+
+    path = f"{prefix}.index"
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 48 or struct.unpack_from("<Q", data, len(data) - 8)[0] != _bundle._TABLE_MAGIC:
+        raise ValueError(f"{path}: not a checkpoint index (bad magic, or truncated)")
+    footer = data[-48:-8]
+    _, pos = _varint(footer, 0)
+    _, pos = _varint(footer, pos)  # the metaindex handle
+    index_start = pos
+    _, pos = _varint(footer, pos)
+    _, pos = _varint(footer, pos)
+    try:
+        header: Any = None
+        entries: dict[str, Any] = {}
+        for _, handle in _rows(_block(data, footer[index_start:pos], path)):
+            for key, value in _rows(_block(data, handle, path)):
+                if not key:
+                    header = tensor_bundle_pb2.BundleHeaderProto.FromString(value)
+                else:
+                    entries[key.decode()] = tensor_bundle_pb2.BundleEntryProto.FromString(value)
+    except _Unsupported:
+        return None
+    if header is None:
+        raise ValueError(f"{path}: no bundle header (corrupt index)")
+    if header.endianness != tensor_bundle_pb2.BundleHeaderProto.LITTLE or not _bundle.available():
+        return None
+    return header.num_shards, entries
+
+
+def _data_loss(message: str) -> Exception:
+    error: Exception = tf().errors.DataLossError(None, None, message)
+    return error
+
+
+#: the key of the object graph proto in a TF2 checkpoint
+GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+
+def _string_scalar(data: bytes, entry: Any, path: str) -> bytes:
+    """The value of a scalar string tensor stored as ``data`` (TF's encoding: the length
+    as a varint, the masked CRC32C of the length, the bytes), checked against ``entry``."""
+    if entry.dtype != _bundle._STRING or entry.shape.dim:
+        raise _data_loss(f"{path}: {GRAPH_KEY} is not a scalar string")
+    try:
+        length, pos = _varint(data, 0)
+    except ValueError:
+        raise _data_loss(f"{path}: truncated or corrupt {GRAPH_KEY}") from None
+    if len(data) != entry.size or pos + 4 + length != len(data):
+        raise _data_loss(f"{path}: truncated or corrupt {GRAPH_KEY}")
+    crc = _bundle._crc_bytes(struct.pack("<I" if length <= 0xFFFFFFFF else "<Q", length))
+    crc = _bundle._crc_bytes(data[pos : pos + 4], crc)
+    crc = _bundle._crc_bytes(data[pos + 4 :], crc)
+    if _bundle._mask(crc) != entry.crc32c:
+        raise _data_loss(f"{path}: checksum mismatch for {GRAPH_KEY} (corrupt data file)")
+    return data[pos + 4 :]
+
+
+class Prefetch:
+    """Reads a checkpoint's object graph, then every plain value into new tensors, in
+    file order, on a thread of its own, from the moment it is made (while the caller
+    matches the object graph).
+
+    :meth:`finish` checks each value's checksum as it arrives (on the caller's thread,
+    the GIL released) and waits for the last; :meth:`cancel` stops the reader between
+    reads (what was read stays in the page cache, for TF's restore). Either joins the
+    thread. One reader: on these disks two (each taking the next value) were slower for
+    a 16 MB checkpoint and no faster for 128 MB.
+    """
+
+    def __init__(self, prefix: str, num_shards: int, entries: dict[str, Any]) -> None:
+        self._prefix = prefix
+        self._num_shards = num_shards
+        self.entries = entries  #: ``{key: BundleEntryProto}``, the checkpoint's index
+        wanted = [(e.shard_id, e.offset, k) for k, e in entries.items() if e.dtype in _bundle._PLAIN_DTYPES and not e.slices]
+        self._order = [k for _, _, k in sorted(wanted)]
+        self._arrived = threading.Condition()
+        self._graph: bytes | None = None  # the object graph proto, read first
+        self._read: list[tuple[Any, int]] = []  # (flat tensor, address), in self._order
+        self._stop = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="asv-restore-read")
+        self._thread.start()
+
+    def _path(self, shard: int) -> str:
+        return _bundle.data_path(self._prefix, shard, self._num_shards)
+
+    def _run(self) -> None:
+        tf_ = tf()
+        fds: dict[int, int] = {}
+
+        def fd_of(shard: int) -> int:
+            fd = fds.get(shard)
+            if fd is None:
+                fd = fds[shard] = os.open(self._path(shard), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            return fd
+
+        try:
+            graph = self.entries.get(GRAPH_KEY)
+            if graph is not None:
+                data = _string_scalar(os.pread(fd_of(graph.shard_id), graph.size, graph.offset), graph, self._path(graph.shard_id))
+                with self._arrived:
+                    self._graph = data
+                    self._arrived.notify()
+            for key in self._order:
+                entry = self.entries[key]
+                value = self._read_one(tf_, fd_of(entry.shard_id), key, entry)
+                if value is None:
+                    return
+                with self._arrived:
+                    self._read.append(value)
+                    self._arrived.notify()
+        except BaseException as exc:  # re-raised on the caller's thread by finish()
+            with self._arrived:
+                self._error = exc
+                self._arrived.notify()
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    def _read_one(self, tf_: Any, fd: int, key: str, entry: Any) -> tuple[Any, int] | None:
+        dtype = tf_.dtypes.as_dtype(entry.dtype)
+        count = 1
+        for dim in entry.shape.dim:
+            count *= dim.size
+        if count * dtype.size != entry.size:
+            raise _data_loss(f"{self._path(entry.shard_id)}: {key} has {entry.size} bytes in the index, its shape needs {count * dtype.size}")
+        with tf_.device("/cpu:0"):
+            # flat: a scalar's numpy() is a copy, a vector's is the tensor's own memory
+            value = tf_.raw_ops.Empty(shape=[max(count, 1)], dtype=dtype, init=False)
+        address = value._numpy().ctypes.data
+        view = memoryview((ctypes.c_char * max(entry.size, 1)).from_address(address)).cast("B")
+        done = 0
+        while done < entry.size:
+            if self._stop:
+                return None
+            got = os.preadv(fd, [view[done : min(done + READ_BYTES, entry.size)]], entry.offset + done)
+            if got <= 0:
+                raise _data_loss(
+                    f"{self._path(entry.shard_id)}: truncated (ends before {key}'s {entry.size} bytes at offset {entry.offset})"
+                )
+            done += got
+        return value, address
+
+    def index(self) -> tuple[dict[str, list[int]], dict[str, Any]]:
+        """``(shapes, dtypes)`` by key, as ``tf.train.load_checkpoint``'s reader gives them."""
+        tf_ = tf()
+        shapes = {k: [d.size for d in e.shape.dim] for k, e in self.entries.items()}
+        return shapes, {k: tf_.dtypes.as_dtype(e.dtype) for k, e in self.entries.items()}
+
+    def graph(self) -> Any:
+        """The checkpoint's object graph (``TrackableObjectGraph``), once the reader has
+        read it (first); ``None`` if the checkpoint has none.
+
+        Raises:
+            tf.errors.DataLossError: its bytes are short or fail their checksum.
+        """
+        from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+        if GRAPH_KEY not in self.entries:
+            return None
+        with self._arrived:
+            while self._graph is None and self._error is None:
+                self._arrived.wait()
+            if self._graph is None:
+                assert self._error is not None
+                raise self._error
+        return trackable_object_graph_pb2.TrackableObjectGraph.FromString(self._graph)
+
+    def finish(self) -> dict[str, Any]:
+        """Check each value as it arrives, wait for the last; ``{key: flat tensor}``.
+
+        Raises:
+            tf.errors.DataLossError: a data file is short or a value's checksum is wrong.
+            OSError: a data file could not be opened or read.
+        """
+        crc = _checksum()
+        values: dict[str, Any] = {}
+        try:
+            for i, key in enumerate(self._order):
+                with self._arrived:
+                    while len(self._read) <= i and self._error is None:
+                        self._arrived.wait()
+                    if len(self._read) <= i:
+                        assert self._error is not None
+                        raise self._error
+                    value, address = self._read[i]
+                entry = self.entries[key]
+                if _bundle._mask(int(crc(0, address, entry.size))) != entry.crc32c:
+                    raise _data_loss(f"{self._path(entry.shard_id)}: checksum mismatch for {key} (corrupt data file)")
+                values[key] = value
+        finally:
+            self.cancel()
+        return values
+
+    def cancel(self) -> None:
+        """Stop reading (between reads), drop what was read, join the thread."""
+        self._stop = True
+        self._thread.join()
+        self._read.clear()
+
+
+def start(prefix: str) -> Prefetch | None:
+    """Start reading the values of the checkpoint ``prefix`` (:class:`Prefetch`), or
+    ``None`` if its index is of a kind this module does not read.
+
+    Raises:
+        ValueError: the index is damaged (naming it).
+    """
+    if _bundle._crc is None or _bundle._crc[1] is None:
+        return None  # no checksum of a tensor's memory without a copy: TF's reader
+    index = read_index(prefix)
+    if index is None:
+        return None
+    return Prefetch(prefix, index[0], index[1])
+
+
+def _checksum() -> Any:
+    """google-crc32c's ``crc32c_extend(crc, address, nbytes)`` (the GIL released)."""
+    crc = _bundle._crc
+    if crc is None or crc[1] is None:
+        raise RuntimeError("google-crc32c's C library is gone")  # start() checked it
+    return crc[1]
+
+
+def assign(planned: list[Planned], values: dict[str, Any]) -> None:
+    """Hand each planned variable its value, read by :meth:`Prefetch.finish`
+    (``AssignVariableOp`` adopts the tensor's buffer: no copy)."""
+    from tensorflow.python.ops import gen_resource_variable_ops
+
+    tf_ = tf()
+    with tf_.device("/cpu:0"):
+        for p in planned:
+            value = values[p.key]
+            shape = p.variable.shape
+            if shape.num_elements() == 0:
+                value = tf_.reshape(value[:0], shape)
+            elif shape.rank != 1:
+                value = tf_.reshape(value, shape)  # shares the buffer
+            gen_resource_variable_ops.assign_variable_op(p.variable.handle, value)

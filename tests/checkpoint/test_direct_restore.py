@@ -1,0 +1,215 @@
+"""Restoring a checkpoint of plain variables by reading its files straight into them
+(``_checkpoint/_direct_restore.py``): the same values as TF's restore, every dtype and
+shape class, files written by our writer and by TF's ``SaveV2``; TF's restore whenever
+anything would be deferred or is not a plain variable; damage found before any variable
+changes; no thread left behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from checkpoint.test_bundle import flat, varied_state, zeros_like
+
+from asupervisor._checkpoint import _bundle, _restore
+from asupervisor._checkpoint._manager import Checkpointer
+from asupervisor._exceptions import CheckpointError
+from asupervisor.testing import capture_logs
+
+pytestmark = [
+    pytest.mark.usefixtures("no_new_threads"),
+    pytest.mark.skipif(not _bundle.available(), reason="google-crc32c's C library is not installed"),
+]
+
+
+def plain_state() -> dict[str, Any]:
+    """:func:`varied_state` without its string variable (TF's restore reads strings)."""
+    state = varied_state()
+    del state["strings"]
+    state["matrix"] = tf.Variable(tf.random.uniform([3, 4, 5], seed=3))
+    state["big"] = tf.Variable(tf.random.uniform([3 << 20], seed=4))  # 12 MiB: two 8 MiB reads
+    return state
+
+
+def reads(events: list[dict[str, Any]]) -> list[str]:
+    return [e["how"] for e in events if e["event"] == "checkpoint.read"]
+
+
+def write(state: dict[str, Any], directory: Path, writer: str) -> str:
+    """The checkpoint of ``state`` written by asupervisor (our bundle writer) or by TF."""
+    checkpoint = tf.train.Checkpoint(**state)
+    if writer == "tensorflow":
+        return str(checkpoint.write(str(directory / "tf")))
+    saver = Checkpointer(checkpoint, directory, max_to_keep=2)
+    saver.prepare()
+    return saver.write(saver.snapshot(1)).path
+
+
+def restored(state: dict[str, Any], path: str, direct: bool) -> tuple[list[np.ndarray], list[str]]:
+    fresh = zeros_like(state)
+    _restore.DIRECT_RESTORE = direct
+    try:
+        with capture_logs() as events:
+            _restore.restore_path(tf.train.Checkpoint(**fresh), path)
+    finally:
+        _restore.DIRECT_RESTORE = True
+    return [v.numpy() for v in flat(fresh)], reads(events)
+
+
+@pytest.mark.parametrize("writer", ["asupervisor", "tensorflow"])
+def test_every_dtype_and_shape_reads_back_as_tensorflow_restores_it(tmp_path: Path, writer: str) -> None:
+    """Scalars, an empty tensor, bfloat16, bool, complex, 3-D, one value over two reads,
+    300 small ones: the direct read gives the values TF's restore gives, bit for bit,
+    with the dtype and shape of the variable; both writers' files."""
+    state = plain_state()
+    path = write(state, tmp_path, writer)
+    ours, how = restored(state, path, direct=True)
+    theirs, how_tf = restored(state, path, direct=False)
+    assert how == ["direct"] and how_tf == ["tensorflow"]
+    for want, mine, tfs in zip(flat(state), ours, theirs):
+        assert mine.dtype == tfs.dtype == want.dtype.as_numpy_dtype and mine.shape == tfs.shape == tuple(want.shape)
+        assert mine.tobytes() == tfs.tobytes() == want.numpy().tobytes()
+
+
+def test_restored_variables_train_on_and_save_again(tmp_path: Path) -> None:
+    """The variables own their restored values: an in-place update after the restore
+    changes the variable only, and the next checkpoint holds the updated values."""
+    state = {"w": tf.Variable(tf.range(8.0)), "m": tf.Variable(tf.ones([2, 3]))}
+    path = write(state, tmp_path / "a", "asupervisor")
+    fresh = {k: tf.Variable(tf.zeros_like(v)) for k, v in state.items()}
+    _restore.restore_path(tf.train.Checkpoint(**fresh), path)
+    before = fresh["w"].read_value()
+    fresh["w"].assign_add(tf.ones([8]))
+    fresh["m"].assign(fresh["m"] * 3)
+    assert before.numpy().tolist() == list(range(8))
+    again = write(fresh, tmp_path / "b", "asupervisor")
+    reader = tf.train.load_checkpoint(again)
+    assert reader.get_tensor("w/.ATTRIBUTES/VARIABLE_VALUE").tolist() == [float(i + 1) for i in range(8)]
+    assert reader.get_tensor("m/.ATTRIBUTES/VARIABLE_VALUE").tolist() == [[3.0] * 3] * 2
+
+
+def keras_state(build: bool) -> dict[str, Any]:
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.Adam(0.01)
+    if build:
+        optimizer.build(model.trainable_variables)
+    return {"model": model, "optimizer": optimizer}
+
+
+def train_once(state: dict[str, Any]) -> None:
+    model, optimizer = state["model"], state["optimizer"]
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(tf.ones([2, 4])) ** 2)
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+
+@pytest.mark.parametrize("build", [True, False])
+def test_keras_model_and_optimizer(tmp_path: Path, build: bool) -> None:
+    """A Keras model and Adam: read directly when the optimizer's variables exist;
+    before they do (TF defers its slots until the first apply) TF's restore does it.
+    Either way, every value after the first step matches a run that never stopped."""
+    keras.utils.set_random_seed(1)
+    original = keras_state(build=True)
+    train_once(original)
+    path = write(original, tmp_path, "asupervisor")
+    keras.utils.set_random_seed(2)
+    resumed = keras_state(build=build)
+    with capture_logs() as events:
+        _restore.restore_path(tf.train.Checkpoint(**resumed), path)
+    assert reads(events) == (["direct"] if build else ["tensorflow"])
+    train_once(original)
+    train_once(resumed)
+    for a, b in zip(original["model"].weights + original["optimizer"].variables, resumed["model"].weights + resumed["optimizer"].variables):
+        assert a.numpy().tobytes() == b.numpy().tobytes()
+
+
+def test_what_tensorflow_must_restore_goes_to_tensorflow(tmp_path: Path) -> None:
+    """Strings, a TF1 optimizer's slot variables, a ``tf.data`` iterator, a value of
+    another shape (``strict=False``): TF's restore, with its results."""
+    text = {"s": tf.Variable(tf.constant([b"ab", b""])), "x": tf.Variable(1.0)}
+    assert restored(text, write(text, tmp_path / "s", "asupervisor"), direct=True)[1] == ["tensorflow"]
+
+    var = tf.Variable([1.0, 2.0])
+    opt = tf.compat.v1.train.AdamOptimizer(0.1)
+    opt.minimize(lambda: tf.reduce_sum(var**2), var_list=[var])
+    path = str(tf.train.Checkpoint(v=var, opt=opt).write(str(tmp_path / "v1" / "ck")))
+    var2 = tf.Variable([0.0, 0.0])
+    opt2 = tf.compat.v1.train.AdamOptimizer(0.1)
+    opt2.minimize(lambda: tf.reduce_sum(var2**2), var_list=[var2])
+    with capture_logs() as events:
+        _restore.restore_path(tf.train.Checkpoint(v=var2, opt=opt2), path)
+    assert reads(events) == ["tensorflow"]
+    assert var2.numpy().tolist() == var.numpy().tolist()
+    assert opt2.get_slot(var2, "m").numpy().tolist() == opt.get_slot(var, "m").numpy().tolist()
+
+    iterator = iter(tf.data.Dataset.range(10))
+    next(iterator)
+    path = str(tf.train.Checkpoint(it=iterator, x=tf.Variable(3.0)).write(str(tmp_path / "it" / "ck")))
+    iterator2 = iter(tf.data.Dataset.range(10))
+    with capture_logs() as events:
+        _restore.restore_path(tf.train.Checkpoint(it=iterator2, x=tf.Variable(0.0)), path, strict=False)
+    assert reads(events) == ["tensorflow"] and int(next(iterator2)) == 1
+
+    path = write({"x": tf.Variable([1.0, 2.0])}, tmp_path / "shape", "asupervisor")
+    other = tf.Variable([5.0, 6.0, 7.0])
+    with capture_logs() as events, pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
+        _restore.restore_path(tf.train.Checkpoint(x=other), path, strict=False)
+    assert reads(events) == ["tensorflow"] and other.numpy().tolist() == [5.0, 6.0, 7.0]
+
+
+def damage(path: str, how: str) -> None:
+    data = Path(f"{path}.data-00000-of-00001")
+    raw = bytearray(data.read_bytes())
+    if how == "flip":
+        raw[-(1 << 20)] ^= 0x01  # inside the last (large) value
+        data.write_bytes(bytes(raw))
+    else:
+        data.write_bytes(bytes(raw[: len(raw) - 4096]))
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_a_damaged_data_file_changes_no_variable(tmp_path: Path, how: str) -> None:
+    """One flipped bit in the last value, or the file's last page gone: TF's
+    ``DataLossError`` naming the file and the value, raised after every value was read
+    and before any variable changed; no reader thread left (the fixture checks)."""
+    state = {"a": tf.Variable(tf.range(1000.0)), "b": tf.Variable(tf.random.uniform([1 << 19], seed=5))}
+    path = write(state, tmp_path, "asupervisor")
+    damage(path, how)
+    fresh = {"a": tf.Variable(tf.fill([1000], 7.0)), "b": tf.Variable(tf.fill([1 << 19], 7.0))}
+    with pytest.raises(tf.errors.DataLossError) as caught:
+        _restore.restore_path(tf.train.Checkpoint(**fresh), path)
+    assert f"{path}.data-00000-of-00001" in str(caught.value)
+    assert "b/.ATTRIBUTES/VARIABLE_VALUE" in str(caught.value)
+    assert ("checksum" if how == "flip" else "truncated") in str(caught.value)
+    assert all(bool(tf.reduce_all(v == 7.0)) for v in fresh.values())
+
+
+def test_a_damaged_index_is_a_data_error(tmp_path: Path) -> None:
+    """A flipped byte in the index: a data error naming the index (the restore goes on
+    to the previous checkpoint), before any variable changes."""
+    x = tf.Variable(tf.range(64.0))
+    path = write({"x": x}, tmp_path, "asupervisor")
+    index = Path(f"{path}.index")
+    raw = bytearray(index.read_bytes())
+    raw[len(raw) // 3] ^= 0x10
+    index.write_bytes(bytes(raw))
+    fresh = tf.Variable(tf.zeros([64]))
+    with pytest.raises(Exception) as caught:
+        _restore.restore_path(tf.train.Checkpoint(x=fresh), path)
+    assert _restore._data_error(caught.value) and str(index) in str(caught.value)
+    assert fresh.numpy().tolist() == [0.0] * 64
+
+
+def test_another_model_is_named_and_reading_stops(tmp_path: Path) -> None:
+    """The model check runs on the index while the values are read: a checkpoint of
+    another model is a CheckpointError naming the variable, the reader is stopped and
+    joined (the fixture checks), nothing changes."""
+    path = write({"x": tf.Variable(tf.random.uniform([1 << 20]))}, tmp_path, "asupervisor")
+    y = tf.Variable(tf.zeros([3]))
+    with pytest.raises(CheckpointError, match="missing from the checkpoint: y/"):
+        _restore.restore_path(tf.train.Checkpoint(y=y, x=tf.Variable(tf.zeros([1 << 20]))), path)
+    assert y.numpy().tolist() == [0.0] * 3
