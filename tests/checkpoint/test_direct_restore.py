@@ -213,3 +213,18 @@ def test_another_model_is_named_and_reading_stops(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="missing from the checkpoint: y/"):
         _restore.restore_path(tf.train.Checkpoint(y=y, x=tf.Variable(tf.zeros([1 << 20]))), path)
     assert y.numpy().tolist() == [0.0] * 3
+
+
+def test_a_checkpoint_in_two_data_files_reads_back(tmp_path: Path) -> None:
+    """A 72 MB state is written as two data files (a reader thread for each): every
+    value comes back, read directly."""
+    state = {f"v{i}": tf.Variable(tf.random.uniform([9 << 20], seed=10 + i)) for i in range(2)}
+    path = write(state, tmp_path, "asupervisor")
+    assert sorted(p.name for p in tmp_path.glob(Path(path).name + ".data-*")) == [
+        f"{Path(path).name}.data-00000-of-00002",
+        f"{Path(path).name}.data-00001-of-00002",
+    ]
+    ours, how = restored(state, path, direct=True)
+    assert how == ["direct"]
+    for want, mine in zip(flat(state), ours):
+        assert mine.tobytes() == want.numpy().tobytes()
