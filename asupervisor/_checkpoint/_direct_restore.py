@@ -13,17 +13,19 @@ exists now, nothing deferred), this module does the same in fewer steps:
    nothing is left for later (no slot variables of TF1 optimizers, no registered savers,
    no iterator or other saveable), is there a plan; otherwise ``None`` and the caller
    uses TF's restore, unchanged.
-2. :func:`restore`: read the index (a LevelDB table; every block's checksum checked),
-   allocate each value as a TF tensor, read the data files into those tensors with
-   large ``preadv`` calls on two threads, check each value's masked CRC32C (the
-   checksum TF's reader checks, computed with the GIL released), and only when every
-   value has been read and checked, hand each tensor to its variable
-   (``AssignVariableOp``, which adopts the buffer: no copy). A short file or a bad
+2. :class:`Prefetch` (made by :func:`start` before the plan, so that the disk works
+   while the model is checked): read the index (a LevelDB table; every block's checksum
+   checked), then, on a thread per data file (up to :data:`READERS`), the object graph
+   and every plain value, in file order, with large ``preadv`` calls into new TF
+   tensors; :meth:`Prefetch.finish` checks each value's masked CRC32C (the checksum TF's
+   reader checks, computed with the GIL released) as it arrives. A short file or a bad
    checksum raises TF's ``DataLossError`` naming the file and key before any variable
    changes, as TF's own restore of one device's values does.
+3. :func:`assign`: only when every value has been read and checked, hand each tensor to
+   its variable (``AssignVariableOp``, which adopts the buffer: no copy).
 
-Runs on the caller's thread (never the event loop) and one helper thread, joined before
-it returns.
+Runs on the caller's thread (never the event loop) and the reader threads, joined
+before :meth:`Prefetch.finish` or :meth:`Prefetch.cancel` returns.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 
 from .._tf import tf
 from . import _bundle
-from ._walk_cache import initialized, plain_variable
+from ._walk_cache import checkpoint_children, initialized, plain_variable
 
 __all__ = ["Planned", "Prefetch", "assign", "plan", "read_index", "start"]
 
@@ -54,13 +56,6 @@ class Planned:
     variable: Any
     key: str
     entry: Any
-
-
-def _children(obj: Any) -> dict[str, Any]:
-    try:
-        return dict(obj._trackable_children(save_type="checkpoint"))
-    except (AttributeError, TypeError):
-        return {}
 
 
 def plan(checkpoint: Any, graph: Any, entries: dict[str, Any]) -> list[Planned] | None:
@@ -84,7 +79,7 @@ def plan(checkpoint: Any, graph: Any, entries: dict[str, Any]) -> list[Planned] 
         if node.slot_variables or node.HasField("registered_saver"):
             return None
         if node.children:
-            children = _children(obj)
+            children = checkpoint_children(obj)
             for ref in node.children:
                 child = children.get(ref.local_name)
                 if child is not None:

@@ -32,6 +32,7 @@ from .._logging import describe, get_logger
 from .._tf import tf
 from . import _direct_restore, _snapshot
 from ._iterator_state import ITERATOR_ATTR
+from ._walk_cache import checkpoint_children
 from .files import _names, _state_file
 
 __all__ = ["RestoreOutcome", "candidates", "check_matches", "restore_latest", "restore_newest", "restore_path"]
@@ -50,13 +51,6 @@ def _object_graph(reader: Any) -> Any:
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
     return graph
-
-
-def _children(obj: Any) -> dict[str, Any]:
-    try:
-        return dict(obj._trackable_children(save_type="checkpoint"))
-    except (AttributeError, TypeError):
-        return {}
 
 
 def _matched_keys(checkpoint: Any, graph: Any) -> tuple[dict[int, str], set[int]]:
@@ -85,7 +79,7 @@ def _matched_keys(checkpoint: Any, graph: Any) -> tuple[dict[int, str], set[int]
         for attr in node.attributes:
             if attr.name == "VARIABLE_VALUE":
                 matched[id(obj)] = attr.checkpoint_key
-        live = _children(obj)
+        live = checkpoint_children(obj)
         for ref in node.children:
             child = live.get(ref.local_name)
             if child is not None:

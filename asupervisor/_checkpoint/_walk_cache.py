@@ -99,6 +99,15 @@ def plain_variable(obj: Any) -> Any:
     return obj
 
 
+def checkpoint_children(obj: Any) -> dict[str, Any]:
+    """``{local name: child}`` of a trackable as a checkpoint sees them (``{}`` for
+    anything else): what a restore walks to match the checkpoint's object graph."""
+    try:
+        return dict(obj._trackable_children(save_type="checkpoint"))
+    except (AttributeError, TypeError):
+        return {}
+
+
 def initialized(variable: Any) -> bool:
     """Whether a :func:`plain_variable` holds a value (TF's walk skips it otherwise). A
     ``ResourceVariable`` made eagerly always does; the others are asked (one op)."""
