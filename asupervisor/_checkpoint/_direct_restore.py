@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._tf import tf
-from . import _bundle
+from . import _bundle, _index
 from ._walk_cache import checkpoint_children, initialized, plain_variable
 
 __all__ = ["Planned", "Prefetch", "assign", "plan", "read_index", "start"]
@@ -109,90 +109,21 @@ def plan(checkpoint: Any, graph: Any, entries: dict[str, Any]) -> list[Planned] 
     return planned
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("bad varint")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-
-
-def _block(data: bytes, handle: bytes, path: str) -> bytes:
-    offset, pos = _varint(handle, 0)
-    size, _ = _varint(handle, pos)
-    if offset + size + 5 > len(data):
-        raise ValueError(f"{path}: a block runs past the end of the file (truncated?)")
-    contents = data[offset : offset + size]
-    kind = data[offset + size : offset + size + 1]
-    (stored,) = struct.unpack_from("<I", data, offset + size + 1)
-    if _bundle._mask(_bundle._crc_bytes(kind, _bundle._crc_bytes(contents))) != stored:
-        raise ValueError(f"{path}: block checksum mismatch (corrupt index)")
-    if kind != _bundle._NO_COMPRESSION:
-        raise _Unsupported("compressed index block")
-    return contents
-
-
-def _rows(block: bytes) -> list[tuple[bytes, bytes]]:
-    (restarts,) = struct.unpack_from("<I", block, len(block) - 4)
-    end = len(block) - 4 - 4 * restarts
-    rows: list[tuple[bytes, bytes]] = []
-    pos, last = 0, b""
-    while pos < end:
-        shared, pos = _varint(block, pos)
-        fresh, pos = _varint(block, pos)
-        length, pos = _varint(block, pos)
-        key = last[:shared] + block[pos : pos + fresh]
-        pos += fresh
-        rows.append((key, block[pos : pos + length]))
-        pos += length
-        last = key
-    return rows
-
-
-class _Unsupported(Exception):
-    """An index this module does not read (TF's reader does)."""
-
-
 def read_index(prefix: str) -> tuple[int, dict[str, Any]] | None:
-    """``(number of data files, {key: BundleEntryProto})`` of the checkpoint ``prefix``,
-    every index block's checksum checked; ``None`` for an index this module does not read
-    (compressed, big-endian): TF's reader reads those.
+    """``(number of data files, {key: BundleEntryProto})`` of the checkpoint ``prefix``
+    (:func:`._index.read`: every block's checksum checked); ``None`` for an index this
+    module does not read (compressed, big-endian): TF's reader reads those.
 
     Raises:
         ValueError: the index is damaged (naming it).
     """
     from tensorflow.core.protobuf import tensor_bundle_pb2
 
-    path = f"{prefix}.index"
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 48 or struct.unpack_from("<Q", data, len(data) - 8)[0] != _bundle._TABLE_MAGIC:
-        raise ValueError(f"{path}: not a checkpoint index (bad magic, or truncated)")
-    footer = data[-48:-8]
-    _, pos = _varint(footer, 0)
-    _, pos = _varint(footer, pos)  # the metaindex handle
-    index_start = pos
-    _, pos = _varint(footer, pos)
-    _, pos = _varint(footer, pos)
     try:
-        header: Any = None
-        entries: dict[str, Any] = {}
-        for _, handle in _rows(_block(data, footer[index_start:pos], path)):
-            for key, value in _rows(_block(data, handle, path)):
-                if not key:
-                    header = tensor_bundle_pb2.BundleHeaderProto.FromString(value)
-                else:
-                    entries[key.decode()] = tensor_bundle_pb2.BundleEntryProto.FromString(value)
-    except _Unsupported:
+        header, entries = _index.read(prefix)
+    except _index.Unsupported:
         return None
-    if header is None:
-        raise ValueError(f"{path}: no bundle header (corrupt index)")
-    if header.endianness != tensor_bundle_pb2.BundleHeaderProto.LITTLE or not _bundle.available():
+    if header.endianness != tensor_bundle_pb2.BundleHeaderProto.LITTLE:
         return None
     return header.num_shards, entries
 
@@ -212,7 +143,7 @@ def _string_scalar(data: bytes, entry: Any, path: str) -> bytes:
     if entry.dtype != _bundle._STRING or entry.shape.dim:
         raise _data_loss(f"{path}: {GRAPH_KEY} is not a scalar string")
     try:
-        length, pos = _varint(data, 0)
+        length, pos = _index.varint(data, 0)
     except ValueError:
         raise _data_loss(f"{path}: truncated or corrupt {GRAPH_KEY}") from None
     if len(data) != entry.size or pos + 4 + length != len(data):

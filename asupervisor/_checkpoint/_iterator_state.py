@@ -23,11 +23,11 @@ Runs on the step thread (:func:`serialisation_problem`) or the checkpoint writer
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 from .._exceptions import CheckpointError
 from .._tf import tf
+from . import _index
 
 #: the attribute of the checkpoint that holds ``run_loop``'s data iterator
 ITERATOR_ATTR = "asv_data_iterator"
@@ -96,64 +96,11 @@ def restore_mismatch_error(exc: BaseException, path: str | None) -> CheckpointEr
 
 # -- reading a checkpoint's index ------------------------------------------------------
 
-_FOOTER = 48  # two block handles padded to 40 bytes, then the 8-byte magic
-_MAGIC = 0xDB4775248B80FB57
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-
-
-def _block_entries(data: bytes, offset: int, size: int) -> list[tuple[bytes, bytes]]:
-    """The ``(key, value)`` rows of one uncompressed table block."""
-    if data[offset + size] != 0:  # the trailer's compression type
-        raise ValueError("compressed checkpoint index block")
-    block = data[offset : offset + size]
-    (restarts,) = struct.unpack_from("<I", block, len(block) - 4)
-    end = len(block) - 4 - 4 * restarts
-    rows: list[tuple[bytes, bytes]] = []
-    pos, last = 0, b""
-    while pos < end:
-        shared, pos = _varint(block, pos)
-        unshared, pos = _varint(block, pos)
-        length, pos = _varint(block, pos)
-        key = last[:shared] + block[pos : pos + unshared]
-        pos += unshared
-        rows.append((key, block[pos : pos + length]))
-        pos += length
-        last = key
-    return rows
-
 
 def index_entries(prefix: str) -> dict[str, Any]:
-    """``{checkpoint key: BundleEntryProto}`` read from ``<prefix>.index`` (a LevelDB
-    table; TF's reader is not used, and neither is this project's writer)."""
-    from tensorflow.core.protobuf import tensor_bundle_pb2
-
-    with open(f"{prefix}.index", "rb") as f:
-        data = f.read()
-    if len(data) < _FOOTER or struct.unpack_from("<Q", data, len(data) - 8)[0] != _MAGIC:
-        raise ValueError(f"{prefix}.index is not a checkpoint index")
-    pos = len(data) - _FOOTER
-    _, pos = _varint(data, pos)  # the metaindex block
-    _, pos = _varint(data, pos)
-    index_offset, pos = _varint(data, pos)
-    index_size, _ = _varint(data, pos)
-    entries: dict[str, Any] = {}
-    for _, handle in _block_entries(data, index_offset, index_size):
-        offset, at = _varint(handle, 0)
-        size, _ = _varint(handle, at)
-        for key, value in _block_entries(data, offset, size):
-            if key:  # "" is the header
-                entries[key.decode()] = tensor_bundle_pb2.BundleEntryProto.FromString(value)
-    return entries
+    """``{checkpoint key: BundleEntryProto}`` read from ``<prefix>.index`` (:mod:`._index`:
+    TF's reader is not used, and neither is this project's writer)."""
+    return _index.read(prefix)[1]
 
 
 def entry_sizes(prefix: str) -> dict[str, int]:
