@@ -59,9 +59,10 @@ class Planned:
 
 
 def plan(checkpoint: Any, graph: Any, entries: dict[str, Any]) -> list[Planned] | None:
-    """What :func:`restore` would restore of ``entries`` into ``checkpoint``'s objects,
-    matched through the checkpoint's object ``graph``; ``None`` if TF's restore must do it
-    (see the module docstring for when)."""
+    """Which variable of ``checkpoint``'s objects takes which of ``entries``, matched
+    through the checkpoint's object ``graph`` as TF's restore matches them; ``None`` if
+    TF's restore must do it (see the module docstring for when). Creates the
+    checkpoint's ``save_counter`` if it has none yet, as TF's restore does."""
     create_counter = getattr(checkpoint, "_maybe_create_save_counter", None)
     if create_counter is not None:
         create_counter()  # as TF's restore does (after its read: the counter is then deferred)
