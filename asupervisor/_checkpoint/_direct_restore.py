@@ -11,8 +11,9 @@ exists now, nothing deferred), this module does the same in fewer steps:
    ``ResourceVariable`` (or a Keras variable wrapping one) of the same shape and dtype,
    holding one value (``VARIABLE_VALUE``) of a plain numeric dtype in one piece, and
    nothing is left for later (no slot variables of TF1 optimizers, no registered savers,
-   no iterator or other saveable), is there a plan; otherwise ``None`` and the caller
-   uses TF's restore, unchanged.
+   no iterator or other saveable), and the checkpoint is a ``tf.train.Checkpoint``
+   whose ``restore`` and ``read`` are TF's own (not a subclass's), is there a plan;
+   otherwise ``None`` and the caller uses TF's restore, unchanged.
 2. :class:`Prefetch` (made by :func:`start` before the plan, so that the disk works
    while the model is checked): read the index (a LevelDB table; every block's checksum
    checked), then, on a thread per data file (up to :data:`READERS`), the object graph
@@ -63,6 +64,9 @@ def plan(checkpoint: Any, graph: Any, entries: dict[str, Any]) -> list[Planned] 
     through the checkpoint's object ``graph`` as TF's restore matches them; ``None`` if
     TF's restore must do it (see the module docstring for when). Creates the
     checkpoint's ``save_counter`` if it has none yet, as TF's restore does."""
+    base = tf().train.Checkpoint
+    if not isinstance(checkpoint, base) or type(checkpoint).restore is not base.restore or type(checkpoint).read is not base.read:
+        return None  # a subclass that restores its own way: it is asked to
     create_counter = getattr(checkpoint, "_maybe_create_save_counter", None)
     if create_counter is not None:
         create_counter()  # as TF's restore does (after its read: the counter is then deferred)
