@@ -188,6 +188,8 @@ class Prefetch:
         self._graph: bytes | None = None  # the object graph proto, read first
         self._read: list[tuple[str, Any, int]] = []  # (key, flat tensor, address), as they arrive
         self._stop = False
+        self._warm_only = False
+        self._checked: set[str] = set()  # keys whose values were read and checked
         self._error: BaseException | None = None
         shards = sorted({entries[k].shard_id for k in self._order}) or [0]
         count = min(READERS, len(shards))
@@ -216,13 +218,16 @@ class Prefetch:
                 with self._arrived:
                     self._graph = data
                     self._arrived.notify_all()
+            scratch: memoryview | None = None
             for key in keys:
-                if self._error is not None:
+                if self._error is not None or self._stop:
                     return
                 entry = self.entries[key]
-                value = self._read_one(tf_, fd_of(entry.shard_id), key, entry)
-                if value is None:
-                    return
+                value = None if self._warm_only else self._read_one(tf_, fd_of(entry.shard_id), key, entry)
+                if value is None:  # only checking now (warm), or stopped
+                    scratch = scratch or memoryview(bytearray(READ_BYTES))
+                    self._check_one(fd_of(entry.shard_id), key, entry, scratch)
+                    continue
                 with self._arrived:
                     self._read.append((key, *value))
                     self._arrived.notify_all()
@@ -248,7 +253,7 @@ class Prefetch:
         view = memoryview((ctypes.c_char * max(entry.size, 1)).from_address(address)).cast("B")
         done = 0
         while done < entry.size:
-            if self._stop:
+            if self._stop or self._warm_only:
                 return None
             got = os.preadv(fd, [view[done : min(done + READ_BYTES, entry.size)]], entry.offset + done)
             if got <= 0:
@@ -257,6 +262,57 @@ class Prefetch:
                 )
             done += got
         return value, address
+
+    def _check_one(self, fd: int, key: str, entry: Any, scratch: memoryview) -> None:
+        """Read ``entry``'s bytes through ``scratch`` and check their checksum (they stay
+        in the page cache, for TF's reader); add ``key`` to the values checked."""
+        crc = _checksum()
+        address = ctypes.addressof(ctypes.c_char.from_buffer(scratch))
+        value = 0
+        done = 0
+        while done < entry.size:
+            if self._stop:
+                return
+            got = os.preadv(fd, [scratch[: min(READ_BYTES, entry.size - done)]], entry.offset + done)
+            if got <= 0:
+                raise _data_loss(
+                    f"{self._path(entry.shard_id)}: truncated (ends before {key}'s {entry.size} bytes at offset {entry.offset})"
+                )
+            value = int(crc(value, address, got))
+            done += got
+        self._check(key, entry, value)
+
+    def _check(self, key: str, entry: Any, crc: int) -> None:
+        if _bundle._mask(crc) != entry.crc32c:
+            raise _data_loss(f"{self._path(entry.shard_id)}: checksum mismatch for {key} (corrupt data file)")
+        with self._arrived:
+            self._checked.add(key)
+
+    def warm(self) -> None:
+        """From now on read only to check: each value through a reused buffer per reader,
+        its checksum checked, its bytes left in the page cache, while TF's restore reads
+        them a step behind (:meth:`checked` waits for the readers). The values read so far
+        are checked here and dropped; one a reader was in the middle of is read again."""
+        crc = _checksum()
+        with self._arrived:
+            self._warm_only = True
+            arrived, self._read = self._read, []
+        for key, _, address in arrived:
+            self._check(key, self.entries[key], int(crc(0, address, self.entries[key].size)))
+
+    def checked(self) -> set[str]:
+        """After :meth:`warm`: wait for the readers, return the keys whose values they read
+        and checked.
+
+        Raises:
+            tf.errors.DataLossError: a data file is short or a value's checksum is wrong.
+            OSError: a data file could not be opened or read.
+        """
+        for thread in self._threads:
+            thread.join()
+        if self._error is not None:
+            raise self._error
+        return set(self._checked)
 
     def index(self) -> tuple[dict[str, list[int]], dict[str, Any]]:
         """``(shapes, dtypes)`` by key, as ``tf.train.load_checkpoint``'s reader gives them."""
