@@ -3,8 +3,10 @@
 ``bench/checkpoint.py`` restores the same checkpoint again and again in one process,
 where each restore's new tensors can reuse the memory the previous one gave up. A
 restarted training restores once, into a process whose variables were just made. So here
-each measurement is a new Python process: it builds the state (the variables of
-``bench/checkpoint.py``'s ``make_state``), drops the checkpoint's files from the page
+each measurement is a new Python process: it builds the state (``--state variables``:
+those of ``bench/checkpoint.py``'s ``make_state``, read directly; ``--state keras``: a
+Keras MLP and an Adam not built yet, whose slots TF defers, so TF's restore does it, the
+readers checking every value ahead of it), drops the checkpoint's files from the page
 cache (``posix_fadvise(DONTNEED)``), and times one of
 
 * ``raw``: a raw read of the files (8 MiB ``readv`` calls, one thread, as ``cat``),
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = Path(__file__).resolve().parent
@@ -40,16 +43,38 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # pagecache: the tests' helpers
 MODES = ("raw", "tf", "asv", "asv-tf")
 
 
-def child(mode: str, size: int, directory: Path) -> None:
+def keras_state(size: int, trained: bool) -> object:
+    """A Keras MLP (two square layers) and Adam, about ``size`` MB with Adam's slots; the
+    optimizer built by one step if ``trained``, else not built (TF defers its slots)."""
+    import keras
+    import tensorflow as tf
+
+    width = int((size * (1 << 20) / 4 / 3 / 2) ** 0.5)
+    model = keras.Sequential([keras.Input((width,)), keras.layers.Dense(width), keras.layers.Dense(width)])
+    optimizer = keras.optimizers.Adam()
+    if trained:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(tf.ones([2, width])) ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return tf.train.Checkpoint(model=model, optimizer=optimizer)
+
+
+def make(state: str, size: int, trained: bool) -> object:
+    from checkpoint import make_state
+
+    return make_state(size)[0] if state == "variables" else keras_state(size, trained)
+
+
+def child(mode: str, size: int, directory: Path, state: str) -> None:
     """One measurement, printed as JSON: milliseconds of ``mode``'s restore."""
     import tensorflow as tf
-    from checkpoint import _read_files, make_state
+    from checkpoint import _read_files
     from pagecache import drop_cached
 
     from asupervisor._checkpoint import _restore
 
     logging.getLogger("asupervisor").propagate = False
-    ckpt, _ = make_state(size)
+    ckpt: Any = make(state, size, trained=False)
     latest = tf.train.latest_checkpoint(str(directory))
     files = sorted(str(p) for p in directory.glob(Path(latest).name + ".*"))
     _restore.DIRECT_RESTORE = mode != "asv-tf"
@@ -64,13 +89,12 @@ def child(mode: str, size: int, directory: Path) -> None:
     print(json.dumps({"ms": (time.perf_counter() - t0) * 1e3}))
 
 
-def write_checkpoint(size: int, directory: Path) -> None:
+def write_checkpoint(size: int, directory: Path, state: str) -> None:
     import tensorflow as tf  # noqa: F401  (imported before the bench module, quietly)
-    from checkpoint import make_state
 
     from asupervisor._checkpoint._manager import Checkpointer
 
-    ckpt, _ = make_state(size)
+    ckpt = make(state, size, trained=True)
     saver = Checkpointer(ckpt, directory, max_to_keep=1)
     saver.prepare()
     saver.write(saver.snapshot(1))
@@ -81,25 +105,31 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", default=[16, 128])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
+    parser.add_argument(
+        "--state",
+        choices=("variables", "keras"),
+        default="variables",
+        help="tf.Variables of 8 MB (the direct read), or a Keras MLP and an Adam not built yet (TF's restore)",
+    )
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--at", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.size, Path(args.at))
+        child(args.child, args.size, Path(args.at), args.state)
         return
     logging.getLogger("asupervisor").propagate = False
     root = Path(tempfile.mkdtemp(prefix="asv-restore-first-", dir=args.dir))
-    print(f"first restore in a new process, cold; medians of {args.repeats}, ms (range); ratio to raw")
+    print(f"first restore in a new process, cold, state: {args.state}; medians of {args.repeats}, ms (range); ratio to raw")
     print(f"{'MB':>5} | " + " | ".join(f"{m:>22}" for m in MODES))
     for size in args.sizes:
         directory = root / f"{size}"
-        write_checkpoint(size, directory)
+        write_checkpoint(size, directory, args.state)
         times: dict[str, list[float]] = {m: [] for m in MODES}
         for _ in range(args.repeats):
             for mode in MODES:
                 out = subprocess.run(
-                    [sys.executable, __file__, "--child", mode, "--size", str(size), "--at", str(directory)],
+                    [sys.executable, __file__, "--child", mode, "--size", str(size), "--at", str(directory), "--state", args.state],
                     check=True,
                     capture_output=True,
                     text=True,
