@@ -126,16 +126,18 @@ class Waiter(Generic[T]):
             self._future.set_result(None)
 
     def set_result(self, value: T) -> None:
-        """Fill the slot with a value; callable from any thread, once."""
+        """Fill the slot with a value; callable from any thread, once. If the loop has
+        finished (a thread abandoned past its stop grace), nobody waits: nothing to wake."""
         self._value = value
         self._done = True
-        self._loop.call_soon(self._notify)
+        self._loop.call_if_running(self._notify)
 
     def set_error(self, error: BaseException) -> None:
-        """Fill the slot with an exception; callable from any thread, once."""
+        """Fill the slot with an exception; callable from any thread, once (a finished
+        loop: as :meth:`set_result`)."""
         self._error = error
         self._done = True
-        self._loop.call_soon(self._notify)
+        self._loop.call_if_running(self._notify)
 
     def outcome(self) -> T:
         """The value, or raise the error (only once :attr:`done`)."""

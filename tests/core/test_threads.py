@@ -128,3 +128,32 @@ async def test_loop_handle_runs_callbacks_from_other_threads() -> None:
     waiter = handle.waiter()
     threading.Thread(target=lambda: handle.call_from_any_thread(lambda: waiter.set_result(threading.get_ident()))).start()
     assert await waiter.wait() == threading.get_ident()
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_thread_abandoned_past_its_loop_ends_quietly(backend: str) -> None:
+    """A dedicated thread stuck in a job when its session gave up on it (the stop grace)
+    and its event loop ended: when the job returns at last, the thread exits without an
+    error (nobody waits for it any more), instead of raising "Event loop is closed" /
+    ``RunFinishedError`` into ``threading.excepthook``."""
+    release = threading.Event()
+    threads: list[DedicatedThread] = []
+
+    async def main() -> None:
+        thread = DedicatedThread("asv-test-abandoned", LoopHandle())
+        thread.start()
+        thread.submit(release.wait)  # its waiter is left behind too
+        threads.append(thread)
+        assert not await thread.aclose_within(0.05)  # abandoned, as a stop grace does
+
+    errors: list[BaseException | None] = []
+    previous = threading.excepthook
+    threading.excepthook = lambda args: errors.append(args.exc_value)
+    try:
+        anyio.run(main, backend=backend)
+        release.set()
+        threads[0]._thread.join(timeout=10)
+    finally:
+        threading.excepthook = previous
+    assert not threads[0].is_alive()
+    assert errors == []
