@@ -150,7 +150,8 @@ def _run_self_check() -> bool:
         keys = sorted(values)
         tensors = [values[k] for k in keys]
         groups = [list(range(0, len(keys), 2)), list(range(1, len(keys), 2))]
-        with tempfile.TemporaryDirectory(prefix="asv-bundle-check-") as directory:
+        _sweep_checks()
+        with tempfile.TemporaryDirectory(prefix=f"{_CHECK_PREFIX}{os.getpid()}-") as directory:
             prefix = os.path.join(directory, "check")
             write_bundle(prefix, keys, tensors, groups)
             reader = tf_.train.load_checkpoint(prefix)
@@ -171,6 +172,34 @@ def _run_self_check() -> bool:
         )
         return False
     return True
+
+
+_CHECK_PREFIX = "asv-bundle-check-"
+
+
+def _sweep_checks() -> None:
+    """Remove the self-check directories of processes that are gone (killed during their
+    check, a SIGKILL leaves its directory): ``asv-bundle-check-<pid>-*`` in the
+    temporary directory, ``<pid>`` no longer running. Best effort."""
+    import re
+    import shutil
+    import tempfile
+
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        found = re.fullmatch(re.escape(_CHECK_PREFIX) + r"(\d+)-\w+", name)
+        if found is None or int(found.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(found.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        except OSError:
+            continue  # running, but not ours to signal: alive
 
 
 def _mask(crc: int) -> int:

@@ -221,3 +221,27 @@ def test_a_broken_writer_falls_back_to_save_v2_with_one_warning(tmp_path: Path, 
     fresh = {"v": tf.Variable(tf.zeros([10])), "s": tf.Variable(b"")}
     tf.train.Checkpoint(**fresh).restore(str(tmp_path / "ckpt-2")).assert_consumed()
     assert fresh["v"].numpy().tolist() == list(range(10)) and fresh["s"].numpy() == b"text"
+
+
+def test_the_self_check_clears_what_a_killed_process_left(tmp_path: Path) -> None:
+    """A process SIGKILLed during its self-check leaves ``asv-bundle-check-<pid>-*`` in
+    the temporary directory; the next self-check removes those of processes that are
+    gone, and keeps those of running ones."""
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    root = Path(tempfile.gettempdir())
+    stale = root / f"asv-bundle-check-{gone.pid}-x1y2z3ab"
+    running = root / f"asv-bundle-check-{os.getppid()}-x1y2z3ab"
+    for directory in (stale, running):
+        directory.mkdir()
+        (directory / "check.index").write_bytes(b"left over")
+    try:
+        assert _bundle._run_self_check()
+        assert not stale.exists()
+        assert (running / "check.index").read_bytes() == b"left over"
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(running, ignore_errors=True)
