@@ -224,7 +224,9 @@ class Prefetch:
                     return
                 entry = self.entries[key]
                 value = None if self._warm_only else self._read_one(tf_, fd_of(entry.shard_id), key, entry)
-                if value is None:  # only checking now (warm), or stopped
+                if value is None:  # stopped, or only checking now (warm)
+                    if self._stop:
+                        return
                     scratch = scratch or memoryview(bytearray(READ_BYTES))
                     self._check_one(fd_of(entry.shard_id), key, entry, scratch)
                     continue

@@ -280,7 +280,7 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True) -> None:
             status = checkpoint.restore(path).expect_partial()
             deferred = _deferred_keys(status)
             ahead: set[str] = set()
-            if prefetch is not None:  # its readers checked the values they read: not again
+            if prefetch is not None and deferred:  # its readers checked the values they read: not again
                 ahead = prefetch.checked()
                 deferred = [k for k in deferred if k not in ahead]
             _verify_values(path, deferred, reader)
