@@ -161,6 +161,17 @@ def _string_scalar(data: bytes, entry: Any, path: str) -> bytes:
     return data[pos + 4 :]
 
 
+def _preadv(fd: int, into: memoryview, offset: int, path: str) -> int:
+    """``os.preadv(fd, [into], offset)``; an ``OSError`` names ``path`` (the OS's own
+    message for a read does not)."""
+    try:
+        return os.preadv(fd, [into], offset)
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, path) from exc
+
+
 #: reader threads of a :class:`Prefetch`
 READERS = 2
 
@@ -214,9 +225,12 @@ class Prefetch:
         try:
             graph = self.entries.get(GRAPH_KEY) if first else None
             if graph is not None:
-                data = _string_scalar(os.pread(fd_of(graph.shard_id), graph.size, graph.offset), graph, self._path(graph.shard_id))
+                path = self._path(graph.shard_id)
+                raw = bytearray(graph.size)
+                got = _preadv(fd_of(graph.shard_id), memoryview(raw), graph.offset, path)
+                proto = _string_scalar(bytes(raw[:got]), graph, path)
                 with self._arrived:
-                    self._graph = data
+                    self._graph = proto
                     self._arrived.notify_all()
             scratch: memoryview | None = None
             for key in keys:
@@ -257,7 +271,7 @@ class Prefetch:
         while done < entry.size:
             if self._stop or self._warm_only:
                 return None
-            got = os.preadv(fd, [view[done : min(done + READ_BYTES, entry.size)]], entry.offset + done)
+            got = _preadv(fd, view[done : min(done + READ_BYTES, entry.size)], entry.offset + done, self._path(entry.shard_id))
             if got <= 0:
                 raise _data_loss(
                     f"{self._path(entry.shard_id)}: truncated (ends before {key}'s {entry.size} bytes at offset {entry.offset})"
@@ -275,7 +289,7 @@ class Prefetch:
         while done < entry.size:
             if self._stop:
                 return
-            got = os.preadv(fd, [scratch[: min(READ_BYTES, entry.size - done)]], entry.offset + done)
+            got = _preadv(fd, scratch[: min(READ_BYTES, entry.size - done)], entry.offset + done, self._path(entry.shard_id))
             if got <= 0:
                 raise _data_loss(
                     f"{self._path(entry.shard_id)}: truncated (ends before {key}'s {entry.size} bytes at offset {entry.offset})"

@@ -259,3 +259,19 @@ def test_a_bad_value_tensorflow_defers_is_found_by_the_readers(tmp_path: Path) -
     resumed = keras_state(build=False)
     with pytest.raises(tf.errors.DataLossError, match=f"{data}: checksum mismatch for {slot} \\(corrupt data file\\)"):
         _restore.restore_path(tf.train.Checkpoint(**resumed), path)
+
+
+def test_a_read_error_names_the_file(tmp_path: Path) -> None:
+    """An OS error while reading (here a data file replaced by a directory: ``EISDIR``)
+    names the file the OS's own message leaves out, and is a data error (the previous
+    checkpoint is tried); no variable changed."""
+    x = tf.Variable(tf.range(64.0))
+    path = write({"x": x}, tmp_path, "asupervisor")
+    data = Path(f"{path}.data-00000-of-00001")
+    data.unlink()
+    data.mkdir()
+    fresh = tf.Variable(tf.zeros([64]))
+    with pytest.raises(IsADirectoryError) as caught:
+        _restore.restore_path(tf.train.Checkpoint(x=fresh), path)
+    assert caught.value.filename == str(data) and _restore._data_error(caught.value)
+    assert fresh.numpy().tolist() == [0.0] * 64

@@ -18,21 +18,21 @@ SCRIPT = Path(__file__).parent / "scripts" / "damaged_train.py"
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
-def run_child(logdir: Path, max_steps: int, backend: str, timeout: float = 120) -> list[str]:
+def run_child(logdir: Path, max_steps: int, backend: str, timeout: float = 120, *options: str) -> list[str]:
     """Run the training to ``max_steps``; returns its stdout lines (it must exit 0)."""
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(logdir), str(max_steps), backend],
+        [sys.executable, str(SCRIPT), str(logdir), str(max_steps), backend, *options],
         capture_output=True, text=True, timeout=timeout, env=ENV,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.splitlines()
 
 
-def train_then_kill(logdir: Path, max_steps: int, backend: str, timeout: float = 120) -> list[str]:
+def train_then_kill(logdir: Path, max_steps: int, backend: str, timeout: float = 120, *options: str) -> list[str]:
     """Train to ``max_steps`` (checkpoints every 5 steps), then SIGKILL the child while
     its session is running; returns the lines it printed."""
     child = subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(logdir), str(max_steps), backend, "--hold"],
+        [sys.executable, str(SCRIPT), str(logdir), str(max_steps), backend, "--hold", *options],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV,
     )
     lines: list[str] = []
@@ -60,13 +60,15 @@ def start_line(lines: list[str]) -> tuple[int, str]:
     return int(fields[1]), fields[2]
 
 
-def flip_in_slot(prefix: Path) -> str:
+def flip_in_slot(prefix: Path, slot: bool = True) -> str:
     """Flip a byte inside an Adam slot of the checkpoint ``prefix`` (found by its bytes,
-    stored as they are in the data file); returns the slot's key."""
+    stored as they are in the data file), or with ``slot=False`` inside the first
+    layer's kernel; returns the value's key."""
     import tensorflow as tf
 
     reader = tf.train.load_checkpoint(str(prefix))
-    key = sorted(k for k, s in reader.get_variable_to_shape_map().items() if k.startswith("optimizer/_variables/") and s == [4, 8])[0]
+    keys = [k for k, s in reader.get_variable_to_shape_map().items() if s == [4, 8]]
+    key = sorted(k for k in keys if k.startswith("optimizer/_variables/") == slot)[0]
     value = reader.get_tensor(key).tobytes()
     data = prefix.parent / f"{prefix.name}.data-00000-of-00001"
     raw = bytearray(data.read_bytes())
@@ -123,3 +125,24 @@ def test_flipped_byte_in_optimizer_slot_resumes_from_previous_checkpoint(tmp_pat
     assert [n for n in os.listdir(logdir) if n.startswith("model.ckpt-10.corrupt-")]
     lines = run_child(logdir, 20, "asyncio")
     assert start_line(lines)[0] == 15 and lines[-1] == "end 20"
+
+
+def test_flipped_byte_in_a_value_read_directly_resumes_from_previous_checkpoint(tmp_path: Path) -> None:
+    """The optimizer built before the session (``--build``): a restore reads the files
+    straight into the variables. Killed at step 10, one byte flipped in a kernel of
+    model.ckpt-10: the restarted training's direct read finds the bad checksum (its own
+    message names the file and the kernel), model.ckpt-5 is read directly, training
+    starts at step 5 and goes on to 15; model.ckpt-10 is set aside."""
+    logdir = tmp_path / "run"
+    train_then_kill(logdir, 10, "asyncio", 120, "--build")
+    key = flip_in_slot(logdir / "model.ckpt-10", slot=False)
+    lines = run_child(logdir, 15, "asyncio", 120, "--build")
+    newest = logdir / "model.ckpt-10"
+    corrupt = [line.split(maxsplit=2)[1:] for line in lines if line.startswith("corrupt ")]
+    assert len(corrupt) == 1 and corrupt[0][0] == str(newest), lines
+    assert f"{newest}.data-00000-of-00001: checksum mismatch for {key} (corrupt data file)" in corrupt[0][1]
+    assert [line.split()[1:] for line in lines if line.startswith("read ")] == [["direct", str(logdir / "model.ckpt-5")]]
+    step, latest_at_start = start_line(lines)
+    assert step == 5 and latest_at_start == str(logdir / "model.ckpt-5")
+    assert lines[-1] == "end 15"
+    assert [n for n in os.listdir(logdir) if n.startswith("model.ckpt-10.corrupt-")]

@@ -1,10 +1,14 @@
 """Field-test child: a Keras + Adam training run that checkpoints every 5 steps.
 
-Usage: damaged_train.py LOGDIR MAX_STEPS BACKEND [--hold]
+Usage: damaged_train.py LOGDIR MAX_STEPS BACKEND [--hold] [--build]
 
 Prints ``start <step> <latest checkpoint at start>`` once the session is up, ``saved
 <step>`` after each checkpoint, ``end <step>`` at the end. With ``--hold`` it waits
-(without exiting) after the save at MAX_STEPS, for the test to kill it.
+(without exiting) after the save at MAX_STEPS, for the test to kill it. With ``--build``
+the optimizer is built before the session (its slots exist, so a restore reads the
+files straight into the variables) and ``read <how> <checkpoint>`` and ``corrupt
+<checkpoint> <reason>`` are printed for the restore's ``checkpoint.read`` and
+``checkpoint.corrupt`` events.
 """
 
 from __future__ import annotations
@@ -19,13 +23,17 @@ import keras
 import tensorflow as tf
 
 import asupervisor as asv
+from asupervisor.testing import capture_logs
 
 logdir, max_steps, backend = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 hold = "--hold" in sys.argv[4:]
+build = "--build" in sys.argv[4:]
 
 keras.utils.set_random_seed(0)
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
 opt = keras.optimizers.Adam(0.01)
+if build:
+    opt.build(model.trainable_variables)
 x = tf.random.stateless_normal((16, 4), (1, 2))
 y = tf.reduce_sum(x, 1, keepdims=True)
 
@@ -53,16 +61,22 @@ sv = asv.Supervisor(
 
 
 async def main() -> None:
-    async with sv.managed_session() as sess:
-        print("start", sess.global_step, tf.train.latest_checkpoint(logdir), flush=True)
-        while sess.global_step < max_steps:
-            await sess.run(train_step)
-            if sess.global_step % 5 == 0:
-                info = await sv.save_now()
-                print("saved", info.step if info is not None else None, flush=True)
-        if hold:
-            print("holding", flush=True)
-            await anyio.sleep_forever()
+    with capture_logs() as events:
+        async with sv.managed_session() as sess:
+            for event in events:
+                if build and event["event"] == "checkpoint.read":
+                    print("read", event["how"], event["path"], flush=True)
+                if build and event["event"] == "checkpoint.corrupt":
+                    print("corrupt", event["path"], event["reason"], flush=True)
+            print("start", sess.global_step, tf.train.latest_checkpoint(logdir), flush=True)
+            while sess.global_step < max_steps:
+                await sess.run(train_step)
+                if sess.global_step % 5 == 0:
+                    info = await sv.save_now()
+                    print("saved", info.step if info is not None else None, flush=True)
+            if hold:
+                print("holding", flush=True)
+                await anyio.sleep_forever()
     print("end", sv.global_step, flush=True)
 
 
