@@ -182,9 +182,10 @@ class Prefetch:
     matches the object graph).
 
     :meth:`finish` checks each value's checksum as it arrives (on the caller's thread,
-    the GIL released) and waits for the last; :meth:`cancel` stops the readers between
-    reads (what was read stays in the page cache, for TF's restore). Either joins the
-    threads. One reader per data file, up to :data:`READERS`, each reading its files
+    the GIL released) and waits for the last; :meth:`check_ahead` turns the readers into
+    checkers for TF's restore (each value read through a reused buffer, checked, left in
+    the page cache), :meth:`checked` waits for them; :meth:`cancel` stops the readers
+    between reads. Each joins the threads. One reader per data file, up to :data:`READERS`, each reading its files
     from start to end: on these disks two readers taking turns in one file were slower
     for a 16 MB checkpoint (one file) than one.
     """
@@ -199,7 +200,7 @@ class Prefetch:
         self._graph: bytes | None = None  # the object graph proto, read first
         self._read: list[tuple[str, Any, int]] = []  # (key, flat tensor, address), as they arrive
         self._stop = False
-        self._warm_only = False
+        self._checking_only = False
         self._checked: set[str] = set()  # keys whose values were read and checked
         self._error: BaseException | None = None
         shards = sorted({entries[k].shard_id for k in self._order}) or [0]
@@ -237,8 +238,8 @@ class Prefetch:
                 if self._error is not None or self._stop:
                     return
                 entry = self.entries[key]
-                value = None if self._warm_only else self._read_one(tf_, fd_of(entry.shard_id), key, entry)
-                if value is None:  # stopped, or only checking now (warm)
+                value = None if self._checking_only else self._read_one(tf_, fd_of(entry.shard_id), key, entry)
+                if value is None:  # stopped, or only checking now (check_ahead)
                     if self._stop:
                         return
                     scratch = scratch or memoryview(bytearray(READ_BYTES))
@@ -269,13 +270,11 @@ class Prefetch:
         view = memoryview((ctypes.c_char * max(entry.size, 1)).from_address(address)).cast("B")
         done = 0
         while done < entry.size:
-            if self._stop or self._warm_only:
+            if self._stop or self._checking_only:
                 return None
             got = _preadv(fd, view[done : min(done + READ_BYTES, entry.size)], entry.offset + done, self._path(entry.shard_id))
             if got <= 0:
-                raise _data_loss(
-                    f"{self._path(entry.shard_id)}: truncated (ends before {key}'s {entry.size} bytes at offset {entry.offset})"
-                )
+                raise self._truncated(key, entry)
             done += got
         return value, address
 
@@ -291,33 +290,36 @@ class Prefetch:
                 return
             got = _preadv(fd, scratch[: min(READ_BYTES, entry.size - done)], entry.offset + done, self._path(entry.shard_id))
             if got <= 0:
-                raise _data_loss(
-                    f"{self._path(entry.shard_id)}: truncated (ends before {key}'s {entry.size} bytes at offset {entry.offset})"
-                )
+                raise self._truncated(key, entry)
             value = int(crc(value, address, got))
             done += got
         self._check(key, entry, value)
 
+    def _truncated(self, key: str, entry: Any) -> Exception:
+        return _data_loss(f"{self._path(entry.shard_id)}: truncated (ends before {key}'s {entry.size} bytes at offset {entry.offset})")
+
     def _check(self, key: str, entry: Any, crc: int) -> None:
+        """Raise TF's ``DataLossError`` naming the file and ``key`` unless ``crc`` (of the
+        bytes read) is the index's; else count ``key`` as checked."""
         if _bundle._mask(crc) != entry.crc32c:
             raise _data_loss(f"{self._path(entry.shard_id)}: checksum mismatch for {key} (corrupt data file)")
         with self._arrived:
             self._checked.add(key)
 
-    def warm(self) -> None:
+    def check_ahead(self) -> None:
         """From now on read only to check: each value through a reused buffer per reader,
         its checksum checked, its bytes left in the page cache, while TF's restore reads
         them a step behind (:meth:`checked` waits for the readers). The values read so far
         are checked here and dropped; one a reader was in the middle of is read again."""
         crc = _checksum()
         with self._arrived:
-            self._warm_only = True
+            self._checking_only = True
             arrived, self._read = self._read, []
         for key, _, address in arrived:
             self._check(key, self.entries[key], int(crc(0, address, self.entries[key].size)))
 
     def checked(self) -> set[str]:
-        """After :meth:`warm`: wait for the readers, return the keys whose values they read
+        """After :meth:`check_ahead`: wait for the readers, return the keys whose values they read
         and checked.
 
         Raises:
@@ -374,15 +376,14 @@ class Prefetch:
                         raise self._error
                     key, value, address = self._read[i]
                 entry = self.entries[key]
-                if _bundle._mask(int(crc(0, address, entry.size))) != entry.crc32c:
-                    raise _data_loss(f"{self._path(entry.shard_id)}: checksum mismatch for {key} (corrupt data file)")
+                self._check(key, entry, int(crc(0, address, entry.size)))
                 values[key] = value
         finally:
             self.cancel()
         return values
 
     def cancel(self) -> None:
-        """Stop reading (between reads), drop what was read, join the thread."""
+        """Stop reading (between reads), drop what was read, join the threads."""
         self._stop = True
         for thread in self._threads:
             thread.join()

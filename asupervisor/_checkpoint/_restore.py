@@ -272,7 +272,7 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True) -> None:
                     _direct_restore.assign(planned, prefetch.finish())
                     log.debug("checkpoint.read", path=path, how="direct", values=len(planned))
                     return
-            prefetch.warm()  # TF's restore reads the files next: the readers check them ahead of it
+            prefetch.check_ahead()  # TF's restore reads the files next: the readers check them ahead of it
         reader = tf().train.load_checkpoint(path)
         if not checked:
             check_matches(checkpoint, path, allow_missing=allow_missing, reader=reader)
