@@ -31,7 +31,7 @@ def plain_state() -> dict[str, Any]:
     state = varied_state()
     del state["strings"]
     state["matrix"] = tf.Variable(tf.random.uniform([3, 4, 5], seed=3))
-    state["big"] = tf.Variable(tf.random.uniform([3 << 20], seed=4))  # 12 MiB: two 8 MiB reads
+    state["big"] = tf.Variable(tf.random.uniform([3 << 20], seed=4))  # 12 MiB: six reads of PIECE_BYTES
     return state
 
 
