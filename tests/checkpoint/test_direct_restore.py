@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from checkpoint.test_bundle import flat, varied_state, zeros_like
 
-from asupervisor._checkpoint import _bundle, _restore
+from asupervisor._checkpoint import _bundle, _direct_restore, _restore
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._exceptions import CheckpointError
 from asupervisor.testing import capture_logs
@@ -196,6 +196,25 @@ def test_a_damaged_data_file_changes_no_variable(tmp_path: Path, how: str) -> No
     assert "b/.ATTRIBUTES/VARIABLE_VALUE" in str(caught.value)
     assert ("checksum" if how == "flip" else "truncated") in str(caught.value)
     assert all(bool(tf.reduce_all(v == 7.0)) for v in fresh.values())
+
+
+def test_the_variables_adopt_the_arrays_read_without_a_copy(tmp_path: Path) -> None:
+    """The reader reads into numpy arrays aligned as TF's tensors are, which TF turns into
+    tensors without a copy and the variable adopts: a restore copies the state once (from
+    the page cache). A TF that copied them instead would double that; this finds it."""
+    path = write({"x": tf.Variable(tf.random.uniform([1 << 20], seed=6))}, tmp_path, "asupervisor")
+    fresh = tf.Variable(tf.zeros([1 << 20]))
+    checkpoint = tf.train.Checkpoint(x=fresh)
+    prefetch = _direct_restore.start(path)
+    assert prefetch is not None
+    planned = _direct_restore.plan(checkpoint, prefetch.graph(), prefetch.entries)
+    assert planned is not None
+    values = prefetch.finish()
+    (array,) = [values[p.key] for p in planned if p.variable is fresh]
+    assert array.ctypes.data % 64 == 0
+    _direct_restore.assign(planned, values)
+    array[7] = 42.0  # (never done outside this test: the variable owns the memory now)
+    assert fresh.numpy()[7] == 42.0
 
 
 def test_a_damaged_index_is_a_data_error(tmp_path: Path) -> None:
