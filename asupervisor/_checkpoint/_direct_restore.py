@@ -192,6 +192,41 @@ def _aligned_empty(shape: list[int], dtype: Any, nbytes: int) -> np.ndarray:
     return array
 
 
+def _array_for(entry: Any, least: int) -> np.ndarray | None:
+    """A new array for ``entry``'s value if it has ``least`` bytes or more; ``None`` if
+    fewer, or if its shape and dtype need another number of bytes than it has.
+
+    numpy memory, aligned as TF's: :func:`assign` hands it to the variable without a
+    copy, and the reader runs no TF op (a thread's first op cost ~5 ms, with the disk
+    idle)."""
+    if entry.size < least:
+        return None
+    dtype = tf().dtypes.as_dtype(entry.dtype)
+    shape = [dim.size for dim in entry.shape.dim]
+    count = 1
+    for size in shape:
+        count *= size
+    if count * dtype.size != entry.size:
+        return None
+    return _aligned_empty(shape, dtype.as_numpy_dtype, entry.size)
+
+
+#: values of this many bytes or more get their memory before the reads start, and the
+#: caller faults it in (:meth:`Prefetch.finish`) while the reader waits on the disk
+POPULATE_BYTES = 1 << 20
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels refuse it (EINVAL): skipped
+
+
+def _populate(array: np.ndarray) -> bool:
+    """Fault ``array``'s pages in (writable, nothing written), the GIL released; ``False``
+    if the kernel cannot."""
+    if _LIBC is None:
+        return False
+    address = array.ctypes.data
+    lo = address & -mmap.PAGESIZE
+    return int(_LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(address + array.nbytes - lo), _MADV_POPULATE_WRITE)) == 0
+
+
 def _preadv(fd: int, into: memoryview, offset: int, path: str) -> int:
     """``os.preadv(fd, [into], offset)``; an ``OSError`` names ``path`` (the OS's own
     message for a read does not)."""
@@ -234,6 +269,8 @@ class Prefetch:
         self._checking_only = False
         self._checked: set[str] = set()  # keys whose values were read and checked
         self._error: BaseException | None = None
+        self._started: set[str] = set()  # keys a reader has begun to read
+        self._arrays = {k: a for k in self._order if (a := _array_for(entries[k], POPULATE_BYTES)) is not None}
         shards = sorted({entries[k].shard_id for k in self._order}) or [0]
         count = min(READERS, len(shards))
         parts: list[list[str]] = [[k for k in self._order if shards.index(entries[k].shard_id) % count == j] for j in range(count)]
@@ -245,7 +282,6 @@ class Prefetch:
         return _bundle.data_path(self._prefix, shard, self._num_shards)
 
     def _run(self, keys: list[str], first: bool) -> None:
-        tf_ = tf()
         fds: dict[int, int] = {}
 
         def fd_of(shard: int) -> int:
@@ -270,7 +306,7 @@ class Prefetch:
                     return
                 entry = self.entries[key]
                 fd = fd_of(entry.shard_id)
-                value = None if self._checking_only else self._read_one(tf_, fd, key, entry)
+                value = None if self._checking_only else self._read_one(fd, key, entry)
                 if value is None:  # stopped, or only checking now (check_ahead)
                     if self._stop:
                         return
@@ -288,19 +324,16 @@ class Prefetch:
             for fd in fds.values():
                 os.close(fd)
 
-    def _read_one(self, tf_: Any, fd: int, key: str, entry: Any) -> Any | None:
+    def _read_one(self, fd: int, key: str, entry: Any) -> Any | None:
         """``key``'s value read into a new numpy array and checked; ``None`` if stopped or
         switched to checking only (:meth:`check_ahead`) before the end."""
-        dtype = tf_.dtypes.as_dtype(entry.dtype)
-        shape = [dim.size for dim in entry.shape.dim]
-        count = 1
-        for size in shape:
-            count *= size
-        if count * dtype.size != entry.size:
-            raise _data_loss(f"{self._path(entry.shard_id)}: {key} has {entry.size} bytes in the index, its shape needs {count * dtype.size}")
-        # numpy memory, aligned as TF's: assign() hands it to the variable without a copy,
-        # and the reader runs no TF op (a thread's first op cost ~5 ms, with the disk idle)
-        value = _aligned_empty(shape, dtype.as_numpy_dtype, entry.size)
+        self._started.add(key)
+        value = self._arrays.get(key)
+        if value is None:
+            value = _array_for(entry, 0)
+        if value is None:
+            dims = [dim.size for dim in entry.shape.dim]
+            raise _data_loss(f"{self._path(entry.shard_id)}: {key} has {entry.size} bytes in the index, not what its shape {dims} needs")
         view = value.reshape(-1).view(np.uint8).data
         return value if self._read_checked(fd, key, entry, view, reuse=False) else None
 
@@ -345,6 +378,7 @@ class Prefetch:
         with self._arrived:
             self._checking_only = True
             self._read = []
+            self._arrays = {}
 
     def checked(self) -> set[str]:
         """After :meth:`check_ahead`: wait for the readers, return the keys whose values they read
@@ -394,6 +428,11 @@ class Prefetch:
         """
         values: dict[str, Any] = {}
         try:
+            for key, array in list(self._arrays.items()):  # ahead of the readers, in file order
+                if self._stop or self._error is not None or self._checking_only:
+                    break
+                if key not in self._started and not _populate(array):
+                    break
             with self._arrived:
                 while len(self._read) < len(self._order) and self._error is None:
                     self._arrived.wait()
@@ -410,6 +449,7 @@ class Prefetch:
         for thread in self._threads:
             thread.join()
         self._read.clear()
+        self._arrays = {}
 
 
 def start(prefix: str) -> Prefetch | None:
