@@ -558,6 +558,10 @@ class Runtime(anyio.AsyncContextManagerMixin):
 
     async def _close_threads(self, deadline: Deadline) -> None:
         """Join the dedicated threads by ``deadline``."""
+        # Every thread told first, so that an idle one (the step thread, as a rule) ends at
+        # once even when a stuck service thread uses up the deadline before its join.
+        for thread in self._threads:
+            thread.request_close()
         # Service threads first, the step thread (which owns the state) last.
         for thread in reversed(self._threads):
             await thread.aclose_within(deadline.remaining())

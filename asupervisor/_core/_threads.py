@@ -164,12 +164,17 @@ class DedicatedThread:
         finally:
             self._exited.set_result(None)
 
-    async def aclose(self) -> None:
-        """Finish queued work, stop the thread and join it (without blocking the loop)."""
+    def request_close(self) -> None:
+        """Tell the thread to stop once its queued work is done, without waiting for it
+        (:meth:`aclose` waits); no new work is taken after this."""
         if not self._closed:
             self._closed = True
             if self._thread.is_alive():
                 self._jobs.put(_STOP)
+
+    async def aclose(self) -> None:
+        """Finish queued work, stop the thread and join it (without blocking the loop)."""
+        self.request_close()
         if self._thread.ident is None:
             return
         await self._exited.wait_cancellable()

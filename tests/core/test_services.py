@@ -10,7 +10,7 @@ import anyio.lowlevel
 import pytest
 
 import asupervisor as asv
-from asupervisor.testing import ManualClock
+from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = pytest.mark.anyio
 
@@ -176,7 +176,9 @@ async def test_service_failing_before_ready_fails_start_up(no_new_threads: None)
 
 
 async def test_stuck_sync_service_is_bounded_by_stop_grace(no_new_threads: None) -> None:
-    """A sync target that ignores the stop delays shutdown at most about stop_grace_secs."""
+    """A sync target that ignores the stop delays shutdown at most about stop_grace_secs;
+    its thread is abandoned, the idle step thread is not (it is told to stop before the
+    stuck thread's join uses up what is left of the deadline)."""
     release = threading.Event()
     entered = threading.Event()
 
@@ -187,9 +189,12 @@ async def test_stuck_sync_service_is_bounded_by_stop_grace(no_new_threads: None)
     sv = asv.Supervisor(None, handle_signals=False, save_summaries_secs=0, stop_grace_secs=0.2)
     sv.loop(1000, stuck, name="stuck")
     start = anyio.current_time()
-    async with sv.managed_session():
-        await anyio.to_thread.run_sync(entered.wait, 30)
+    with capture_logs() as events:
+        async with sv.managed_session():
+            await anyio.to_thread.run_sync(entered.wait, 30)
     elapsed = anyio.current_time() - start
+    abandoned = {e["thread"] for e in events if e["event"] == "thread.abandoned"}
+    assert "asv-stuck" in abandoned and "asv-step" not in abandoned
     release.set()  # let the abandoned call finish so the thread can end
     for thread in threading.enumerate():
         if thread.name == "asv-stuck":
