@@ -35,7 +35,9 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import platform
 import struct
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -172,8 +174,24 @@ def _string_scalar(data: bytes, entry: Any, path: str) -> bytes:
 _ALIGN = 64
 #: numpy asks for transparent huge pages for arrays of this many bytes and more
 _NUMPY_HUGE_BYTES = 4 << 20
+#: values of this many bytes or more get their memory before the reads start, and the
+#: caller faults it in (:meth:`Prefetch.finish`) while the reader waits on the disk
+POPULATE_BYTES = 1 << 20
 _MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", None)
-_LIBC = ctypes.CDLL(None, use_errno=True) if _MADV_NOHUGEPAGE is not None else None
+# Linux 5.14+ (older kernels refuse it: EINVAL); Python's mmap module does not name it,
+# its value is 23 on x86-64 and arm64 (asm-generic)
+_MADV_POPULATE_WRITE = 23 if platform.machine() in ("x86_64", "aarch64", "arm64") else None
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _madvise(start: int, end: int, advice: int | None) -> bool:
+    """``madvise`` of the whole pages from the one holding ``start`` to the one holding
+    ``end - 1`` (the GIL released); whether the kernel took it (never raises: every use
+    here is for speed only)."""
+    if _LIBC is None or advice is None or end <= start:
+        return False
+    lo = start & -mmap.PAGESIZE
+    return int(_LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(end - lo), advice)) == 0
 
 
 def _aligned_empty(shape: list[int], dtype: Any, nbytes: int) -> np.ndarray:
@@ -183,10 +201,8 @@ def _aligned_empty(shape: list[int], dtype: Any, nbytes: int) -> np.ndarray:
     processes (a first restore of 128 MB: 85-340 ms against 78-220 ms without them)."""
     raw = np.empty(nbytes + _ALIGN, np.uint8)
     address = raw.ctypes.data
-    if _LIBC is not None and nbytes >= _NUMPY_HUGE_BYTES:
-        lo = (address + mmap.PAGESIZE - 1) & -mmap.PAGESIZE
-        hi = (address + nbytes + _ALIGN) & -mmap.PAGESIZE
-        _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_NOHUGEPAGE)  # best effort
+    if nbytes >= _NUMPY_HUGE_BYTES:
+        _madvise(address, address + raw.nbytes, _MADV_NOHUGEPAGE)
     start = -address % _ALIGN
     array: np.ndarray = raw[start : start + nbytes].view(dtype).reshape(shape)
     return array
@@ -209,22 +225,6 @@ def _array_for(entry: Any, least: int) -> np.ndarray | None:
     if count * dtype.size != entry.size:
         return None
     return _aligned_empty(shape, dtype.as_numpy_dtype, entry.size)
-
-
-#: values of this many bytes or more get their memory before the reads start, and the
-#: caller faults it in (:meth:`Prefetch.finish`) while the reader waits on the disk
-POPULATE_BYTES = 1 << 20
-_MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels refuse it (EINVAL): skipped
-
-
-def _populate(array: np.ndarray) -> bool:
-    """Fault ``array``'s pages in (writable, nothing written), the GIL released; ``False``
-    if the kernel cannot."""
-    if _LIBC is None:
-        return False
-    address = array.ctypes.data
-    lo = address & -mmap.PAGESIZE
-    return int(_LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(address + array.nbytes - lo), _MADV_POPULATE_WRITE)) == 0
 
 
 def _preadv(fd: int, into: memoryview, offset: int, path: str) -> int:
@@ -431,7 +431,7 @@ class Prefetch:
             for key, array in list(self._arrays.items()):  # ahead of the readers, in file order
                 if self._stop or self._error is not None or self._checking_only:
                     break
-                if key not in self._started and not _populate(array):
+                if key not in self._started and not _madvise(array.ctypes.data, array.ctypes.data + array.nbytes, _MADV_POPULATE_WRITE):
                     break
             with self._arrived:
                 while len(self._read) < len(self._order) and self._error is None:
