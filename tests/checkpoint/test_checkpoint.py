@@ -13,7 +13,7 @@ import tensorflow as tf
 from eventfiles import tick
 
 import asupervisor as asv
-from asupervisor._checkpoint import _write
+from asupervisor._checkpoint import _bundle, _write
 from asupervisor._checkpoint._policies import keep_policy_for
 from asupervisor._checkpoint.files import _commit, _names, _state_file, _writeback
 from asupervisor._core._abc import SessionAttribute
@@ -592,13 +592,23 @@ def test_writeback_failure_does_not_fail_the_save(tmp_path: Path, monkeypatch: p
     from asupervisor._checkpoint._manager import Checkpointer
 
     calls: list[int] = []
+    handed = threading.Event()
 
     def failing(fd: int, offset: int, nbytes: int, flags: int) -> int:
         if flags == _writeback._SYNC_FILE_RANGE_WRITE:  # the early writeback's calls (not sync_data's)
             calls.append(fd)
+            handed.set()
         raise OSError(5, "EIO")
 
+    real_pwrite_all = _bundle.pwrite_all
+
+    def pwrite_all(fd: int, data: Any, offset: int) -> None:
+        real_pwrite_all(fd, data, offset)
+        handed.wait(30)  # the first write waits for the writeback thread to see the file (not a race)
+
+    _bundle.self_check()  # the writer's own check (its own files, no writeback) before the fault
     monkeypatch.setattr(_writeback, "_sync_file_range", failing)
+    monkeypatch.setattr(_bundle, "pwrite_all", pwrite_all)
     monkeypatch.setattr(_writeback, "_WRITEBACK_MIN_BYTES", 1)
     monkeypatch.setattr(_writeback, "_WRITEBACK_POLL_SECS", 0.0002)
     big = tf.Variable(tf.random.uniform([1 << 22], seed=1), name="big")  # 16 MB
