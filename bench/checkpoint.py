@@ -32,8 +32,10 @@ the first raw write is left out likewise):
   ``tf.train.Checkpoint.restore`` of the same checkpoint, both with a warm page cache,
   alternating, over four times as many rounds as saves (at least 30).
 * ``cold restore``: the same two, and a raw read of the checkpoint's files (8 MiB
-  ``readv`` calls, one thread, as ``cat`` would), each after dropping the files from the
-  page cache (``posix_fadvise(DONTNEED)``; they are clean, so the kernel does drop them),
+  ``readv`` calls, one thread, as ``cat`` would; ``direct``: the same with direct I/O),
+  and asupervisor's restore with every value read buffered (``buffered``: the reader
+  before direct reads), each after dropping the files from the page cache
+  (``posix_fadvise(DONTNEED)``; they are clean, so the kernel does drop them),
   alternating, as many rounds as saves. Linux only.
 * ``durable vs raw`` again, with the range of each over the steady rounds and the ratio of
   the best rounds: on a virtual disk whose speed swings from round to round (freshly
@@ -69,7 +71,7 @@ import numpy as np
 import tensorflow as tf
 from pagecache import drop_cached
 
-from asupervisor._checkpoint import _restore
+from asupervisor._checkpoint import _direct_restore, _restore
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint._restore import restore_latest
 from asupervisor._checkpoint.files import _direct
@@ -193,14 +195,25 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         restore_latest(ckpt, asv_dir)
         ours.append(time.perf_counter() - t0)
 
-    cold_raw, cold_plain, cold_ours = [], [], []
+    cold_raw, cold_raw_direct, cold_plain, cold_ours, cold_buffered = [], [], [], [], []
     files = sorted(str(p) for p in asv_dir.glob(Path(latest).name + ".*"))
+    direct_reads = _direct_restore.DIRECT_READS
+
+    def restore_buffered() -> None:
+        _direct_restore.DIRECT_READS = False
+        try:
+            restore_latest(ckpt, asv_dir)
+        finally:
+            _direct_restore.DIRECT_READS = direct_reads
+
     if hasattr(os, "posix_fadvise"):
         for _ in range(repeats):
             for out, fn in (
                 (cold_raw, lambda: _read_files(files)),
+                (cold_raw_direct, lambda: _read_files(files, direct=True)),
                 (cold_plain, lambda: ckpt.restore(latest).expect_partial()),
                 (cold_ours, lambda: restore_latest(ckpt, asv_dir)),
+                (cold_buffered, restore_buffered),
             ):
                 drop_cached(files)
                 t0 = time.perf_counter()
@@ -211,6 +224,10 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
     shutil.rmtree(asv_dir, ignore_errors=True)
     return {
         "cold_raw": med(cold_raw),
+        "cold_raw_direct": med(cold_raw_direct),
+        "cold_buffered": med(cold_buffered),
+        "cold_buffered_lo": min(cold_buffered, default=math.nan),
+        "cold_buffered_hi": max(cold_buffered, default=math.nan),
         "cold_plain": med(cold_plain),
         "cold_asv": med(cold_ours),
         "cold_asv_lo": min(cold_ours, default=math.nan),
@@ -238,15 +255,17 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
     }
 
 
-_READ_BUFFER = bytearray(8 * MB)
+_READ_BUFFER = _direct.aligned_empty((8 * MB,), np.uint8)
 
 
-def _read_files(paths: list[str]) -> None:
-    """Read ``paths`` whole, in 8 MiB pieces, one after the other."""
+def _read_files(paths: list[str], direct: bool = False) -> None:
+    """Read ``paths`` whole, in 8 MiB pieces, one after the other; ``direct``: with direct
+    I/O (``O_DIRECT``, past the page cache), where the filesystem takes it."""
+    view = memoryview(_READ_BUFFER)
     for path in paths:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct and _direct.ENABLED else 0))
         try:
-            while os.readv(fd, [_READ_BUFFER]):
+            while os.readv(fd, [view]):
                 pass
         finally:
             os.close(fd)
@@ -360,12 +379,19 @@ def main() -> None:
                 f"{r['staging_mb']:.0f}",
                 flush=True,
             )
-        print(f"\ncold restore (page cache dropped before each), ms\n{'MB':>5} | {'raw read':>8} | {'plain TF':>8} {'ratio':>6} | {'asv':>7} {'(range)':>15} {'ratio':>6}")
+        print(
+            f"\ncold restore (page cache dropped before each), ms; ratios to the raw read\n{'MB':>5} | {'raw read':>8} "
+            f"{'direct':>7} {'ratio':>6} | {'plain TF':>8} {'ratio':>6} | {'asv':>7} {'(range)':>15} {'ratio':>6} | "
+            f"{'buffered':>8} {'(range)':>15} {'ratio':>6}"
+        )
         for size, r in results:
             ms = {k: v * 1000 for k, v in r.items()}
             print(
-                f"{size:>5} | {ms['cold_raw']:8.1f} | {ms['cold_plain']:8.1f} {r['cold_plain'] / r['cold_raw']:6.2f} | "
-                f"{ms['cold_asv']:7.1f} {ms['cold_asv_lo']:7.1f}-{ms['cold_asv_hi']:<7.1f} {r['cold_asv'] / r['cold_raw']:6.2f}",
+                f"{size:>5} | {ms['cold_raw']:8.1f} {ms['cold_raw_direct']:7.1f} {r['cold_raw_direct'] / r['cold_raw']:6.2f} | "
+                f"{ms['cold_plain']:8.1f} {r['cold_plain'] / r['cold_raw']:6.2f} | "
+                f"{ms['cold_asv']:7.1f} {ms['cold_asv_lo']:7.1f}-{ms['cold_asv_hi']:<7.1f} {r['cold_asv'] / r['cold_raw']:6.2f} | "
+                f"{ms['cold_buffered']:8.1f} {ms['cold_buffered_lo']:7.1f}-{ms['cold_buffered_hi']:<7.1f} "
+                f"{r['cold_buffered'] / r['cold_raw']:6.2f}",
                 flush=True,
             )
         print(

@@ -1,16 +1,18 @@
 """Writing TensorFlow tensor bundles (the files of a TF2 checkpoint) without ``SaveV2``.
 
 A checkpoint ``<prefix>`` is one or more data files ``<prefix>.data-0000j-of-0000N``
-holding the tensors' bytes back to back, and an index ``<prefix>.index``: a LevelDB-format
+holding the tensors' bytes (back to back, but for gaps the format allows), and an index ``<prefix>.index``: a LevelDB-format
 table (TensorFlow's ``tensorflow/core/lib/io/table_builder``) mapping the key ``""`` to a
 ``BundleHeaderProto`` and each tensor key to a ``BundleEntryProto`` (dtype, shape, data
 file, offset, size and the masked CRC32C of the bytes). TensorFlow's reader checks every
 index block's checksum and each tensor's; this module writes both, so plain
 ``tf.train.Checkpoint.restore`` and ``tf.train.load_checkpoint`` read its files.
 
-For plain numeric and bool tensors the data file is the tensors' memory as it is. For a
-data file of 32 MB or more, where the filesystem takes direct I/O (:mod:`.files._direct`), a large tensor in aligned memory
-(the staging buffers) goes to disk straight from its buffer at an aligned offset, the rest
+For plain numeric and bool tensors the data file is the tensors' memory as it is, a
+large tensor (1 MiB or more) starting at a 4 KiB boundary (:func:`.files._direct.placed_at`:
+a restore reads it from there with direct I/O). For a data file of 32 MB or more, where
+the filesystem takes direct I/O (:mod:`.files._direct`), a large tensor in aligned memory
+(the staging buffers) goes to disk straight from its buffer, the rest
 through a reused aligned bounce buffer, past the page cache; elsewhere a write is
 buffered ``pwrite(2)`` calls of :data:`CHUNK_BYTES` straight from the snapshot's buffers.
 Either way the writes are made by the idle-priority thread of :mod:`.files._idle_io` when
@@ -133,6 +135,8 @@ def _self_check_tensors(tf_: Any) -> dict[str, Any]:
     for name in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"):
         values[name] = tf_.cast(tf_.constant([[0, 1, 100]]), getattr(tf_, name))
     values["bool"] = tf_.constant([True, False])
+    # large enough to be placed at a block boundary after the small ones (the gap before it)
+    values["large"] = tf_.range(_direct.DIRECT_MIN_BYTES // 4, dtype=tf_.int32)
     return values
 
 
@@ -341,6 +345,7 @@ def write_data_file(
                 else:
                     array = _plain_array(tensor)
                     size = array.nbytes
+                    offset = _direct.placed_at(offset, size)  # a large one at a block (the gap reads as zeros)
                     if size:
                         _write_at(fd, array, offset, check, io)
                     crc = _crc_array(array) if size else 0

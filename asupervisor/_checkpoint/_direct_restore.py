@@ -19,10 +19,13 @@ exists now, nothing deferred), this module does the same in fewer steps:
    checked), then, on a thread per data file (up to :data:`READERS`), the object graph
    and every plain value, in file order, with large ``preadv`` calls into new numpy
    arrays (aligned as TF's tensors are, so that the variables adopt them without a
-   copy), each piece's masked CRC32C (the checksum TF's reader checks) chained by the
-   reader as it arrives (the GIL released); :meth:`Prefetch.finish` waits for the last
-   value. A short file or a bad checksum raises TF's ``DataLossError`` naming the file
-   and key before any variable changes, as TF's own restore of one device's values does.
+   copy; a large value this package wrote at a block of its file, not in the page
+   cache, with direct I/O: the disk writes it into the array, no page cache taken, no
+   copy), each piece's masked CRC32C (the checksum TF's reader checks) chained as it
+   arrives (the GIL released; a large value's by a checker thread while the reader
+   reads on); :meth:`Prefetch.finish` waits for the last value. A short file or a bad
+   checksum raises TF's ``DataLossError`` naming the file and key before any variable
+   changes, as TF's own restore of one device's values does.
 3. :func:`assign`: only when every value has been read and checked, hand each array to
    its variable (``AssignVariableOp``, which adopts the buffer: no copy).
 
@@ -33,9 +36,11 @@ before :meth:`Prefetch.finish` or :meth:`Prefetch.cancel` returns.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import platform
+import queue
 import struct
 import sys
 import threading
@@ -47,6 +52,7 @@ import numpy as np
 from .._tf import tf
 from . import _bundle, _index
 from ._walk_cache import checkpoint_children, initialized, plain_variable
+from .files import _direct
 
 __all__ = ["Planned", "Prefetch", "assign", "plan", "read_index", "start"]
 
@@ -174,14 +180,23 @@ def _string_scalar(data: bytes, entry: Any, path: str) -> bytes:
 _ALIGN = 64
 #: numpy asks for transparent huge pages for arrays of this many bytes and more
 _NUMPY_HUGE_BYTES = 4 << 20
-#: values of this many bytes or more get their memory before the reads start, and the
-#: caller faults it in (:meth:`Prefetch.finish`) while the reader waits on the disk
+#: values of this many bytes or more get their memory before the reads start, faulted
+#: in by the checker (:meth:`Prefetch._assist`) while the reader waits on the disk, and
+#: their checksums chained by the checker while the reader reads on
 POPULATE_BYTES = 1 << 20
+#: bytes the checker faults in at a time (between two looks for pieces to check)
+POPULATE_CHUNK = 2 << 20
 _MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", None)
 # Linux 5.14+ (older kernels refuse it: EINVAL); Python's mmap module does not name it,
 # its value is 23 on x86-64 and arm64 (asm-generic)
 _MADV_POPULATE_WRITE = 23 if platform.machine() in ("x86_64", "aarch64", "arm64") else None
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_mmap: Any = None
+if _LIBC is not None:
+    _mmap = _LIBC.mmap
+    _mmap.restype = ctypes.c_void_p
+    _mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def _madvise(start: int, end: int, advice: int | None) -> bool:
@@ -198,14 +213,27 @@ def _aligned_empty(shape: list[int], dtype: Any, nbytes: int) -> np.ndarray:
     """``np.empty(shape, dtype)`` whose memory starts at a multiple of :data:`_ALIGN`
     bytes, in small pages as TF's own tensors are: numpy has the kernel back large arrays
     with huge pages, whose first touch waited for the kernel to compact memory in some
-    processes (a first restore of 128 MB: 85-340 ms against 78-220 ms without them)."""
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    processes (a first restore of 128 MB: 85-340 ms against 78-220 ms without them).
+
+    A large one (:func:`_direct_room`) starts at a block and has room after it up to the
+    next block boundary, for a direct read of whole blocks."""
+    room = _direct_room(nbytes)
+    align = _direct.ALIGN if room else _ALIGN
+    raw = np.empty((room or nbytes) + align, np.uint8)
     address = raw.ctypes.data
     if nbytes >= _NUMPY_HUGE_BYTES:
         _madvise(address, address + raw.nbytes, _MADV_NOHUGEPAGE)
-    start = -address % _ALIGN
+    start = -address % align
     array: np.ndarray = raw[start : start + nbytes].view(dtype).reshape(shape)
     return array
+
+
+def _direct_room(nbytes: int) -> int:
+    """The bytes a direct read of a value of ``nbytes`` fills (whole blocks); 0 if such a
+    value is read buffered."""
+    if nbytes < _direct.DIRECT_MIN_BYTES:
+        return 0
+    return nbytes + -nbytes % _direct.ALIGN
 
 
 def _array_for(entry: Any, least: int) -> np.ndarray | None:
@@ -238,6 +266,71 @@ def _preadv(fd: int, into: memoryview, offset: int, path: str) -> int:
         raise OSError(exc.errno, exc.strerror, path) from exc
 
 
+def _open_direct(path: str) -> int | None:
+    """``path`` opened for direct reads; ``None`` if its filesystem refuses ``O_DIRECT``."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return None
+        raise
+
+
+class _Files:
+    """One thread's descriptors of a checkpoint's data files, each opened when first
+    asked for (buffered, or for direct reads), all closed by :meth:`close`."""
+
+    def __init__(self, path: Any) -> None:
+        self._path = path  # path(shard) -> the data file's name
+        self._fds: dict[tuple[int, bool], int] = {}
+
+    def fd(self, shard: int, direct: bool = False) -> int | None:
+        """The descriptor of data file ``shard``; ``None`` if ``direct`` and its filesystem
+        refuses direct I/O."""
+        fd = self._fds.get((shard, direct))
+        if fd is None:
+            path = self._path(shard)
+            fd = _open_direct(path) if direct else os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            if fd is None:
+                return None
+            self._fds[(shard, direct)] = fd
+        return fd
+
+    def buffered(self, shard: int) -> int:
+        """The buffered descriptor of data file ``shard``."""
+        fd = self.fd(shard)
+        assert fd is not None
+        return fd
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def _in_page_cache(fd: int, offset: int) -> bool:
+    """Whether the page of the file ``fd`` holding byte ``offset`` is in the page cache
+    (``mincore`` of a one-page read-only mapping: no I/O, nothing touched); ``True`` when
+    it cannot be told (a buffered read is then the safe choice)."""
+    if _LIBC is None:
+        return True
+    page = offset & -mmap.PAGESIZE
+    address = _mmap(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_SHARED, fd, page)
+    if address is None or address == _MAP_FAILED:
+        return True
+    try:
+        resident = ctypes.c_ubyte(1)
+        if _LIBC.mincore(ctypes.c_void_p(address), ctypes.c_size_t(mmap.PAGESIZE), ctypes.byref(resident)) != 0:
+            return True
+        return bool(resident.value & 1)
+    finally:
+        _LIBC.munmap(ctypes.c_void_p(address), ctypes.c_size_t(mmap.PAGESIZE))
+
+
+#: direct reads of large values not in the page cache (:meth:`Prefetch._read_one`);
+#: False reads every value buffered (the A/B of ``bench/checkpoint.py``)
+DIRECT_READS = _direct.ENABLED
+
 #: reader threads of a :class:`Prefetch`
 READERS = 2
 
@@ -247,13 +340,17 @@ class Prefetch:
     file order, on threads of its own, from the moment it is made (while the caller
     matches the object graph).
 
-    Each reader checks each value's checksum piece by piece as it reads (the GIL
-    released); :meth:`finish` waits for the last value; :meth:`check_ahead` turns the readers into
-    checkers for TF's restore (each value read through a reused buffer, checked, left in
-    the page cache), :meth:`checked` waits for them; :meth:`cancel` stops the readers
-    between reads. Each joins the threads. One reader per data file, up to :data:`READERS`, each reading its files
-    from start to end: on these disks two readers taking turns in one file were slower
-    for a 16 MB checkpoint (one file) than one.
+    A large value (:data:`POPULATE_BYTES`, 1 MiB, or more) not in the page cache, at a
+    block of its file, is read with direct I/O (:meth:`_read_one`). Each value's checksum is
+    checked piece by piece as it arrives (the GIL released): a small value's by its
+    reader, a large value's by the checker thread (:meth:`_assist`), which also faults
+    the large values' memory in ahead of the readers. :meth:`finish` waits for the last
+    value; :meth:`check_ahead` turns the readers into checkers for TF's restore (each
+    value read through a reused buffer, checked, left in the page cache),
+    :meth:`checked` waits for them; :meth:`cancel` stops the readers between reads. Each
+    joins the threads. One reader per data file, up to :data:`READERS`, each reading its
+    files from start to end: on these disks two readers taking turns in one file were
+    slower for a 16 MB checkpoint (one file) than one.
     """
 
     def __init__(self, prefix: str, num_shards: int, entries: dict[str, Any]) -> None:
@@ -269,93 +366,220 @@ class Prefetch:
         self._checking_only = False
         self._checked: set[str] = set()  # keys whose values were read and checked
         self._error: BaseException | None = None
-        self._started: set[str] = set()  # keys a reader has begun to read
+        self._asked: dict[str, int] = {}  # of each large value, the bytes a reader has asked for
+        # of the large values, the pieces read, for the checker: (key, array, address, the
+        # piece's offset in the value, bytes); ``None`` when a reader ends
+        self._pieces: queue.SimpleQueue[tuple[str, Any, int, int, int] | None] = queue.SimpleQueue()
         self._arrays = {k: a for k in self._order if (a := _array_for(entries[k], POPULATE_BYTES)) is not None}
+        # direct reads of large values (until the filesystem refuses one): the values to
+        # read so are chosen now, before the readers' buffered reads fill the page cache
+        self._direct = DIRECT_READS and not _direct.refused(os.path.dirname(prefix) or ".")
+        self._direct_keys = self._uncached_blocks() if self._direct else set()
         shards = sorted({entries[k].shard_id for k in self._order}) or [0]
         count = min(READERS, len(shards))
         parts: list[list[str]] = [[k for k in self._order if shards.index(entries[k].shard_id) % count == j] for j in range(count)]
-        self._threads = [threading.Thread(target=self._run, args=(part, j == 0), name="asv-restore-read") for j, part in enumerate(parts)]
+        # the object graph is read first, by the checker if there is one (a reader starts
+        # on the values at once), else by the first reader
+        checker = bool(self._arrays)
+        self._threads = [
+            threading.Thread(target=self._run, args=(part, j == 0 and not checker), name="asv-restore-read") for j, part in enumerate(parts)
+        ]
+        if checker:
+            self._threads.append(threading.Thread(target=self._assist, args=(count,), name="asv-restore-check"))
         for thread in self._threads:
             thread.start()
 
     def _path(self, shard: int) -> str:
         return _bundle.data_path(self._prefix, shard, self._num_shards)
 
-    def _run(self, keys: list[str], first: bool) -> None:
-        fds: dict[int, int] = {}
-
-        def fd_of(shard: int) -> int:
-            fd = fds.get(shard)
-            if fd is None:
-                fd = fds[shard] = os.open(self._path(shard), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            return fd
-
+    def _uncached_blocks(self) -> set[str]:
+        """The keys of the large values at a block of their file (as this package writes
+        them: :func:`.files._direct.placed_at`) whose first page is not in the page cache:
+        they are read with direct I/O (:meth:`_read_one`)."""
+        keys: set[str] = set()
+        files = _Files(self._path)
         try:
-            graph = self.entries.get(GRAPH_KEY) if first else None
-            if graph is not None:
-                path = self._path(graph.shard_id)
-                raw = bytearray(graph.size)
-                got = _preadv(fd_of(graph.shard_id), memoryview(raw), graph.offset, path)
-                proto = _string_scalar(bytes(raw[:got]), graph, path)
-                with self._arrived:
-                    self._graph = proto
-                    self._arrived.notify_all()
+            for key, array in self._arrays.items():
+                entry = self.entries[key]
+                if _direct_room(entry.size) and not (entry.offset | array.ctypes.data) % _direct.ALIGN:
+                    if not _in_page_cache(files.buffered(entry.shard_id), entry.offset):
+                        keys.add(key)
+        except OSError:
+            pass  # the readers meet it again and name the file
+        finally:
+            files.close()
+        return keys
+
+    def _run(self, keys: list[str], first: bool) -> None:
+        files = _Files(self._path)
+        try:
+            if first:
+                self._read_graph(files)
             scratch: memoryview | None = None
             for key in keys:
                 if self._error is not None or self._stop:
                     return
                 entry = self.entries[key]
-                fd = fd_of(entry.shard_id)
-                value = None if self._checking_only else self._read_one(fd, key, entry)
-                if value is None:  # stopped, or only checking now (check_ahead)
-                    if self._stop:
+                if self._checking_only or not self._read_one(files, key, entry):
+                    if self._stop or self._error is not None:
                         return
+                    # only checking now (check_ahead)
                     scratch = scratch or memoryview(bytearray(PIECE_BYTES))
-                    self._read_checked(fd, key, entry, scratch, reuse=True)
-                    continue
-                with self._arrived:
-                    self._read.append((key, value))
-                    self._arrived.notify_all()
+                    self._read_checked(files.buffered(entry.shard_id), key, entry, scratch, reuse=True)
         except BaseException as exc:  # re-raised on the caller's thread by finish()
-            with self._arrived:
-                self._error = self._error or exc
-                self._arrived.notify_all()
+            self._fail(exc)
         finally:
-            for fd in fds.values():
-                os.close(fd)
+            self._pieces.put(None)
+            files.close()
 
-    def _read_one(self, fd: int, key: str, entry: Any) -> Any | None:
-        """``key``'s value read into a new numpy array and checked; ``None`` if stopped or
-        switched to checking only (:meth:`check_ahead`) before the end."""
-        self._started.add(key)
-        value = self._arrays.get(key)
-        if value is None:
-            value = _array_for(entry, 0)
+    def _read_graph(self, files: _Files) -> None:
+        """Read the object graph (:meth:`graph` waits for it)."""
+        graph = self.entries.get(GRAPH_KEY)
+        if graph is None:
+            return
+        path = self._path(graph.shard_id)
+        raw = bytearray(graph.size)
+        got = _preadv(files.buffered(graph.shard_id), memoryview(raw), graph.offset, path)
+        proto = _string_scalar(bytes(raw[:got]), graph, path)
+        with self._arrived:
+            self._graph = proto
+            self._arrived.notify_all()
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._arrived:
+            self._error = self._error or exc
+            self._arrived.notify_all()
+
+    def _publish(self, key: str, value: Any) -> None:
+        """``key``'s value was read and checked: :meth:`finish` takes it."""
+        with self._arrived:
+            if not self._checking_only:
+                self._read.append((key, value))
+                self._arrived.notify_all()
+
+    def _assist(self, readers: int) -> None:
+        """The checker: chain the checksum of each large value's pieces as the readers
+        hand them over, then check it and hand the value to :meth:`finish`, while the
+        readers read on (a reader's own checksum of an 8 MiB piece left the disk idle
+        ~1 ms). First it reads the object graph, while a reader starts on the values;
+        then, when no piece is waiting, fault in the large values' memory ahead of the
+        readers (:data:`POPULATE_CHUNK` at a time, ``MADV_POPULATE_WRITE``: fresh memory
+        ~0.3 ms/MiB to touch, more where the host took it back) so that a reader neither
+        faults it in itself nor waits for that. Ends when every reader has ended."""
+        crc = _checksum()
+        running: dict[str, tuple[int, int]] = {}  # key: (checksum so far, bytes)
+        ahead = list(self._arrays.items())
+        at = 0  # of ahead[0], the bytes faulted in
+        try:
+            files = _Files(self._path)
+            try:
+                self._read_graph(files)
+            finally:
+                files.close()
+            while readers:
+                try:
+                    piece = self._pieces.get(block=not ahead)
+                except queue.Empty:
+                    key, array = ahead[0]
+                    at = max(at, self._asked.get(key, 0))
+                    end = min(array.nbytes, at + POPULATE_CHUNK)
+                    if self._stop or self._checking_only or self._error is not None:
+                        ahead.clear()
+                    elif at < end and not _madvise(array.ctypes.data + at, array.ctypes.data + end, _MADV_POPULATE_WRITE):
+                        ahead.clear()  # a kernel before 5.14
+                    elif end >= array.nbytes:
+                        ahead.pop(0)
+                        at = 0
+                    else:
+                        at = end
+                    continue
+                if piece is None:
+                    readers -= 1
+                    continue
+                key, array, address, start, nbytes = piece
+                value, done = running.get(key, (0, 0)) if start else (0, 0)  # (read again from its start)
+                value, done = int(crc(value, address, nbytes)), done + nbytes
+                entry = self.entries[key]
+                if done < entry.size:
+                    running[key] = (value, done)
+                    continue
+                running.pop(key, None)
+                self._check(key, entry, value)
+                self._publish(key, array)
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _read_one(self, files: _Files, key: str, entry: Any) -> bool:
+        """Read ``key``'s value into a new numpy array; a small one is checked and handed
+        to :meth:`finish` here, a large one by the checker (:meth:`_assist`); ``False`` if
+        stopped or switched to checking only (:meth:`check_ahead`) before the end.
+
+        The values :meth:`_uncached_blocks` chose are read with direct I/O: the disk
+        writes each straight into its array, with no page-cache memory taken and no copy
+        (:func:`_direct_room`); the others, or all once the filesystem refuses a direct
+        read, buffered."""
+        large = self._arrays.get(key)
+        value = large if large is not None else _array_for(entry, 0)
         if value is None:
             dims = [dim.size for dim in entry.shape.dim]
             raise _data_loss(f"{self._path(entry.shard_id)}: {key} has {entry.size} bytes in the index, not what its shape {dims} needs")
+        if self._direct and key in self._direct_keys:
+            direct_fd = files.fd(entry.shard_id, direct=True)
+            if direct_fd is None:
+                self._direct = False  # the filesystem refuses direct I/O: buffered from here
+            else:
+                blocks = memoryview((ctypes.c_char * _direct_room(entry.size)).from_address(value.ctypes.data)).cast("B")
+                try:
+                    return self._read_checked(direct_fd, key, entry, blocks, reuse=False, direct=True, value=value)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    self._direct = False  # the filesystem took the open, not the read: buffered from here
         view = value.reshape(-1).view(np.uint8).data
-        return value if self._read_checked(fd, key, entry, view, reuse=False) else None
+        return self._read_checked(files.buffered(entry.shard_id), key, entry, view, reuse=False, value=value)
 
-    def _read_checked(self, fd: int, key: str, entry: Any, into: memoryview, *, reuse: bool) -> bool:
+    def _read_checked(
+        self, fd: int, key: str, entry: Any, into: memoryview, *, reuse: bool, direct: bool = False, value: Any = None
+    ) -> bool:
         """Read ``entry``'s bytes into ``into`` (all of them; or, with ``reuse``, each piece
-        over the last), chaining their checksum piece by piece as they arrive (the GIL
-        released for both), then check it (:meth:`_check`). ``False`` if stopped first (or,
-        into an array, switched to checking only)."""
+        over the last) and check their checksum (:meth:`_check`): for a large ``value``
+        (an array of :meth:`_assist`'s) the checker chains it piece by piece while this
+        reader reads the next, else this reader chains it as each piece arrives (the GIL
+        released for both); ``value`` (the array ``into`` is) then goes to
+        :meth:`finish`. ``False`` if stopped first (or, into an array, switched to
+        checking only). ``direct``: ``fd`` is opened for direct I/O and ``into`` has room
+        for whole blocks (the last piece is asked for whole blocks; the bytes past the
+        value are not checked and not the value's)."""
         crc = _checksum()
         base = ctypes.addressof(ctypes.c_char.from_buffer(into)) if len(into) else 0
-        value = 0
+        handed = value is not None and self._arrays.get(key) is value
+        chained = 0
         done = 0
         while done < entry.size:
-            if self._stop or (self._checking_only and not reuse):
+            if self._stop or self._error is not None or (self._checking_only and not reuse):
                 return False
             at = 0 if reuse else done
-            got = _preadv(fd, into[at : at + min(PIECE_BYTES, entry.size - done)], entry.offset + done, self._path(entry.shard_id))
-            if got <= 0:
+            left = entry.size - done
+            want = min(_direct.DIRECT_PIECE if direct else PIECE_BYTES, left)
+            if direct and PIECE_BYTES < left <= _direct.DIRECT_PIECE:
+                # the last piece no larger than a buffered one (and the one before it
+                # ending at a block): its check ends soon after its last byte
+                want = (left - PIECE_BYTES) & -_direct.ALIGN or want
+            ask = want + -want % _direct.ALIGN if direct else want
+            if handed:
+                self._asked[key] = done + ask  # the checker faults in only what lies beyond
+            got = min(_preadv(fd, into[at : at + ask], entry.offset + done, self._path(entry.shard_id)), want)
+            if got <= 0 or (direct and got < want):
                 raise self._truncated(key, entry)
-            value = int(crc(value, base + at, got))
+            if handed:
+                self._pieces.put((key, value, base + at, done, got))
+            else:
+                chained = int(crc(chained, base + at, got))
             done += got
-        self._check(key, entry, value)
+        if not handed:
+            self._check(key, entry, chained)
+            if value is not None:
+                self._publish(key, value)
         return True
 
     def _truncated(self, key: str, entry: Any) -> Exception:
@@ -420,7 +644,7 @@ class Prefetch:
         return trackable_object_graph_pb2.TrackableObjectGraph.FromString(self._graph)
 
     def finish(self) -> dict[str, Any]:
-        """Wait for the last value (each checked by its reader); ``{key: numpy array}``.
+        """Wait for the last value (each checked); ``{key: numpy array}``.
 
         Raises:
             tf.errors.DataLossError: a data file is short or a value's checksum is wrong.
@@ -428,11 +652,6 @@ class Prefetch:
         """
         values: dict[str, Any] = {}
         try:
-            for key, array in list(self._arrays.items()):  # ahead of the readers, in file order
-                if self._stop or self._error is not None or self._checking_only:
-                    break
-                if key not in self._started and not _madvise(array.ctypes.data, array.ctypes.data + array.nbytes, _MADV_POPULATE_WRITE):
-                    break
             with self._arrived:
                 while len(self._read) < len(self._order) and self._error is None:
                     self._arrived.wait()

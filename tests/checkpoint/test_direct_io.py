@@ -153,7 +153,12 @@ def test_a_filesystem_refusing_direct_io_gets_buffered_files(
     assert _direct.refused(str(tmp_path))
     entries = index_entries(str(tmp_path / "model.ckpt-2"))
     layout = sorted((e.offset, e.size) for e in entries.values())
-    assert [offset for offset, _ in layout] == [sum(size for _, size in layout[:i]) for i in range(len(layout))]  # back to back
+    placed, end = [], 0
+    for _, size in layout:
+        placed.append(_direct.placed_at(end, size))
+        end = placed[-1] + size
+    assert [offset for offset, _ in layout] == placed  # back to back, a large one at the next block
+    assert any(size >= _direct.DIRECT_MIN_BYTES for _, size in layout)
     got = _restored(tmp_path / "model.ckpt-2")
     for key, want in values.items():
         assert np.array_equal(got[key], want), key

@@ -11,11 +11,13 @@ round, and no page cache is filled with a checkpoint nobody reads until a restar
 Direct I/O wants the memory address, the file offset and the length aligned to the
 device's block (:data:`ALIGN`, 4 KiB, covers 512-byte and 4 KiB sectors). So
 :class:`AlignedStream` lays the tensors out as the bundle format allows (each index
-entry has its own offset): small or unaligned tensors back to back through a reused
-aligned *bounce* buffer; a large tensor whose memory is aligned (the staging buffers,
-:func:`aligned_empty`) at the next aligned offset, written from its own memory, the few
-bytes before it zero padding (TensorFlow's own writer pads the same way with its
-``data_alignment`` option). The file is truncated to its last byte at the end.
+entry has its own offset): small tensors back to back through a reused aligned *bounce*
+buffer; a large one at the next aligned offset (:func:`placed_at`, in every data file,
+buffered ones too: a restore reads it from there with direct I/O), the few bytes before
+it zero padding (TensorFlow's own writer pads the same way with its ``data_alignment``
+option), written from its own memory if that is aligned (the staging buffers,
+:func:`aligned_empty`), else through the bounce buffer. The file is truncated to its
+last byte at the end.
 
 A filesystem that refuses ``O_DIRECT`` (``EINVAL`` when opening or writing: tmpfs on
 older kernels, some FUSE and network filesystems) raises :class:`DirectRefused`; the
@@ -34,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ALIGN", "AlignedStream", "DirectRefused", "aligned_empty", "open_direct", "refused", "wanted"]
+__all__ = ["ALIGN", "AlignedStream", "DirectRefused", "aligned_empty", "open_direct", "placed_at", "refused", "wanted"]
 
 #: The alignment of addresses, offsets and lengths of direct writes.
 ALIGN = 4096
@@ -75,6 +77,15 @@ def aligned_empty(shape: Any, dtype: Any) -> np.ndarray:
     start = -raw.ctypes.data % ALIGN
     aligned: np.ndarray = raw[start : start + nbytes].view(dtype).reshape(shape)
     return aligned
+
+
+def placed_at(offset: int, nbytes: int) -> int:
+    """Where a tensor of ``nbytes`` goes in a data file whose next free byte is ``offset``:
+    a large one (:data:`DIRECT_MIN_BYTES` or more) at the next :data:`ALIGN` boundary, so
+    that a restore can read it with direct I/O straight into its array (the bundle format
+    allows the gap: each index entry has its own offset; TensorFlow's writer pads the same
+    way with its ``data_alignment`` option); a small one right there."""
+    return offset + (-offset % ALIGN if nbytes >= DIRECT_MIN_BYTES else 0)
 
 
 def wanted(directory: str, nbytes: int) -> bool:
@@ -182,19 +193,23 @@ class AlignedStream:
     def append_array(self, array: np.ndarray) -> int:
         """Append a tensor's bytes (a C-contiguous ``uint8`` view); the offset it starts at.
 
-        A large one in aligned memory starts at the next block and is written from its
-        own memory (its last partial block through the bounce buffer)."""
+        A large one starts at the next block (:func:`placed_at`), where a restore can read
+        it with direct I/O; in aligned memory it is written from its own memory (its last
+        partial block through the bounce buffer), else through the bounce buffer."""
         nbytes = array.nbytes
-        if nbytes < DIRECT_MIN_BYTES or array.ctypes.data % ALIGN:
+        if nbytes < DIRECT_MIN_BYTES:
             start = self.offset
             self.append(array)
             return start
-        pad = -self.offset % ALIGN  # zeros up to the next block, in the bounce buffer's last one
+        pad = placed_at(self.offset, nbytes) - self.offset  # zeros, in the bounce buffer's last block
         self._bounce[self._fill : self._fill + pad] = 0
         self._fill += pad
         self.offset += pad
-        self._flush()
         start = self.offset
+        if array.ctypes.data % ALIGN:
+            self.append(array)
+            return start
+        self._flush()
         whole = nbytes // ALIGN * ALIGN
         self._put(array[:whole], start)
         self.offset += whole
