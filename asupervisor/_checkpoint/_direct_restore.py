@@ -333,6 +333,8 @@ DIRECT_READS = _direct.ENABLED
 
 #: reader threads of a :class:`Prefetch`
 READERS = 2
+#: :meth:`Prefetch.finish` to the checker: fault the arrays in
+_FAULT_IN = "fault in"
 
 
 class Prefetch:
@@ -368,8 +370,10 @@ class Prefetch:
         self._error: BaseException | None = None
         self._asked: dict[str, int] = {}  # of each large value, the bytes a reader has asked for
         # of the large values, the pieces read, for the checker: (key, array, address, the
-        # piece's offset in the value, bytes); ``None`` when a reader ends
-        self._pieces: queue.SimpleQueue[tuple[str, Any, int, int, int] | None] = queue.SimpleQueue()
+        # piece's offset in the value, bytes); ``None`` when a reader ends; _FAULT_IN from
+        # finish(): the values go to the variables, fault their memory in
+        self._pieces: queue.SimpleQueue[tuple[str, Any, int, int, int] | str | None] = queue.SimpleQueue()
+        self._to_variables = False  # finish() was called: the values read go to the variables
         self._arrays = {k: a for k in self._order if (a := _array_for(entries[k], POPULATE_BYTES)) is not None}
         # direct reads of large values (until the filesystem refuses one): the values to
         # read so are chosen now, before the readers' buffered reads fill the page cache
@@ -462,14 +466,17 @@ class Prefetch:
         hand them over, then check it and hand the value to :meth:`finish`, while the
         readers read on (a reader's own checksum of an 8 MiB piece left the disk idle
         ~1 ms). First it reads the object graph, while a reader starts on the values;
-        then, when no piece is waiting, fault in the large values' memory ahead of the
-        readers (:data:`POPULATE_CHUNK` at a time, ``MADV_POPULATE_WRITE``: fresh memory
-        ~0.3 ms/MiB to touch, more where the host took it back) so that a reader neither
-        faults it in itself nor waits for that. Ends when every reader has ended."""
+        then, once :meth:`finish` says the values go to the variables (TF's restore may
+        take them instead: :meth:`check_ahead`), and while no piece is waiting, it faults
+        the large values' memory in ahead of the readers (:data:`POPULATE_CHUNK` at a
+        time, ``MADV_POPULATE_WRITE``: fresh memory ~0.3 ms/MiB to touch, more where the
+        host took it back) so that a reader neither faults it in itself nor waits for
+        that. Ends when every reader has ended."""
         crc = _checksum()
         running: dict[str, tuple[int, int]] = {}  # key: (checksum so far, bytes)
         ahead = list(self._arrays.items())
         at = 0  # of ahead[0], the bytes faulted in
+        fault_in = False  # (finish() said so)
         try:
             files = _Files(self._path)
             try:
@@ -478,7 +485,7 @@ class Prefetch:
                 files.close()
             while readers:
                 try:
-                    piece = self._pieces.get(block=not ahead)
+                    piece = self._pieces.get(block=not (ahead and fault_in))
                 except queue.Empty:
                     key, array = ahead[0]
                     at = max(at, self._asked.get(key, 0))
@@ -495,6 +502,9 @@ class Prefetch:
                     continue
                 if piece is None:
                     readers -= 1
+                    continue
+                if isinstance(piece, str):  # _FAULT_IN
+                    fault_in = True
                     continue
                 key, array, address, start, nbytes = piece
                 value, done = running.get(key, (0, 0)) if start else (0, 0)  # (read again from its start)
@@ -560,8 +570,10 @@ class Prefetch:
                 return False
             at = 0 if reuse else done
             left = entry.size - done
-            want = min(_direct.DIRECT_PIECE if direct else PIECE_BYTES, left)
-            if direct and PIECE_BYTES < left <= _direct.DIRECT_PIECE:
+            # direct: large pieces once the values are known to go to the variables (TF's
+            # restore may take them instead, reading them again through the page cache)
+            want = min(_direct.DIRECT_PIECE if direct and self._to_variables else PIECE_BYTES, left)
+            if direct and PIECE_BYTES < want == left:
                 # the last piece no larger than a buffered one (and the one before it
                 # ending at a block): its check ends soon after its last byte
                 want = (left - PIECE_BYTES) & -_direct.ALIGN or want
@@ -651,6 +663,8 @@ class Prefetch:
             OSError: a data file could not be opened or read.
         """
         values: dict[str, Any] = {}
+        self._to_variables = True
+        self._pieces.put(_FAULT_IN)  # the arrays are wanted: the checker faults them in ahead of the readers
         try:
             with self._arrived:
                 while len(self._read) < len(self._order) and self._error is None:

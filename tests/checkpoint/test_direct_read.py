@@ -200,3 +200,43 @@ def test_the_page_cache_probe_sees_a_page_come_and_go(tmp_path: Path) -> None:
         assert not _direct_restore._in_page_cache(fd, 2 * mmap.PAGESIZE)
     finally:
         os.close(fd)
+
+
+def test_values_tensorflow_must_restore_are_checked_and_restored(tmp_path: Path) -> None:
+    """A Keras model whose Adam is not built yet (TF defers its slots): TF's restore does
+    it, while the readers, which had begun reading the large kernel directly, check every
+    value ahead of it through the page cache; after the first step every value matches a
+    run that never stopped."""
+    import keras
+
+    def keras_state(build: bool) -> dict[str, Any]:
+        model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(512), keras.layers.Dense(2)])  # a 2 MiB kernel
+        optimizer = keras.optimizers.Adam(0.01)
+        if build:
+            optimizer.build(model.trainable_variables)
+        return {"model": model, "optimizer": optimizer}
+
+    def step(state: dict[str, Any]) -> None:
+        model, optimizer = state["model"], state["optimizer"]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(tf.ones([2, 1024])) ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    keras.utils.set_random_seed(1)
+    original = keras_state(build=True)
+    step(original)
+    saver = Checkpointer(tf.train.Checkpoint(**original), tmp_path, max_to_keep=2)
+    saver.prepare()
+    path = saver.write(saver.snapshot(1)).path
+    drop_cached([str(p) for p in tmp_path.glob("model.ckpt-1.data-*")])
+    keras.utils.set_random_seed(2)
+    resumed = keras_state(build=False)
+    with capture_logs() as events:
+        _restore.restore_path(tf.train.Checkpoint(**resumed), path)
+    (read,) = [e for e in events if e["event"] == "checkpoint.read"]
+    assert read["how"] == "tensorflow" and read["checked_after"] == 0
+    assert read["checked_ahead"] == sum(1 for e in index_entries(path).values() if e.dtype != tf.string.as_datatype_enum)
+    step(original)
+    step(resumed)
+    for want, got in zip(original["model"].weights, resumed["model"].weights):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
