@@ -265,7 +265,7 @@ def _read_files(paths: list[str], direct: bool = False) -> None:
     for path in paths:
         fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct and _direct.ENABLED else 0))
         try:
-            while os.readv(fd, [view]):
+            while os.readv(fd, [view]) == len(view):  # a short read is the end (a direct read at the end, unaligned, is refused)
                 pass
         finally:
             os.close(fd)

@@ -8,9 +8,9 @@ import mmap
 import os
 
 
-def resident_share(path: str) -> float:
-    """The share of ``path``'s pages in the page cache (``mincore`` on a private mapping,
-    which reports the file's cached pages and changes nothing)."""
+def resident_pages(path: str) -> list[bool]:
+    """Whether each of ``path``'s pages is in the page cache (``mincore`` on a private
+    mapping, which reports the file's cached pages and changes nothing)."""
     libc = ctypes.CDLL(None, use_errno=True)
     size = os.path.getsize(path)
     pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
@@ -22,7 +22,13 @@ def resident_share(path: str) -> float:
                 raise OSError(ctypes.get_errno(), f"mincore({path})")
         finally:
             del anchor  # the mapping cannot close while exported
-    return sum(v & 1 for v in vec) / pages
+    return [bool(v & 1) for v in vec]
+
+
+def resident_share(path: str) -> float:
+    """The share of ``path``'s pages in the page cache."""
+    pages = resident_pages(path)
+    return sum(pages) / len(pages)
 
 
 def drop_cached(paths: list[str]) -> None:

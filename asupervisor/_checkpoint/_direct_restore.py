@@ -346,7 +346,8 @@ class Prefetch:
     block of its file, is read with direct I/O (:meth:`_read_one`). Each value's checksum is
     checked piece by piece as it arrives (the GIL released): a small value's by its
     reader, a large value's by the checker thread (:meth:`_assist`), which also faults
-    the large values' memory in ahead of the readers. :meth:`finish` waits for the last
+    the large values' memory in ahead of the readers once :meth:`finish` wants them
+    (until then a direct read asks for 2 MiB at a time). :meth:`finish` waits for the last
     value; :meth:`check_ahead` turns the readers into checkers for TF's restore (each
     value read through a reused buffer, checked, left in the page cache),
     :meth:`checked` waits for them; :meth:`cancel` stops the readers between reads. Each

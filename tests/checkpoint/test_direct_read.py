@@ -7,7 +7,6 @@ first, so it needs a filesystem whose page cache drops (not tmpfs)."""
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import mmap
@@ -20,7 +19,7 @@ import pytest
 import tensorflow as tf
 from checkpoint.test_direct_io import TMP, _page_cache_drops
 from checkpoint.test_direct_restore import reads
-from pagecache import drop_cached
+from pagecache import drop_cached, resident_pages
 
 from asupervisor._checkpoint import _bundle, _direct_restore, _restore
 from asupervisor._checkpoint._iterator_state import index_entries
@@ -75,18 +74,8 @@ def restore(path: str) -> tuple[dict[str, tf.Variable], list[str]]:
 
 def cached_pages(path: Path, offset: int, size: int) -> int:
     """How many of the pages wholly inside ``[offset, offset + size)`` of ``path`` are in
-    the page cache (``mincore``)."""
-    first = -(-offset // mmap.PAGESIZE)
-    last = (offset + size) // mmap.PAGESIZE
-    vec = (ctypes.c_ubyte * (last - first))()
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mm:
-        anchor = ctypes.c_char.from_buffer(mm)
-        try:
-            address = ctypes.addressof(anchor) + first * mmap.PAGESIZE
-            assert ctypes.CDLL(None).mincore(ctypes.c_void_p(address), ctypes.c_size_t(len(vec) * mmap.PAGESIZE), vec) == 0
-        finally:
-            del anchor
-    return sum(v & 1 for v in vec)
+    the page cache."""
+    return sum(resident_pages(str(path))[-(-offset // mmap.PAGESIZE) : (offset + size) // mmap.PAGESIZE])
 
 
 def same(variables: dict[str, tf.Variable]) -> bool:
