@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from checkpoint.test_direct_io import TMP, _page_cache_drops
-from checkpoint.test_direct_restore import reads
+from checkpoint.test_direct_restore import keras_state, reads, train_once
 from pagecache import drop_cached, resident_pages
 
 from asupervisor._checkpoint import _bundle, _direct_restore, _restore
@@ -198,34 +198,21 @@ def test_values_tensorflow_must_restore_are_checked_and_restored(tmp_path: Path)
     run that never stopped."""
     import keras
 
-    def keras_state(build: bool) -> dict[str, Any]:
-        model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(512), keras.layers.Dense(2)])  # a 2 MiB kernel
-        optimizer = keras.optimizers.Adam(0.01)
-        if build:
-            optimizer.build(model.trainable_variables)
-        return {"model": model, "optimizer": optimizer}
-
-    def step(state: dict[str, Any]) -> None:
-        model, optimizer = state["model"], state["optimizer"]
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(model(tf.ones([2, 1024])) ** 2)
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-
     keras.utils.set_random_seed(1)
-    original = keras_state(build=True)
-    step(original)
+    original = keras_state(build=True, inputs=1024, units=512)  # a 2 MiB kernel
+    train_once(original)
     saver = Checkpointer(tf.train.Checkpoint(**original), tmp_path, max_to_keep=2)
     saver.prepare()
     path = saver.write(saver.snapshot(1)).path
     drop_cached([str(p) for p in tmp_path.glob("model.ckpt-1.data-*")])
     keras.utils.set_random_seed(2)
-    resumed = keras_state(build=False)
+    resumed = keras_state(build=False, inputs=1024, units=512)
     with capture_logs() as events:
         _restore.restore_path(tf.train.Checkpoint(**resumed), path)
     (read,) = [e for e in events if e["event"] == "checkpoint.read"]
     assert read["how"] == "tensorflow" and read["checked_after"] == 0
     assert read["checked_ahead"] == sum(1 for e in index_entries(path).values() if e.dtype != tf.string.as_datatype_enum)
-    step(original)
-    step(resumed)
+    train_once(original)
+    train_once(resumed)
     for want, got in zip(original["model"].weights, resumed["model"].weights):
         np.testing.assert_array_equal(got.numpy(), want.numpy())

@@ -92,8 +92,9 @@ def test_restored_variables_train_on_and_save_again(tmp_path: Path) -> None:
     assert reader.get_tensor("m/.ATTRIBUTES/VARIABLE_VALUE").tolist() == [[3.0] * 3] * 2
 
 
-def keras_state(build: bool) -> dict[str, Any]:
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(2)])
+def keras_state(build: bool, inputs: int = 4, units: int = 8) -> dict[str, Any]:
+    """A two-layer MLP (``inputs`` -> ``units`` -> 2) and its Adam, built or not."""
+    model = keras.Sequential([keras.Input((inputs,)), keras.layers.Dense(units), keras.layers.Dense(2)])
     optimizer = keras.optimizers.Adam(0.01)
     if build:
         optimizer.build(model.trainable_variables)
@@ -103,7 +104,7 @@ def keras_state(build: bool) -> dict[str, Any]:
 def train_once(state: dict[str, Any]) -> None:
     model, optimizer = state["model"], state["optimizer"]
     with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(model(tf.ones([2, 4])) ** 2)
+        loss = tf.reduce_sum(model(tf.ones([2, model.input_shape[-1]])) ** 2)
     optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
 
 
