@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pagecache import drop_cached
 
 SCRIPT = Path(__file__).parent / "scripts" / "damaged_train.py"
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -60,14 +61,14 @@ def start_line(lines: list[str]) -> tuple[int, str]:
     return int(fields[1]), fields[2]
 
 
-def flip_in_slot(prefix: Path, slot: bool = True) -> str:
+def flip_in_slot(prefix: Path, slot: bool = True, shape: tuple[int, int] = (4, 8)) -> str:
     """Flip a byte inside an Adam slot of the checkpoint ``prefix`` (found by its bytes,
     stored as they are in the data file), or with ``slot=False`` inside the first
-    layer's kernel; returns the value's key."""
+    layer's kernel (of ``shape``); returns the value's key."""
     import tensorflow as tf
 
     reader = tf.train.load_checkpoint(str(prefix))
-    keys = [k for k, s in reader.get_variable_to_shape_map().items() if s == [4, 8]]
+    keys = [k for k, s in reader.get_variable_to_shape_map().items() if s == list(shape)]
     key = sorted(k for k in keys if k.startswith("optimizer/_variables/") == slot)[0]
     value = reader.get_tensor(key).tobytes()
     data = prefix.parent / f"{prefix.name}.data-00000-of-00001"
@@ -127,16 +128,30 @@ def test_flipped_byte_in_optimizer_slot_resumes_from_previous_checkpoint(tmp_pat
     assert start_line(lines)[0] == 15 and lines[-1] == "end 20"
 
 
-def test_flipped_byte_in_a_value_read_directly_resumes_from_previous_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wide", [False, True], ids=["small", "wide"])
+def test_flipped_byte_in_a_value_read_directly_resumes_from_previous_checkpoint(tmp_path: Path, wide: bool) -> None:
     """The optimizer built before the session (``--build``): a restore reads the files
     straight into the variables. Killed at step 10, one byte flipped in a kernel of
     model.ckpt-10: the restarted training's direct read finds the bad checksum (its own
     message names the file and the kernel), model.ckpt-5 is read directly, training
-    starts at step 5 and goes on to 15; model.ckpt-10 is set aside."""
+    starts at step 5 and goes on to 15; model.ckpt-10 is set aside. ``wide``: a 2 MiB
+    kernel, the checkpoints' files dropped from the page cache before the restart, so
+    the kernel is read with direct I/O (where the filesystem's page cache drops: the
+    damage is found either way)."""
     logdir = tmp_path / "run"
-    train_then_kill(logdir, 10, "asyncio", 120, "--build")
-    key = flip_in_slot(logdir / "model.ckpt-10", slot=False)
-    lines = run_child(logdir, 15, "asyncio", 120, "--build")
+    options = ("--build", "--wide") if wide else ("--build",)
+    train_then_kill(logdir, 10, "asyncio", 120, *options)
+    key = flip_in_slot(logdir / "model.ckpt-10", slot=False, shape=(1024, 512) if wide else (4, 8))
+    if wide:
+        files = [str(p) for p in logdir.glob("model.ckpt-*.data-*")]
+        for path in files:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # clean pages, which the kernel drops
+            finally:
+                os.close(fd)
+        drop_cached(files)
+    lines = run_child(logdir, 15, "asyncio", 120, *options)
     newest = logdir / "model.ckpt-10"
     corrupt = [line.split(maxsplit=2)[1:] for line in lines if line.startswith("corrupt ")]
     assert len(corrupt) == 1 and corrupt[0][0] == str(newest), lines

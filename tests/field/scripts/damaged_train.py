@@ -1,6 +1,6 @@
 """Field-test child: a Keras + Adam training run that checkpoints every 5 steps.
 
-Usage: damaged_train.py LOGDIR MAX_STEPS BACKEND [--hold] [--build]
+Usage: damaged_train.py LOGDIR MAX_STEPS BACKEND [--hold] [--build] [--wide]
 
 Prints ``start <step> <latest checkpoint at start>`` once the session is up, ``saved
 <step>`` after each checkpoint, ``end <step>`` at the end. With ``--hold`` it waits
@@ -8,7 +8,8 @@ Prints ``start <step> <latest checkpoint at start>`` once the session is up, ``s
 the optimizer is built before the session (its slots exist, so a restore reads the
 files straight into the variables) and ``read <how> <checkpoint>`` and ``corrupt
 <checkpoint> <reason>`` are printed for the restore's ``checkpoint.read`` and
-``checkpoint.corrupt`` events.
+``checkpoint.corrupt`` events. With ``--wide`` the model takes 1024 inputs (a 2 MiB
+first kernel, which a restore reads with direct I/O when it is not in the page cache).
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ from asupervisor.testing import capture_logs
 logdir, max_steps, backend = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 hold = "--hold" in sys.argv[4:]
 build = "--build" in sys.argv[4:]
+inputs, units = (1024, 512) if "--wide" in sys.argv[4:] else (4, 8)
 
 keras.utils.set_random_seed(0)
-model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+model = keras.Sequential([keras.Input((inputs,)), keras.layers.Dense(units), keras.layers.Dense(1)])
 opt = keras.optimizers.Adam(0.01)
 if build:
     opt.build(model.trainable_variables)
-x = tf.random.stateless_normal((16, 4), (1, 2))
+x = tf.random.stateless_normal((16, inputs), (1, 2))
 y = tf.reduce_sum(x, 1, keepdims=True)
 
 
