@@ -29,8 +29,9 @@ exists now, nothing deferred), this module does the same in fewer steps:
 3. :func:`assign`: only when every value has been read and checked, hand each array to
    its variable (``AssignVariableOp``, which adopts the buffer: no copy).
 
-Runs on the caller's thread (never the event loop) and the reader threads, joined
-before :meth:`Prefetch.finish` or :meth:`Prefetch.cancel` returns.
+Runs on the caller's thread (never the event loop), the reader threads and the checker
+thread, all joined before :meth:`Prefetch.finish`, :meth:`Prefetch.checked` or
+:meth:`Prefetch.cancel` returns.
 """
 
 from __future__ import annotations
