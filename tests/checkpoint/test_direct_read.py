@@ -118,6 +118,48 @@ def test_a_cached_value_is_read_from_the_page_cache(tmp_path: Path) -> None:
     assert cached_pages(data, entries[BIG].offset, entries[BIG].size) < entries[BIG].size // mmap.PAGESIZE // 8
 
 
+def huge_kib(address: int) -> int:
+    """``AnonHugePages`` (KiB) of the mapping of this process holding ``address``."""
+    found = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                found = lo <= address < hi
+            elif found and head == "AnonHugePages:":
+                return int(line.split()[1])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def memory(variable: tf.Variable) -> int:
+    """The address of ``variable``'s memory (a read shares it; ``numpy()`` would copy)."""
+    return int(variable.value()._numpy().ctypes.data)
+
+
+def huge_pages_on() -> bool:
+    try:
+        return "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not huge_pages_on(), reason="this kernel has transparent huge pages off (or none)")
+def test_a_value_read_directly_is_in_the_huge_pages_it_fills(tmp_path: Path) -> None:
+    """The 5 MiB value read with direct I/O lands in two huge pages (the disk's requests
+    then as large as 4 MiB, against ~1 MiB into small pages), and its last, partial 2 MiB
+    in small ones (no huge page holds memory the value does not use); the variable holds
+    that memory (no copy). The 1 MiB value read directly is too small for one."""
+    path, _ = written(tmp_path)
+    variables, how = restore(path)
+    assert how == ["direct"] and same(variables)
+    address = memory(variables["big"])
+    assert address % _direct_restore.HUGE_PAGE == 0
+    assert huge_kib(address) == 4096
+    assert huge_kib(address + (4 << 20)) == 0
+    assert huge_kib(memory(variables["odd"])) == 0
+
+
 @pytest.mark.parametrize("how", ["flip", "truncate"])
 def test_damage_in_a_value_read_directly_changes_no_variable(tmp_path: Path, how: str) -> None:
     """One flipped bit in the middle of the large value, or the file cut inside it: TF's
