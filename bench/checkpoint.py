@@ -34,7 +34,8 @@ the first raw write is left out likewise):
 * ``cold restore``: the same two, and a raw read of the checkpoint's files (8 MiB
   ``readv`` calls, one thread, as ``cat`` would; ``direct``: the same with direct I/O),
   and asupervisor's restore with every value read buffered (``buffered``: the reader
-  before direct reads), each after dropping the files from the page cache
+  before direct reads) and with the values read directly in small pages (``small pg``:
+  before huge pages), each after dropping the files from the page cache
   (``posix_fadvise(DONTNEED)``; they are clean, so the kernel does drop them),
   alternating, as many rounds as saves. Linux only.
 * ``durable vs raw`` again, with the range of each over the steady rounds and the ratio of
@@ -61,6 +62,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -195,16 +197,21 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         restore_latest(ckpt, asv_dir)
         ours.append(time.perf_counter() - t0)
 
-    cold_raw, cold_raw_direct, cold_plain, cold_ours, cold_buffered = [], [], [], [], []
+    cold_raw, cold_raw_direct, cold_plain, cold_ours, cold_buffered, cold_small = [], [], [], [], [], []
     files = sorted(str(p) for p in asv_dir.glob(Path(latest).name + ".*"))
-    direct_reads = _direct_restore.DIRECT_READS
 
-    def restore_buffered() -> None:
-        _direct_restore.DIRECT_READS = False
-        try:
-            restore_latest(ckpt, asv_dir)
-        finally:
-            _direct_restore.DIRECT_READS = direct_reads
+    def restore_with(switch: str) -> Callable[[], None]:
+        """asupervisor's restore with one of ``_direct_restore``'s switches off (an A/B)."""
+
+        def run() -> None:
+            setattr(_direct_restore, switch, False)
+            try:
+                restore_latest(ckpt, asv_dir)
+            finally:
+                setattr(_direct_restore, switch, on)
+
+        on = getattr(_direct_restore, switch)
+        return run
 
     if hasattr(os, "posix_fadvise"):
         for _ in range(repeats):
@@ -213,7 +220,8 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
                 (cold_raw_direct, lambda: _read_files(files, direct=True)),
                 (cold_plain, lambda: ckpt.restore(latest).expect_partial()),
                 (cold_ours, lambda: restore_latest(ckpt, asv_dir)),
-                (cold_buffered, restore_buffered),
+                (cold_buffered, restore_with("DIRECT_READS")),
+                (cold_small, restore_with("HUGE_PAGES")),
             ):
                 drop_cached(files)
                 t0 = time.perf_counter()
@@ -228,6 +236,9 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         "cold_buffered": med(cold_buffered),
         "cold_buffered_lo": min(cold_buffered, default=math.nan),
         "cold_buffered_hi": max(cold_buffered, default=math.nan),
+        "cold_small": med(cold_small),
+        "cold_small_lo": min(cold_small, default=math.nan),
+        "cold_small_hi": max(cold_small, default=math.nan),
         "cold_plain": med(cold_plain),
         "cold_asv": med(cold_ours),
         "cold_asv_lo": min(cold_ours, default=math.nan),
@@ -382,7 +393,7 @@ def main() -> None:
         print(
             f"\ncold restore (page cache dropped before each), ms; ratios to the raw read\n{'MB':>5} | {'raw read':>8} "
             f"{'direct':>7} {'ratio':>6} | {'plain TF':>8} {'ratio':>6} | {'asv':>7} {'(range)':>15} {'ratio':>6} | "
-            f"{'buffered':>8} {'(range)':>15} {'ratio':>6}"
+            f"{'buffered':>8} {'(range)':>15} {'ratio':>6} | {'small pg':>8} {'(range)':>15} {'ratio':>6}"
         )
         for size, r in results:
             ms = {k: v * 1000 for k, v in r.items()}
@@ -391,7 +402,9 @@ def main() -> None:
                 f"{ms['cold_plain']:8.1f} {r['cold_plain'] / r['cold_raw']:6.2f} | "
                 f"{ms['cold_asv']:7.1f} {ms['cold_asv_lo']:7.1f}-{ms['cold_asv_hi']:<7.1f} {r['cold_asv'] / r['cold_raw']:6.2f} | "
                 f"{ms['cold_buffered']:8.1f} {ms['cold_buffered_lo']:7.1f}-{ms['cold_buffered_hi']:<7.1f} "
-                f"{r['cold_buffered'] / r['cold_raw']:6.2f}",
+                f"{r['cold_buffered'] / r['cold_raw']:6.2f} | "
+                f"{ms['cold_small']:8.1f} {ms['cold_small_lo']:7.1f}-{ms['cold_small_hi']:<7.1f} "
+                f"{r['cold_small'] / r['cold_raw']:6.2f}",
                 flush=True,
             )
         print(

@@ -138,6 +138,7 @@ def memory(variable: tf.Variable) -> int:
 
 
 def huge_pages_on() -> bool:
+    """Whether the kernel gives transparent huge pages to memory that asks for them."""
     try:
         return "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
     except OSError:
