@@ -137,6 +137,15 @@ def memory(variable: tf.Variable) -> int:
     return int(variable.value()._numpy().ctypes.data)
 
 
+def thp_fallbacks() -> int:
+    """How many times this machine's kernel fell back to small pages for a huge page."""
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name == "thp_fault_fallback":
+            return int(value)
+    return 0
+
+
 def huge_pages_on() -> bool:
     """Whether the kernel gives transparent huge pages to memory that asks for them."""
     try:
@@ -152,8 +161,11 @@ def test_a_value_read_directly_is_in_the_huge_pages_it_fills(tmp_path: Path) -> 
     in small ones (no huge page holds memory the value does not use); the variable holds
     that memory (no copy). The 1 MiB value read directly is too small for one."""
     path, _ = written(tmp_path)
+    fallbacks = thp_fallbacks()
     variables, how = restore(path)
     assert how == ["direct"] and same(variables)
+    if thp_fallbacks() > fallbacks:
+        pytest.skip("the kernel had no free huge page to give (thp_fault_fallback rose): small pages, as designed")
     address = memory(variables["big"])
     assert address % _direct_restore.HUGE_PAGE == 0
     assert huge_kib(address) == 4096
