@@ -164,11 +164,10 @@ def test_a_value_read_directly_is_in_the_huge_pages_it_fills(tmp_path: Path) -> 
     fallbacks = thp_fallbacks()
     variables, how = restore(path)
     assert how == ["direct"] and same(variables)
-    if thp_fallbacks() > fallbacks:
-        pytest.skip("the kernel had no free huge page to give (thp_fault_fallback rose): small pages, as designed")
     address = memory(variables["big"])
     assert address % _direct_restore.HUGE_PAGE == 0
-    assert huge_kib(address) == 4096
+    if thp_fallbacks() == fallbacks:  # (else the kernel had no free huge page: small pages, as designed)
+        assert huge_kib(address) == 4096
     assert huge_kib(address + (4 << 20)) == 0
     assert huge_kib(memory(variables["odd"])) == 0
 
