@@ -1,8 +1,9 @@
 """Writing TensorFlow tensor bundles (the files of a TF2 checkpoint) without ``SaveV2``.
 
 A checkpoint ``<prefix>`` is one or more data files ``<prefix>.data-0000j-of-0000N``
-holding the tensors' bytes (back to back, but for gaps the format allows), and an index ``<prefix>.index``: a LevelDB-format
-table (TensorFlow's ``tensorflow/core/lib/io/table_builder``) mapping the key ``""`` to a
+holding the tensors' bytes (back to back, but for gaps the format allows), and an index
+``<prefix>.index``: a LevelDB-format table (TensorFlow's
+``tensorflow/core/lib/io/table_builder``) mapping the key ``""`` to a
 ``BundleHeaderProto`` and each tensor key to a ``BundleEntryProto`` (dtype, shape, data
 file, offset, size and the masked CRC32C of the bytes). TensorFlow's reader checks every
 index block's checksum and each tensor's; this module writes both, so plain
@@ -12,8 +13,8 @@ For plain numeric and bool tensors the data file is the tensors' memory as it is
 large tensor (1 MiB or more) starting at a 4 KiB boundary (:func:`.files._direct.placed_at`:
 a restore reads it from there with direct I/O). For a data file of 32 MB or more, where
 the filesystem takes direct I/O (:mod:`.files._direct`), a large tensor in aligned memory
-(the staging buffers) goes to disk straight from its buffer, the rest
-through a reused aligned bounce buffer, past the page cache; elsewhere a write is
+(the staging buffers) goes to disk straight from its buffer, the rest through a reused
+aligned bounce buffer, past the page cache; elsewhere a write is
 buffered ``pwrite(2)`` calls of :data:`CHUNK_BYTES` straight from the snapshot's buffers.
 Either way the writes are made by the idle-priority thread of :mod:`.files._idle_io` when
 the caller passes one, with one CRC32C pass per tensor (``google-crc32c``, hardware
