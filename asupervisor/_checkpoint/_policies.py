@@ -39,11 +39,12 @@ Plain decisions: no file work here (:mod:`.files._commit` applies them).
 from __future__ import annotations
 
 import enum
+import inspect
 import math
 import statistics
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -324,55 +325,103 @@ class OverheadBudget:
     steps done from the snapshot to the commit against the step rate before it, measured
     from halfway between saves (the snapshot's blocked time, the next step's
     copy-on-write and the background write's interference with the step loop, all
-    together). The interval is the median of the
-    last five costs divided by the budget (aiming at 90 % of it), within ``[min_secs,
-    max_secs]``; ``min_secs`` until a cost has been measured. The saver logs
-    ``checkpoint.interval`` when the interval changes by more than 10 %. A save during
-    which training made no progress (paused, waiting for data) is not a measurement.
+    together), and how long the write took (the snapshot handed over to the commit).
+
+    The interval spends the budget, it does not hoard it: it is the median of the last
+    five costs divided by the budget (aiming at 90 % of it), raised to two floors — the
+    median of the last five writes divided by ``max_write_share`` (so that the writer and
+    the disk are busy at most that share of the time) and ``min_secs`` — and capped at
+    ``max_secs``; ``start_secs`` until a cost has been measured. The saver logs
+    ``checkpoint.interval`` when the interval changes by more than 10 %, with ``bound=``
+    naming what chose it (``"budget"``, ``"write_share"``, ``"min_secs"`` or
+    ``"max_secs"``). A save during which training made no progress (paused, waiting for
+    data) is not a measurement.
 
     Args:
         max_overhead: the share of training time checkpoints may cost (``0 < x < 1``).
-        min_secs: the shortest interval (``> 0``): a small model would otherwise be
-            saved every fraction of a second, wearing the disk for nothing.
+        min_secs: the shortest interval (``> 0``), whatever the budget allows: a floor
+            for the disk and a remote tier (a small model would otherwise be saved every
+            fraction of a second).
         max_secs: the longest interval (``>= min_secs``): how much work a crash may lose
             at most, however costly the saves.
+        start_secs: the interval until a first cost is measured (``> 0``, clipped into
+            ``[min_secs, max_secs]``).
+        max_write_share: the share of the time the writer may spend writing
+            (``0 < x <= 1``): the interval is at least the median write time over it.
     """
 
-    def __init__(self, max_overhead: float = 0.02, *, min_secs: float = 10.0, max_secs: float = 3600.0) -> None:
+    def __init__(
+        self,
+        max_overhead: float = 0.02,
+        *,
+        min_secs: float = 1.0,
+        max_secs: float = 3600.0,
+        start_secs: float = 10.0,
+        max_write_share: float = 0.5,
+    ) -> None:
         if isinstance(max_overhead, bool) or not isinstance(max_overhead, (int, float)) or not 0 < max_overhead < 1:
             raise ValueError(f"OverheadBudget(max_overhead) must be a number in (0, 1), got {max_overhead!r}")
         _check_positive("OverheadBudget(min_secs)", min_secs, integer=False)
         _check_positive("OverheadBudget(max_secs)", max_secs, integer=False)
+        _check_positive("OverheadBudget(start_secs)", start_secs, integer=False)
         if max_secs < min_secs:
             raise ValueError(f"OverheadBudget(max_secs={max_secs!r}) is below min_secs={min_secs!r}")
+        if (
+            isinstance(max_write_share, bool)
+            or not isinstance(max_write_share, (int, float))
+            or not 0 < max_write_share <= 1
+        ):
+            raise ValueError(f"OverheadBudget(max_write_share) must be a number in (0, 1], got {max_write_share!r}")
         self.max_overhead = float(max_overhead)
         self.min_secs = float(min_secs)
         self.max_secs = float(max_secs)
+        self.start_secs = min(self.max_secs, max(self.min_secs, float(start_secs)))
+        self.max_write_share = float(max_write_share)
         self._costs: deque[float] = deque(maxlen=5)
-        self._interval = self.min_secs
+        self._writes: deque[float] = deque(maxlen=5)
+        self._interval = self.start_secs
+        self._bound: str | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"OverheadBudget({self.max_overhead!r}, min_secs={self.min_secs!r}, max_secs={self.max_secs!r})"
+        return (
+            f"OverheadBudget({self.max_overhead!r}, min_secs={self.min_secs!r}, max_secs={self.max_secs!r}, "
+            f"start_secs={self.start_secs!r}, max_write_share={self.max_write_share!r})"
+        )
 
     @property
     def every_secs(self) -> float:
         """The current interval (it changes as saves are measured)."""
         return self._interval
 
+    @property
+    def bound(self) -> str | None:
+        """What chose the current interval: ``"budget"``, ``"write_share"``,
+        ``"min_secs"`` or ``"max_secs"``; ``None`` before a cost is measured
+        (``start_secs``)."""
+        return self._bound
+
     def should_save(self, moment: SaveMoment) -> bool:
         """At every tick of the (adaptive) timer."""
         return moment.kind == "tick"
 
-    def observe_save_cost(self, cost_secs: float) -> float | None:
-        """Take one save's measured cost to training; the new interval if it moved by
-        more than 10 %, else ``None`` (the interval may still have moved a little)."""
+    def observe_save_cost(self, cost_secs: float, *, write_secs: float | None = None) -> float | None:
+        """Take one save's measured cost to training and, if known, how long its write
+        took (snapshot handed over to commit); the new interval if it moved by more than
+        10 %, else ``None`` (the interval may still have moved a little)."""
         with self._lock:
             self._costs.append(max(float(cost_secs), 0.0))
-            cost = statistics.median(self._costs)
-            wanted = cost / (0.9 * self.max_overhead)
-            interval = min(self.max_secs, max(self.min_secs, wanted))
-            old, self._interval = self._interval, interval
+            if write_secs is not None:
+                self._writes.append(max(float(write_secs), 0.0))
+            interval = statistics.median(self._costs) / (0.9 * self.max_overhead)
+            bound = "budget"
+            if self._writes and (floor := statistics.median(self._writes) / self.max_write_share) > interval:
+                interval, bound = floor, "write_share"
+            if self.min_secs > interval:
+                interval, bound = self.min_secs, "min_secs"
+            if interval > self.max_secs:
+                interval, bound = self.max_secs, "max_secs"
+            old, self._interval, self._bound = self._interval, interval, bound
         return interval if abs(interval - old) > 0.1 * old else None
 
     @property
@@ -381,12 +430,42 @@ class OverheadBudget:
         with self._lock:
             return statistics.median(self._costs) if self._costs else None
 
+    @property
+    def write_secs(self) -> float | None:
+        """The write time behind the write-share floor (median of the last five), if measured."""
+        with self._lock:
+            return statistics.median(self._writes) if self._writes else None
+
 
 def observes_save_cost(policy: SavePolicy) -> bool:
     """Whether ``policy``'s timer adapts to measured save costs (``observe_save_cost``)."""
     if isinstance(policy, AnySavePolicy):
         return any(observes_save_cost(p) for p in policy.policies)
     return callable(getattr(policy, "observe_save_cost", None))
+
+
+def takes_write_secs(observe: Callable[..., object]) -> bool:
+    """Whether an ``observe_save_cost`` takes the ``write_secs`` keyword (one written
+    before it was added takes the cost alone)."""
+    try:
+        params = inspect.signature(observe).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: call it the old way
+        return False
+    named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD or (p.name == "write_secs" and p.kind in named) for p in params)
+
+
+def interval_bound(policy: object) -> str | None:
+    """What chose an adaptive policy's current interval (:attr:`OverheadBudget.bound`);
+    of an :class:`AnySavePolicy`, that of the policy whose interval it uses now."""
+    if isinstance(policy, AnySavePolicy):
+        current = policy.every_secs
+        for p in policy.policies:
+            if every_secs(p) == current and (bound := interval_bound(p)) is not None:
+                return bound
+        return None
+    bound = getattr(policy, "bound", None)
+    return bound if isinstance(bound, str) else None
 
 
 @dataclass(frozen=True)
@@ -438,14 +517,19 @@ class AnySavePolicy:
         secs = [t for p in self.policies if (t := every_secs(p)) is not None]
         return min(secs) if secs else None
 
-    def observe_save_cost(self, cost_secs: float) -> float | None:
-        """Hand a save's measured cost to the policies that adapt to it; the new
-        ``every_secs`` if one of them moved (see :class:`OverheadBudget`)."""
+    def observe_save_cost(self, cost_secs: float, *, write_secs: float | None = None) -> float | None:
+        """Hand a save's measured cost (and its write time, to the policies that take
+        ``write_secs``) to the policies that adapt to it; the new ``every_secs`` if one
+        of them moved (see :class:`OverheadBudget`)."""
         moved = False
         for policy in self.policies:
             observe = getattr(policy, "observe_save_cost", None)
-            if callable(observe) and observe(cost_secs) is not None:
-                moved = True
+            if not callable(observe):
+                continue
+            if write_secs is not None and takes_write_secs(observe):
+                moved = observe(cost_secs, write_secs=write_secs) is not None or moved
+            else:
+                moved = observe(cost_secs) is not None or moved
         return self.every_secs if moved else None
 
     def __repr__(self) -> str:

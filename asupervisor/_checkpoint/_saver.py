@@ -58,6 +58,7 @@ from .._core._services import FailureWindow, RestartPolicy, Service
 from .._core._threads import ThreadClosedError
 from .._logging import describe, get_logger
 from ._manager import Checkpointer
+from ._policies import interval_bound, takes_write_secs
 from ._snapshot import Snapshot
 from ._write import SaveAbandoned
 from .files._idle_io import IdleIO
@@ -306,10 +307,23 @@ class CheckpointSaver:
         cost = self._meter.committed(snap)
         if cost is None:
             return
-        log.debug("checkpoint.save_cost", secs=round(cost, 4), step=snap.step)
-        interval = self._on_save_cost(cost)
+        write_secs = self.checkpointer.last_commit_secs  # this save's: snapshot handed over → committed
+        write_rounded = None if write_secs is None else round(write_secs, 4)
+        log.debug("checkpoint.save_cost", secs=round(cost, 4), write_secs=write_rounded, step=snap.step)
+        observe: Callable[..., float | None] = self._on_save_cost
+        if write_secs is not None and takes_write_secs(observe):
+            interval = observe(cost, write_secs=write_secs)
+        else:  # an observer written before write_secs: the cost alone
+            interval = observe(cost)
         if interval is not None:
-            log.info("checkpoint.interval", secs=round(interval, 2), save_cost_secs=round(cost, 4), step=snap.step)
+            log.info(
+                "checkpoint.interval",
+                secs=round(interval, 2),
+                bound=interval_bound(getattr(observe, "__self__", None)),  # the policy, when a bound method
+                save_cost_secs=round(cost, 4),
+                write_secs=write_rounded,
+                step=snap.step,
+            )
 
     # -- event loop ------------------------------------------------------------------
 
