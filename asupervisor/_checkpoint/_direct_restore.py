@@ -38,7 +38,6 @@ thread, all joined before :meth:`Prefetch.finish`, :meth:`Prefetch.checked` or
 from __future__ import annotations
 
 import ctypes
-import errno
 import mmap
 import os
 import platform
@@ -301,7 +300,7 @@ def _open_direct(path: str) -> int | None:
     try:
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
     except OSError as exc:
-        if exc.errno == errno.EINVAL:
+        if _direct.is_refusal(exc):
             return None
         raise
 
@@ -579,7 +578,7 @@ class Prefetch:
                 try:
                     return self._read_checked(direct_fd, key, entry, blocks, reuse=False, direct=True, value=value)
                 except OSError as exc:
-                    if exc.errno != errno.EINVAL:
+                    if not _direct.is_refusal(exc):
                         raise
                     self._direct = False  # the filesystem took the open, not the read: buffered from here
         view = value.reshape(-1).view(np.uint8).data

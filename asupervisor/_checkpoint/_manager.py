@@ -32,6 +32,7 @@ from ._policies import AnyKeepPolicy, KeepPolicy, LatestN, keep_policy_for
 from ._walk_cache import WalkCache
 from .files import _commit, _names, _state_file, _writeback
 from .files._idle_io import IdleIO
+from .files._owner import OwnerLock
 
 __all__ = ["Checkpointer", "write_checkpoint_now"]
 
@@ -99,8 +100,14 @@ class Checkpointer:
 
     # -- step thread ---------------------------------------------------------------
 
-    def prepare(self) -> None:
+    def prepare(self, owner: OwnerLock | None = None) -> None:
         """On start-up: create the directory and remove leftovers of interrupted saves.
+
+        The directory and its missing parents are created durably (each fsynced into its
+        parent: a power loss must not take committed checkpoints away with their
+        directory). With ``owner`` (the session's lock of this directory), the lock is
+        taken first: a directory another live training owns fails here, before anything
+        in it is touched (:class:`.files._owner.OwnerLock`).
 
         Called by the process that writes the directory (the chief), which from then on
         also sets aside checkpoints that fail to load (:meth:`restore`). It proves the
@@ -109,10 +116,13 @@ class Checkpointer:
 
         Raises:
             CheckpointError: the directory cannot be created or written; names the path
-                and the OS cause, chained to the ``OSError``.
+                and the OS cause, chained to the ``OSError``. Or another live training
+                owns it (the message names its host, pid and start time).
         """
         try:
-            self.logdir.mkdir(parents=True, exist_ok=True)
+            _writeback.make_dirs_durable(self.logdir)
+            if owner is not None:
+                owner.acquire()  # before anything in the directory is touched
             _commit.probe_writable(self.logdir)
         except OSError as exc:
             target = exc.filename or self.logdir
@@ -494,5 +504,5 @@ def write_checkpoint_now(
         keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
         keep_policy=keep_policy,
     )
-    checkpointer.logdir.mkdir(parents=True, exist_ok=True)
+    _writeback.make_dirs_durable(checkpointer.logdir)
     return checkpointer.write(_snapshot.take_snapshot(checkpoint, step)).path

@@ -5,7 +5,8 @@
 recover from an aborted step), tracks ``run_loop``'s ``tf.data`` iterator, fires the
 step saves (its ``next_trigger``/``on_step``), runs the checkpoint service (timed and
 start-up saves), takes the final checkpoint and waits for writes in flight at the end.
-It offers ``SessionAttribute.checkpoints`` (``save_now``, the last checkpoint, saves for
+The chief owns the logdir for the session (:class:`.files._owner.OwnerLock`, let go in
+``release``). It offers ``SessionAttribute.checkpoints`` (``save_now``, the last checkpoint, saves for
 ``CheckpointSaverHook``). The decisions of when to save live in :mod:`._saver`; the
 snapshots, writes and restores in :mod:`._manager`. Never imports another feature.
 """
@@ -25,6 +26,7 @@ from ._manager import Checkpointer, write_checkpoint_now
 from ._multi_worker import WorkerTempWriter
 from ._policies import KeepPolicy, SaveMoment, SavePolicy, every_secs, every_steps, observes_save_cost
 from ._saver import CheckpointSaver, CheckpointService
+from .files._owner import OwnerLock
 
 if TYPE_CHECKING:
     from .._cluster import ClusterInfo
@@ -89,6 +91,7 @@ class CheckpointPart(SessionPart):
         self.saver: CheckpointSaver | None = None
         self._restored_from: str | None = None
         self._ctx: SessionContext | None = None
+        self._owner: OwnerLock | None = None  # the chief's lock of logdir, for the session
 
     def start(self, ctx: SessionContext) -> None:
         """Keep the session for saves made on behalf of hooks and front doors."""
@@ -197,7 +200,9 @@ class CheckpointPart(SessionPart):
         )
         worker_writer = None
         if self.is_chief:
-            checkpointer.prepare()
+            if self._owner is None:
+                self._owner = OwnerLock(self.logdir)
+            checkpointer.prepare(self._owner)
         elif self.multi_worker:
             assert self.cluster is not None
             worker_writer = WorkerTempWriter(self.logdir, self.cluster, basename=self.basename)
@@ -310,6 +315,11 @@ class CheckpointPart(SessionPart):
             )
             return
         await self.saver.save("final", force=True, wait=True)
+
+    def release(self) -> None:
+        """Last of all: the logdir's lock let go (the next training may own it)."""
+        if self._owner is not None:
+            self._owner.release()
 
     async def aclose(self, ctx: SessionContext) -> None:
         """Wait for writes in flight (abandoned at the stop's deadline); raise an error

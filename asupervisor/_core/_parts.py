@@ -47,6 +47,7 @@ class PartRunner:
         self._iterators = having("iterator_for")
         self._finals = having("final")
         self._closers = having("aclose")
+        self._releasers = having("release")
         #: step-thread callables run before any snapshot of the state
         self.before_snapshot: tuple[Callable[[], None], ...] = tuple(p.before_snapshot for p in having("before_snapshot"))
         #: the parts' ``scalars`` methods
@@ -135,6 +136,11 @@ class PartRunner:
         """Any thread: release step-thread waits (a stop, a halted ``run_loop``)."""
         for wake in self._wakers:
             wake()
+
+    def release(self) -> None:
+        """Every part's ``release``, last of all (see :meth:`SessionPart.release`)."""
+        for part in self._releasers:
+            part.release()
 
     @property
     def finals(self) -> tuple[SessionPart, ...]:

@@ -13,7 +13,7 @@ Shutdown, whatever the cause: stop requested → parts woken → the step in fli
 finishes → services cancelled → every part's ``before_snapshot``, then every part's
 ``final`` (the final checkpoint; both unless a step or hook raised) → ``hook.end()``
 (clean stops only) → every part's ``aclose`` (summaries flushed) → dedicated threads
-joined → the cause re-raised. One :class:`~._stop.Deadline`, ``stop_grace_secs`` after
+joined → every part's ``release`` (the logdir's lock) → the cause re-raised. One :class:`~._stop.Deadline`, ``stop_grace_secs`` after
 the stop began, bounds the whole of it: each phase gets what is left, a phase that
 overruns is logged by name (``shutdown.overrun phase=...``; a final save overrunning is
 abandoned), and phases not begun by then are skipped, except closing the parts and
@@ -390,6 +390,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
         try:
             await self._shutdown(clean=not control.errors and not control.state_suspect)
         finally:
+            self.parts.release()
             self._restore_signals()
         if control.errors:
             first = control.errors[0]
@@ -438,6 +439,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
             if self._tg is not None:
                 await self._stop_services()
             await self._close_threads(Deadline(self.stop_grace_secs))
+        self.parts.release()
         self._restore_signals()
         self.closed = True
         log.error("session.start_failed", error=describe(exc))

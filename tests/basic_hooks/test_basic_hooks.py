@@ -13,6 +13,7 @@ import tensorflow as tf
 from eventfiles import read_events, steps_of
 
 import asupervisor as asv
+from asupervisor._checkpoint.files._owner import OWNER_FILE
 from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_new_threads")]
@@ -538,7 +539,7 @@ async def test_profiler_hook_writes_a_trace_tensorboard_reads(tmp_path: Path) ->
         await sess.run_loop(profiled_step, max_steps=3)
     traces = list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].parent.name.endswith("_step_2")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins"]  # no staging directory left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [OWNER_FILE, "plugins"]  # no staging directory left
     space = xplane_pb2.XSpace()
     space.ParseFromString(traces[0].read_bytes())
     host = [p for p in space.planes if p.name.startswith("/host:CPU")]

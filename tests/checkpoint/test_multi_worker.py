@@ -28,6 +28,7 @@ from asupervisor._checkpoint._restore import restore_path
 from asupervisor._checkpoint._snapshot import take_snapshot
 from asupervisor._checkpoint._write import write_snapshot
 from asupervisor._checkpoint.files import _state_file
+from asupervisor._checkpoint.files._owner import OWNER_FILE
 from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
@@ -239,7 +240,7 @@ def test_two_workers_save_together_only_the_chief_writes_and_both_resume(tmp_pat
             assert used.parent == worker_tmp and not used.exists()
     assert os.listdir(worker_tmp) == [] and os.listdir(tmp_path / "tmp-chief") == []
     assert sorted(os.listdir(logdir)) == sorted(
-        ["checkpoint"] + [f"model.ckpt-{s}.{ext}" for s in (3, 6, 7) for ext in ("index", "data-00000-of-00001")]
+        ["checkpoint", OWNER_FILE] + [f"model.ckpt-{s}.{ext}" for s in (3, 6, 7) for ext in ("index", "data-00000-of-00001")]
     )
     state = _state_file.read_state(logdir)
     assert state is not None and state.latest == "model.ckpt-7"
@@ -384,7 +385,7 @@ def test_cluster_killed_at_a_random_moment_resumes_to_the_weights_of_an_uninterr
     assert state is not None
     committed = [int(p.rsplit("-", 1)[1]) for p in state.paths]
     names = {f"model.ckpt-{s}.{ext}" for s in committed for ext in ("index", "data-00000-of-00001")}
-    assert set(os.listdir(logdir)) == names | {"checkpoint"}, why
+    assert set(os.listdir(logdir)) == names | {"checkpoint", OWNER_FILE}, why
     lines = eval_out.splitlines()
     assert not [line for line in lines if not line.startswith("EVAL")], (why, lines, eval_err[-2000:])
     assert [int(line.split()[1]) for line in lines] == committed, why

@@ -19,8 +19,9 @@ option), written from its own memory if that is aligned (the staging buffers,
 :func:`aligned_empty`), else through the bounce buffer. The file is truncated to its
 last byte at the end.
 
-A filesystem that refuses ``O_DIRECT`` (``EINVAL`` when opening or writing: tmpfs on
-older kernels, some FUSE and network filesystems) raises :class:`DirectRefused`; the
+A filesystem that refuses ``O_DIRECT`` (an errno of :data:`REFUSALS` when opening or
+writing: ``EINVAL`` from tmpfs on older kernels and some FUSE filesystems,
+``EOPNOTSUPP``/``ENOSYS`` from network and overlay filesystems) raises :class:`DirectRefused`; the
 caller writes the file buffered instead, and :func:`refused` remembers the device for
 the process. Plain file work for the checkpoint writer thread; never the event loop.
 """
@@ -36,7 +37,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ALIGN", "AlignedStream", "DirectRefused", "aligned_empty", "open_direct", "placed_at", "refused", "wanted"]
+__all__ = [
+    "ALIGN",
+    "REFUSALS",
+    "AlignedStream",
+    "DirectRefused",
+    "aligned_empty",
+    "is_refusal",
+    "open_direct",
+    "placed_at",
+    "refused",
+    "wanted",
+]
 
 #: The alignment of addresses, offsets and lengths of direct writes.
 ALIGN = 4096
@@ -57,6 +69,11 @@ _BOUNCE_BYTES = 8 << 20
 # Switch for A/B benchmarks and tests: False writes every data file buffered.
 ENABLED = hasattr(os, "O_DIRECT") and sys.platform.startswith("linux")
 
+#: The errnos by which a filesystem says "no direct I/O here" (any other is a real error)
+REFUSALS = frozenset(
+    e for e in (errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", None), errno.ENOSYS) if e is not None
+)
+
 _refused_devices: set[int] = set()
 # Bounce buffers, reused (fresh memory is slow to touch here): one per data file being
 # written at the same time (at most the writer's shards, 4), kept for the process.
@@ -66,6 +83,11 @@ _pool_lock = threading.Lock()
 
 class DirectRefused(Exception):
     """The filesystem does not take direct writes: write the file buffered."""
+
+
+def is_refusal(exc: OSError) -> bool:
+    """Whether ``exc`` is a filesystem refusing direct I/O (an errno of :data:`REFUSALS`)."""
+    return exc.errno in REFUSALS
 
 
 def aligned_empty(shape: Any, dtype: Any) -> np.ndarray:
@@ -108,7 +130,7 @@ def open_direct(path: str) -> int:
     try:
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_DIRECT, 0o644)
     except OSError as exc:
-        if exc.errno == errno.EINVAL:
+        if is_refusal(exc):
             _refuse(path)
         raise
 
@@ -163,7 +185,7 @@ class AlignedStream:
         try:
             self._write(self.fd, data, offset, DIRECT_PIECE)
         except OSError as exc:
-            if exc.errno == errno.EINVAL:  # the filesystem took the open but not the write
+            if is_refusal(exc):  # the filesystem took the open but not the write
                 _refuse(self.path)
             raise
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..._logging import describe, get_logger
 from . import _names
 
-__all__ = ["early_writeback", "fsync_path", "sync_data"]
+__all__ = ["early_writeback", "fsync_path", "make_dirs_durable", "sync_data"]
 
 log = get_logger(__name__)
 
@@ -34,6 +34,42 @@ def fsync_path(path: Path) -> None:
         raise
     finally:
         os.close(fd)
+
+
+def make_dirs_durable(path: Path) -> None:
+    """Create ``path`` and its missing parents, each made durable in its parent.
+
+    A directory entry is durable once its parent directory is fsynced: without it, a
+    power loss can take a new logdir away with every checkpoint committed into it. Each
+    directory created here is fsynced into its parent, and ``path``'s own parent is
+    fsynced even when ``path`` already existed (someone's ``mkdir -p`` just before).
+
+    Raises:
+        OSError: a directory cannot be created (named in the error), or ``path`` is a file.
+    """
+    missing: list[Path] = []
+    probe = path
+    while not os.path.lexists(probe) and probe.parent != probe:
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):  # a file on the way: ENOTDIR, naming the path
+        try:
+            os.mkdir(directory)
+        except FileExistsError:  # made meanwhile (another process)
+            if not directory.is_dir():
+                raise
+        _fsync_parent(directory)
+    if not missing:
+        _fsync_parent(path)
+
+
+def _fsync_parent(directory: Path) -> None:
+    """fsync ``directory``'s parent; a parent this process may not open (no read
+    permission) cannot be synced by it: logged, not an error."""
+    try:
+        fsync_path(directory.parent)
+    except PermissionError as exc:
+        log.debug("checkpoint.parent_not_synced", path=str(directory.parent), error=describe(exc))
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
