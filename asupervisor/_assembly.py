@@ -45,5 +45,6 @@ def session_parts(config: SupervisorConfig) -> list[SessionPart]:
             keep_policy=config.keep_policy or keep_policy_for(config.max_to_keep, config.keep_checkpoint_every_n_hours),
             when_busy=config.checkpoint_when_busy,
             staging=config.checkpoint_staging,
+            fast_path=config.checkpoint_fast_path,
         ),
     ]

@@ -64,6 +64,8 @@ class SupervisorConfig:
     #: what a periodic save does while the previous write is in flight: "wait" or "skip"
     checkpoint_when_busy: str = "wait"
     checkpoint_staging: bool = True
+    #: "auto", "fast", "plain" or None (the environment's choice); see checkpoint_fast_path
+    checkpoint_store: str | None = None
     hooks: Sequence[SessionRunHook] = ()
     #: a live progress display on stderr
     progress: bool = False
@@ -72,6 +74,14 @@ class SupervisorConfig:
     clock: Clock = field(default_factory=MonotonicClock)
     #: the cluster from ``TF_CONFIG`` (``None``: a single worker); see :attr:`multi_worker`
     cluster: ClusterInfo | None = None
+
+    @property
+    def checkpoint_fast_path(self) -> Any:
+        """The checkpoint store chosen for :attr:`checkpoint_store` (a ``FastPath``; all
+        off: the plain store), decided once per session."""
+        from ._checkpoint.store._options import resolve_store
+
+        return resolve_store(self.checkpoint_store)
 
     @property
     def multi_worker(self) -> bool:
@@ -161,6 +171,9 @@ class SupervisorConfig:
             raise TypeError(f"progress must be True or False, got {self.progress!r}")
         if not isinstance(self.checkpoint_staging, bool):
             raise TypeError(f"checkpoint_staging must be True or False, got {self.checkpoint_staging!r}")
+        from ._checkpoint.store._options import resolve_store
+
+        resolve_store(self.checkpoint_store)  # a bad value, or "fast" off Linux: an error now
         if self.checkpoint_when_busy not in ("wait", "skip"):
             raise ValueError(f"checkpoint_when_busy must be 'wait' or 'skip', got {self.checkpoint_when_busy!r}")
         hooks = tuple(self.hooks)

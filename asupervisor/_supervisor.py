@@ -75,6 +75,12 @@ class Supervisor:
             snapshot (one memcpy at the step boundary, no copy-on-write in the next
             step); costs the state's size in host memory. ``False``: copy-on-write
             snapshots only (no extra memory, a slower next step after each save).
+        checkpoint_store: where checkpoint bytes go through: ``"auto"`` (the fast local
+            store on Linux, the plain one elsewhere), ``"fast"`` (Linux only: the native
+            bundle writer, direct I/O, idle-priority I/O, the project's own restore) or
+            ``"plain"`` (TensorFlow's own ``SaveV2``/``RestoreV2`` and portable file
+            calls; the same files, commit protocol and promises). ``None``: the
+            environment variable ``ASUPERVISOR_CHECKPOINT_STORE``, else ``"auto"``.
         hooks: per-step ``SessionRunHook`` objects.
         progress: a live progress display on stderr: one line updated in place on a
             terminal (step, steps/sec, loss and other scalars, ETA, last checkpoint),
@@ -114,6 +120,7 @@ class Supervisor:
         stop_grace_secs: float = 120,
         checkpoint_when_busy: str = "wait",
         checkpoint_staging: bool = True,
+        checkpoint_store: str | None = None,
         hooks: Sequence[SessionRunHook] = (),
         progress: bool = False,
         handle_signals: bool = True,
@@ -141,6 +148,7 @@ class Supervisor:
             stop_grace_secs=stop_grace_secs,
             checkpoint_when_busy=checkpoint_when_busy,
             checkpoint_staging=checkpoint_staging,
+            checkpoint_store=checkpoint_store,
             hooks=hooks,
             progress=progress,
             handle_signals=handle_signals,

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import logging
 import math
 import os
@@ -73,13 +74,16 @@ import numpy as np
 import tensorflow as tf
 from pagecache import drop_cached
 
-from asupervisor._checkpoint import _direct_restore, _restore
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint._restore import restore_latest
 from asupervisor._checkpoint.files import _direct
+from asupervisor._checkpoint.store._options import PLAIN, FastPath
 from asupervisor.testing import capture_logs
 
 MB = 1 << 20
+
+#: the fast store measured (``--no-direct``, ``--no-direct-restore`` switch parts off)
+FAST = FastPath()
 
 
 def make_state(size_mb: int) -> tuple[tf.train.Checkpoint, list[tf.Variable]]:
@@ -130,9 +134,13 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
     buffers = [np.ones_like(a) for a in arrays]  # the memcpy's destination, touched, kept across rounds
     memcpy, memcpy_next = [], []
     asv_dir = root / f"asv-{size_mb}"
-    checkpointer = Checkpointer(ckpt, asv_dir, max_to_keep=2, staging=STAGING)
+    checkpointer = Checkpointer(ckpt, asv_dir, max_to_keep=2, staging=STAGING, fast_path=FAST)
     checkpointer.prepare()
+    plain_dir = root / f"plain-{size_mb}"  # the plain store (checkpoint_store="plain"), same rounds
+    plain_store = Checkpointer(ckpt, plain_dir, max_to_keep=2, fast_path=PLAIN)
+    plain_store.prepare()
     raw, blocked, cow, durable = [], [], [], []
+    plain_cost, plain_durable = [], []
     for i in range(repeats + 1):
         path = root / f"raw-{size_mb}-{i}.npy"
         os.sync()
@@ -168,6 +176,17 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
             np.copyto(b, a)
         memcpy.append(time.perf_counter() - t0)
         memcpy_next.append(max(train_step(variables) - base_step, 0.0))  # the copy's wake: caches, TLB
+        os.sync()  # the plain store's save, after the same preamble
+        train_step(variables)
+        t0 = time.perf_counter()
+        plain_snap = plain_store.snapshot(i + 1)
+        plain_blocked = time.perf_counter() - t0
+        plain_cost.append(plain_blocked + max(train_step(variables) - base_step, 0.0))
+        assert plain_snap is not None
+        plain_store.write(plain_snap)
+        assert plain_store.last_commit_secs is not None
+        plain_durable.append(plain_store.last_commit_secs)
+        del plain_snap
     # TF's own async checkpoint (blocked + the next step's copy-on-write)
     async_options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
     async_ckpt = tf.train.Checkpoint(vars=variables, global_step=ckpt.global_step)
@@ -188,30 +207,27 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
     # restore: plain TF vs asupervisor, alternating, warm cache; a restore is short, so
     # more rounds than saves (a ~1 ms difference needs them on a noisy machine)
     latest = tf.train.latest_checkpoint(str(asv_dir))
-    plain, ours = [], []
+    plain, ours, ours_plain = [], [], []
     for _ in range(max(4 * repeats, 30)):
         t0 = time.perf_counter()
         ckpt.restore(latest).expect_partial()
         plain.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        restore_latest(ckpt, asv_dir)
+        restore_latest(ckpt, asv_dir, fast=FAST)
         ours.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        restore_latest(ckpt, plain_dir, fast=PLAIN)
+        ours_plain.append(time.perf_counter() - t0)
 
     cold_raw, cold_raw_direct, cold_plain, cold_ours, cold_buffered, cold_small = [], [], [], [], [], []
+    cold_plain_store: list[float] = []
     files = sorted(str(p) for p in asv_dir.glob(Path(latest).name + ".*"))
+    plain_files = sorted(str(p) for p in plain_dir.glob(Path(latest).name + ".*"))
 
     def restore_with(switch: str) -> Callable[[], None]:
-        """asupervisor's restore with one of ``_direct_restore``'s switches off (an A/B)."""
-
-        def run() -> None:
-            setattr(_direct_restore, switch, False)
-            try:
-                restore_latest(ckpt, asv_dir)
-            finally:
-                setattr(_direct_restore, switch, on)
-
-        on = getattr(_direct_restore, switch)
-        return run
+        """asupervisor's restore with one of the fast path's switches off (an A/B)."""
+        fast = dataclasses.replace(FAST, **{switch: False})
+        return lambda: restore_latest(ckpt, asv_dir, fast=fast)
 
     if hasattr(os, "posix_fadvise"):
         for _ in range(repeats):
@@ -219,18 +235,24 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
                 (cold_raw, lambda: _read_files(files)),
                 (cold_raw_direct, lambda: _read_files(files, direct=True)),
                 (cold_plain, lambda: ckpt.restore(latest).expect_partial()),
-                (cold_ours, lambda: restore_latest(ckpt, asv_dir)),
-                (cold_buffered, restore_with("DIRECT_READS")),
-                (cold_small, restore_with("HUGE_PAGES")),
+                (cold_ours, lambda: restore_latest(ckpt, asv_dir, fast=FAST)),
+                (cold_buffered, restore_with("direct_reads")),
+                (cold_small, restore_with("huge_pages")),
+                (cold_plain_store, lambda: restore_latest(ckpt, plain_dir, fast=PLAIN)),
             ):
-                drop_cached(files)
+                drop_cached(files + plain_files)
                 t0 = time.perf_counter()
                 fn()
                 out.append(time.perf_counter() - t0)
 
     shutil.rmtree(tf_dir, ignore_errors=True)
     shutil.rmtree(asv_dir, ignore_errors=True)
+    shutil.rmtree(plain_dir, ignore_errors=True)
     return {
+        "plain_cost": med(plain_cost[1:]),
+        "plain_durable": med(plain_durable[1:]),
+        "plain_restore": med(ours_plain),
+        "plain_cold": med(cold_plain_store),
         "cold_raw": med(cold_raw),
         "cold_raw_direct": med(cold_raw_direct),
         "cold_buffered": med(cold_buffered),
@@ -348,8 +370,8 @@ def main() -> None:
     args = parser.parse_args()
     global STAGING
     STAGING = not args.no_staging
-    _direct.ENABLED = _direct.ENABLED and not args.no_direct
-    _restore.DIRECT_RESTORE = not args.no_direct_restore
+    global FAST
+    FAST = FastPath(direct_writes=not args.no_direct, own_restore=not args.no_direct_restore)
     sizes = args.sizes or ([16, 128] if args.quick else [16, 128, 512])
     repeats = args.repeats or (3 if args.quick else 7)
     logging.getLogger("asupervisor").propagate = False  # quiet: events are counted, not printed
@@ -418,6 +440,22 @@ def main() -> None:
                 f"{size:>5} | {ms['durable']:8.1f} {ms['durable_lo']:7.1f}-{ms['durable_hi']:<7.1f} | "
                 f"{ms['raw']:7.1f} {ms['raw_lo']:7.1f}-{ms['raw_hi']:<7.1f} | {r['durable'] / r['raw']:6.2f} "
                 f"{r['durable_lo'] / r['raw_lo']:9.2f}",
+                flush=True,
+            )
+        print(
+            "\nthe plain store (checkpoint_store='plain': SaveV2/RestoreV2) beside the fast store, same rounds, ms\n"
+            f"{'MB':>5} | {'cost':>7} {'plain':>7} {'/memcpy':>7} {'fast':>6} | {'durable':>8} {'plain':>8} "
+            f"{'/raw':>6} {'fast':>6} | {'restore':>8} {'plain':>7} {'ratio':>6} | {'cold':>7} {'plain':>7} "
+            f"{'/raw rd':>7} {'fast':>6}"
+        )
+        for size, r in results:
+            ms = {k: v * 1000 for k, v in r.items()}
+            print(
+                f"{size:>5} | {ms['cost']:7.1f} {ms['plain_cost']:7.1f} {r['plain_cost'] / r['memcpy']:7.2f} "
+                f"{r['cost'] / r['memcpy']:6.2f} | {ms['durable']:8.1f} {ms['plain_durable']:8.1f} "
+                f"{r['plain_durable'] / r['raw']:6.2f} {r['durable'] / r['raw']:6.2f} | {ms['restore_asv']:8.1f} "
+                f"{ms['plain_restore']:7.1f} {r['plain_restore'] / r['restore_asv']:6.2f} | {ms['cold_asv']:7.1f} "
+                f"{ms['plain_cold']:7.1f} {r['plain_cold'] / r['cold_raw']:7.2f} {r['cold_asv'] / r['cold_raw']:6.2f}",
                 flush=True,
             )
         if not args.no_backpressure:

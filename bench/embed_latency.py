@@ -50,6 +50,9 @@ async def _ticker(lateness: list[float], done: threading.Event | anyio.Event) ->
         lateness.append(max(0.0, time.perf_counter() - due))
 
 
+#: the checkpoint store of the measured sessions (``--no-direct``: direct writes off)
+STORE: Any = None
+
 def _stats(lateness: list[float]) -> tuple[float, float, float]:
     xs = sorted(lateness)
     if not xs:
@@ -130,6 +133,7 @@ async def supervised(step: Any, state: Any, steps: int, every: int) -> tuple[tup
             save_model_steps=every,
             save_summaries_secs=0,
             handle_signals=False,
+            checkpoint_store=STORE,
         )
         async with sv.managed_session() as sess:
             async with anyio.create_task_group() as tg:
@@ -157,6 +161,7 @@ def _status_trainer(step: Any, state: Any, logdir: str, every: int, bare_steps: 
                 save_model_secs=0,
                 save_model_steps=every,
                 save_summaries_secs=0,
+                checkpoint_store=STORE,
             )
             self.fail_at = None
             self.error = None
@@ -220,10 +225,11 @@ def main() -> None:
     parser.add_argument("--status", action="store_true", help="GET /status latency through examples/web_app.py")
     parser.add_argument("--no-direct", action="store_true", help="asupervisor writes its data files buffered")
     args = parser.parse_args()
+    global STORE
     if args.no_direct:
-        from asupervisor._checkpoint.files import _direct
+        from asupervisor._checkpoint.store._options import FastPath
 
-        _direct.ENABLED = False
+        STORE = FastPath(direct_writes=False)
     step, state = mlp_step()
     for _ in range(50):
         step()  # trace and warm up

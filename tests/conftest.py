@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Iterator
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
+
+#: the environment variable choosing the checkpoint store (asupervisor._checkpoint.store._options.ENV_VAR)
+STORE_ENV = "ASUPERVISOR_CHECKPOINT_STORE"
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -37,3 +41,28 @@ def no_new_threads() -> Iterator[None]:
         and not t.name.startswith(("Trio thread", "AnyIO worker thread"))
     ]
     assert not left, f"threads outlived the test: {[t.name for t in left]}"
+
+
+@pytest.fixture(autouse=True)
+def _default_checkpoint_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts with the store the platform picks ("auto"), whatever the shell set."""
+    monkeypatch.delenv(STORE_ENV, raising=False)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The promise tests (modules using the ``checkpoint_store`` fixture) run against both
+    stores; one marked ``fast_store`` tests a mechanism of the fast store, on it alone."""
+    if "checkpoint_store" in metafunc.fixturenames:
+        fast_only = metafunc.definition.get_closest_marker("fast_store") is not None
+        metafunc.parametrize("checkpoint_store", ["fast"] if fast_only else ["fast", "plain"], indirect=True)
+
+
+@pytest.fixture
+def checkpoint_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, _default_checkpoint_store: None) -> str:
+    """The checkpoint store of this run of a promise test: chosen through the environment
+    variable, so that supervisors made in the test and child processes it starts use it."""
+    kind: str = request.param
+    if kind == "fast" and not sys.platform.startswith("linux"):
+        pytest.skip("the fast checkpoint store is Linux only")
+    monkeypatch.setenv(STORE_ENV, kind)
+    return kind

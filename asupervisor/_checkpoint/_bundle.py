@@ -311,7 +311,11 @@ def _naming(path: str) -> Iterator[None]:
 
 
 def write_data_file(
-    path: str, tensors: Sequence[Any], check: Callable[[], None] | None = None, io: IdleIO | None = None
+    path: str,
+    tensors: Sequence[Any],
+    check: Callable[[], None] | None = None,
+    io: IdleIO | None = None,
+    direct: bool = True,
 ) -> list[tuple[int, int, int]]:
     """Write ``tensors`` into a new file ``path``; ``(offset, size, crc)`` of each.
 
@@ -320,9 +324,9 @@ def write_data_file(
     a bounce buffer), else buffered, back to back. The file is left unsynced (the commit
     fsyncs it). ``check`` is called between chunks and may raise to abandon the write.
     With ``io`` the bytes are written by its idle-priority thread. An ``OSError`` names
-    ``path`` (``os.write`` alone does not).
+    ``path`` (``os.write`` alone does not). ``direct=False``: always buffered.
     """
-    if _direct.wanted(os.path.dirname(path) or ".", sum(map(_plain_nbytes, tensors))):
+    if direct and _direct.wanted(os.path.dirname(path) or ".", sum(map(_plain_nbytes, tensors))):
         try:
             return _write_data_file_direct(path, tensors, check, io)
         except _direct.DirectRefused:
@@ -489,6 +493,7 @@ def write_bundle(
     | None = None,
     check: Callable[[], None] | None = None,
     io: IdleIO | None = None,
+    direct: bool = True,
 ) -> None:
     """Write a bundle at ``prefix``: data file ``j`` holds the tensors ``groups[j]``.
 
@@ -496,12 +501,13 @@ def write_bundle(
     ``[fn(0), ..., fn(n - 1)]``, computed in parallel; the data files are then written
     at the same time. The index is written last. Files are not synced. ``check`` is
     called between chunks and may raise to abandon the write (the caller removes what
-    was written). ``io`` (optional) writes the data at idle priority.
+    was written). ``io`` (optional) writes the data at idle priority. ``direct``: large
+    data files with direct I/O where the filesystem takes it.
     """
     count = len(groups)
 
     def write_group(j: int) -> list[tuple[int, int, int]]:
-        return write_data_file(data_path(prefix, j, count), [tensors[i] for i in groups[j]], check, io)
+        return write_data_file(data_path(prefix, j, count), [tensors[i] for i in groups[j]], check, io, direct)
 
     if run_parallel is not None and count > 1:
         placed = run_parallel(write_group, count)

@@ -214,7 +214,7 @@ def _madvise(start: int, end: int, advice: int | None) -> bool:
     return int(_LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(end - lo), advice)) == 0
 
 
-def _aligned_empty(shape: list[int], dtype: Any, nbytes: int, *, direct: bool = False) -> np.ndarray:
+def _aligned_empty(shape: list[int], dtype: Any, nbytes: int, *, direct: bool = False, huge: bool = True) -> np.ndarray:
     """``np.empty(shape, dtype)`` whose memory starts at a multiple of :data:`_ALIGN`
     bytes, in small pages as TF's own tensors are: numpy has the kernel back large arrays
     with huge pages, whose first touch waited for the kernel to compact memory in some
@@ -223,10 +223,10 @@ def _aligned_empty(shape: list[int], dtype: Any, nbytes: int, *, direct: bool = 
 
     A large one (:func:`_direct_room`) starts at a block and has room after it up to the
     next block boundary, for a direct read of whole blocks. With ``direct`` (it is to be
-    read so), one of :data:`HUGE_PAGE` or more is in memory of its own
-    (:func:`_huge_room`): huge pages as far as it fills them."""
+    read so) and ``huge`` (the store's ``huge_pages``), one of :data:`HUGE_PAGE` or more
+    is in memory of its own (:func:`_huge_room`): huge pages as far as it fills them."""
     room = _direct_room(nbytes)
-    if direct and room >= HUGE_PAGE and HUGE_PAGES and _MADV_HUGEPAGE is not None:
+    if direct and huge and room >= HUGE_PAGE and _MADV_HUGEPAGE is not None:
         raw, start = _huge_room(room), 0
     else:
         align = _direct.ALIGN if room else _ALIGN
@@ -264,10 +264,10 @@ def _direct_room(nbytes: int) -> int:
     return nbytes + -nbytes % _direct.ALIGN
 
 
-def _array_for(entry: Any, least: int, *, direct: bool = False) -> np.ndarray | None:
+def _array_for(entry: Any, least: int, *, direct: bool = False, huge: bool = True) -> np.ndarray | None:
     """A new array for ``entry``'s value if it has ``least`` bytes or more; ``None`` if
     fewer, or if its shape and dtype need another number of bytes than it has;
-    ``direct``: to be read with direct I/O (:func:`_aligned_empty`).
+    ``direct``: to be read with direct I/O, ``huge``: then in huge pages (:func:`_aligned_empty`).
 
     numpy memory, aligned as TF's: :func:`assign` hands it to the variable without a
     copy, and the reader runs no TF op (a thread's first op cost ~5 ms, with the disk
@@ -281,7 +281,7 @@ def _array_for(entry: Any, least: int, *, direct: bool = False) -> np.ndarray | 
         count *= size
     if count * dtype.size != entry.size:
         return None
-    return _aligned_empty(shape, dtype.as_numpy_dtype, entry.size, direct=direct)
+    return _aligned_empty(shape, dtype.as_numpy_dtype, entry.size, direct=direct, huge=huge)
 
 
 def _preadv(fd: int, into: memoryview, offset: int, path: str) -> int:
@@ -356,13 +356,6 @@ def _in_page_cache(fd: int, offset: int) -> bool:
         _LIBC.munmap(ctypes.c_void_p(address), ctypes.c_size_t(mmap.PAGESIZE))
 
 
-#: direct reads of large values not in the page cache (:meth:`Prefetch._read_one`);
-#: False reads every value buffered (the A/B of ``bench/checkpoint.py``)
-DIRECT_READS = _direct.ENABLED
-
-#: the memory of values read with direct I/O in huge pages (:func:`_aligned_empty`)
-HUGE_PAGES = True
-
 #: reader threads of a :class:`Prefetch`
 READERS = 2
 #: :meth:`Prefetch.finish` to the checker: fault the arrays in
@@ -388,7 +381,9 @@ class Prefetch:
     slower for a 16 MB checkpoint (one file) than one.
     """
 
-    def __init__(self, prefix: str, num_shards: int, entries: dict[str, Any]) -> None:
+    def __init__(
+        self, prefix: str, num_shards: int, entries: dict[str, Any], *, direct_reads: bool = True, huge_pages: bool = True
+    ) -> None:
         self._prefix = prefix
         self._num_shards = num_shards
         self.entries = entries  #: ``{key: BundleEntryProto}``, the checkpoint's index
@@ -409,10 +404,12 @@ class Prefetch:
         self._to_variables = False  # finish() was called: the values read go to the variables
         # direct reads of large values (until the filesystem refuses one): the values to
         # read so are chosen now, before the readers' buffered reads fill the page cache
-        self._direct = DIRECT_READS and not _direct.refused(os.path.dirname(prefix) or ".")
+        self._direct = direct_reads and _direct.ENABLED and not _direct.refused(os.path.dirname(prefix) or ".")
         self._direct_keys = self._uncached_blocks() if self._direct else set()
         self._arrays = {
-            k: a for k in self._order if (a := _array_for(entries[k], POPULATE_BYTES, direct=k in self._direct_keys)) is not None
+            k: a
+            for k in self._order
+            if (a := _array_for(entries[k], POPULATE_BYTES, direct=k in self._direct_keys, huge=huge_pages)) is not None
         }
         self._direct_keys &= self._arrays.keys()
         shards = sorted({entries[k].shard_id for k in self._order}) or [0]
@@ -721,9 +718,11 @@ class Prefetch:
         self._arrays = {}
 
 
-def start(prefix: str) -> Prefetch | None:
+def start(prefix: str, *, direct_reads: bool = True, huge_pages: bool = True) -> Prefetch | None:
     """Start reading the values of the checkpoint ``prefix`` (:class:`Prefetch`), or
-    ``None`` if its index is of a kind this module does not read.
+    ``None`` if its index is of a kind this module does not read. ``direct_reads``:
+    large values not in the page cache with direct I/O; ``huge_pages``: into huge pages
+    (the store's :class:`~.store._options.FastPath`).
 
     Raises:
         ValueError: the index is damaged (naming it).
@@ -733,7 +732,7 @@ def start(prefix: str) -> Prefetch | None:
     index = read_index(prefix)
     if index is None:
         return None
-    return Prefetch(prefix, index[0], index[1])
+    return Prefetch(prefix, index[0], index[1], direct_reads=direct_reads, huge_pages=huge_pages)
 
 
 def _checksum() -> Any:

@@ -18,6 +18,11 @@ __all__ = ["Unsupported", "read", "varint"]
 
 _FOOTER = 48  # two block handles padded to 40 bytes, then the 8-byte magic
 
+# The rows of a value saved in slices (the plain store's large values, partitioned
+# variables): TF keys each slice's row by an OrderedCode that starts with a 0 byte
+# (``checkpoint::EncodeTensorNameSlice``); the value's own entry lists the slices.
+_SLICE_KEY = b"\x00"
+
 
 class Unsupported(ValueError):
     """An index of a kind this module does not read (a compressed block); TF's reader does."""
@@ -104,6 +109,8 @@ def read(prefix: str) -> tuple[Any, dict[str, Any]]:
             for key, value in _rows(_block(data, handle, path)):
                 if not key:
                     header = tensor_bundle_pb2.BundleHeaderProto.FromString(value)
+                elif key.startswith(_SLICE_KEY):
+                    continue  # one slice of a value saved in slices: its entry has them all
                 else:
                     entries[key.decode()] = tensor_bundle_pb2.BundleEntryProto.FromString(value)
     except (struct.error, DecodeError, UnicodeDecodeError) as exc:

@@ -13,7 +13,6 @@ loop thread.
 
 from __future__ import annotations
 
-import functools
 import os
 import secrets
 import threading
@@ -33,6 +32,8 @@ from ._walk_cache import WalkCache
 from .files import _commit, _names, _state_file, _writeback
 from .files._idle_io import IdleIO
 from .files._owner import OwnerLock
+from .store._local import PlainStore, open_store
+from .store._options import FastPath, resolve_store
 
 __all__ = ["Checkpointer", "write_checkpoint_now"]
 
@@ -61,6 +62,10 @@ class Checkpointer:
             the buffers cost the state's size in host memory), :mod:`._snapshot`.
             Effective once the native bundle writer has passed its self-check (from the
             second save of a process); ``False``: copy-on-write snapshots only.
+        fast_path: the store's fast path (:class:`.store._options.FastPath`;
+            :data:`~.store._options.PLAIN`: the plain store); ``None``: what
+            :func:`.store._options.resolve_store` picks. Every byte of the directory goes
+            through :attr:`store`, chosen here once.
     """
 
     def __init__(
@@ -74,9 +79,12 @@ class Checkpointer:
         keep_policy: KeepPolicy | None = None,
         wall_clock: Callable[[], float] = time.time,
         staging: bool = True,
+        fast_path: FastPath | None = None,
     ) -> None:
         self.checkpoint = checkpoint
         self.logdir = Path(logdir)
+        #: where every checkpoint byte and state-file update of the directory goes
+        self.store: PlainStore = open_store(self.logdir, resolve_store() if fast_path is None else fast_path)
         self.basename = basename
         self.keep_policy = keep_policy or keep_policy_for(max_to_keep, keep_checkpoint_every_n_hours)
         self.wall_clock = wall_clock
@@ -120,10 +128,7 @@ class Checkpointer:
                 owns it (the message names its host, pid and start time).
         """
         try:
-            _writeback.make_dirs_durable(self.logdir)
-            if owner is not None:
-                owner.acquire()  # before anything in the directory is touched
-            _commit.probe_writable(self.logdir)
+            self.store.prepare(owner)  # the owner's lock before anything in it is touched
         except OSError as exc:
             target = exc.filename or self.logdir
             raise CheckpointError(
@@ -132,7 +137,7 @@ class Checkpointer:
                 + (f" (errno {exc.errno})" if exc.errno is not None else "")
                 + "; give a writable directory with free space"
             ) from exc
-        _commit.clean_leftovers(self.logdir)
+        self.store.clean_leftovers()
         self._owner = True
 
     def restore(self, *, strict: bool = True) -> str | None:
@@ -148,7 +153,7 @@ class Checkpointer:
         Raises:
             CheckpointError: a different model, or checkpoint files exist and none loads.
         """
-        outcome = _restore.restore_newest(self.checkpoint, self.logdir, strict=strict, basename=self.basename)
+        outcome = self.store.restore_newest(self.checkpoint, strict=strict, basename=self.basename)
         path = outcome.path
         if path is not None and self._owner and (outcome.corrupt or outcome.gone or outcome.state_problem):
             self._set_aside(outcome.corrupt, path, outcome)
@@ -171,8 +176,8 @@ class Checkpointer:
         bad = {Path(p).name for p in corrupt} | ({Path(p).name for p in outcome.gone} if outcome else set())
         latest = _relative_name(self.logdir, restored)
         tag = "corrupt-" + time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.wall_clock()))
-        with _write._commit_lock(self.logdir):
-            state, problem = _state_file.inspect_state(self.logdir)
+        with self.store.commit_lock:
+            state, problem = self.store.inspect_state()
             if outcome is not None and outcome.state_problem is not None:
                 problem = outcome.state_problem
             restored_step = _names.step_of(Path(restored).name)
@@ -194,7 +199,7 @@ class Checkpointer:
                     kept.append((latest, os.path.getmtime(restored + ".index")))
                     kept.sort(key=lambda pt: _names.step_of(Path(pt[0]).name) or -1)
                 repaired = _state_file.CheckpointState(latest, [p for p, _ in kept], [t for _, t in kept], state.last_preserved)
-            _state_file.write_state(self.logdir, repaired)
+            self.store.write_state(repaired)
             if problem is not None or (outcome is not None and outcome.gone):
                 log.warning(
                     "checkpoint.state_repaired",
@@ -206,7 +211,7 @@ class Checkpointer:
                     paths=repaired.paths,
                 )
             for name in sorted({Path(p).name for p in corrupt}):
-                moved = _commit.set_aside(self.logdir / name, tag)
+                moved = self.store.set_aside(name, tag)
                 log.warning("checkpoint.set_aside", path=str(self.logdir / name), files=moved)
 
     def _set_aside_state(self, problem: str) -> None:
@@ -214,15 +219,11 @@ class Checkpointer:
         ``checkpoint.corrupt-<time>`` (kept for inspection), so that the first save
         starts a new one instead of keeping what it named."""
         tag = "corrupt-" + time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.wall_clock()))
-        source = self.logdir / _names.STATE_FILE
-        target = self.logdir / f"{_names.STATE_FILE}.{tag}"
-        with _write._commit_lock(self.logdir):
-            try:
-                os.replace(source, target)
-            except FileNotFoundError:
-                return
-            _writeback.fsync_path(self.logdir)
-        log.warning("checkpoint.state_repaired", path=str(source), problem=problem, set_aside=target.name, latest=None)
+        with self.store.commit_lock:
+            moved = self.store.set_aside_state(tag)
+        if moved is not None:
+            path = str(self.logdir / _names.STATE_FILE)
+            log.warning("checkpoint.state_repaired", path=path, problem=problem, set_aside=moved, latest=None)
 
     def snapshot(self, step: int) -> _snapshot.Snapshot | None:
         """Snapshot the state at ``step``; ``None`` if that step is already saved."""
@@ -235,7 +236,7 @@ class Checkpointer:
     def _staging_ready(self) -> _snapshot.Staging | None:
         """The staging buffers, if snapshots are to be staged now: not before the native
         writer has proven itself (``SaveV2`` would need tensors again)."""
-        if self._staging is None or not (_write._NATIVE_WRITER and _bundle.checked()):
+        if self._staging is None or not (self.store.fast.native_writer and _bundle.checked()):
             return None
         return self._staging
 
@@ -363,9 +364,12 @@ class Checkpointer:
         Args:
             snapshot: what :meth:`snapshot` took.
             min_keep: keep at least this many (2 while another save is in flight).
-            io: does the kernel-heavy file work (writing the data, syncing and committing
-                it, deleting retired checkpoints) at idle priority: the background
-                writer's; ``None``: all of it on the calling thread.
+            io: does the kernel-heavy file work (writing and syncing the data, deleting
+                retired checkpoints) at idle priority: the background writer's (fast
+                store); ``None``: all of it on the calling thread. The commit itself (the
+                renames and the state file, under the commit lock) always runs on the
+                calling thread at its priority: at idle priority it could crawl while
+                ``tf.data`` saturates the CPUs, holding the lock and the stop.
 
         Raises:
             CheckpointError: the files could not be written (disk full, I/O error, ...):
@@ -378,19 +382,16 @@ class Checkpointer:
         final = self.logdir / name
         tmp = self.logdir / f"{name}{_names.TMP_MARKER}{secrets.token_hex(4)}"
         check = self._check_abandon
-        run = IdleIO(None).call if io is None else io.call
+        store = self.store
         try:
-            check()
-            with _writeback.early_writeback(tmp):
-                _write.write_snapshot(snapshot, str(tmp), check, io)
-            run(functools.partial(_writeback.sync_data, tmp, check))  # the long wait for the disk, abandonable
-            with _write._commit_lock(self.logdir):
+            store.write(snapshot, tmp, check, io)  # files written and on disk, abandonable
+            with store.commit_lock:
                 check()  # the last point where the save can be given up
                 info, state, delete = self._plan(name, snapshot, min_keep)
                 retiring = [self.logdir / old for old in delete]
-                run(functools.partial(_commit.commit, tmp, final, state, retiring))  # now it is the latest
+                store.commit(tmp, final, state, retiring)  # now it is the latest
         except BaseException as exc:
-            _commit.remove_partial(tmp)
+            store.remove_partial(tmp)
             error = _write._write_error(exc, final, snapshot.step)
             if error is not None:
                 raise error from exc
@@ -399,7 +400,7 @@ class Checkpointer:
         self.last_commit_secs = time.perf_counter() - t0
         for old in delete:
             try:
-                run(functools.partial(_commit.retire_checkpoint, self.logdir / old))
+                store.retire(self.logdir / old, io)
             except OSError as exc:  # marked pending: the next start removes it
                 log.error("checkpoint.cleanup_failed", path=str(self.logdir / old), error=describe(exc))
         with self._lock:
@@ -434,7 +435,7 @@ class Checkpointer:
     ) -> tuple[CheckpointInfo, _state_file.CheckpointState, list[str]]:
         """The state file naming ``name``, its checkpoint, and the checkpoints retention drops."""
         now = self.wall_clock()
-        state = _state_file.read_own_state(self.logdir) or _state_file.CheckpointState(last_preserved=self.started_at)
+        state = self.store.read_state() or _state_file.CheckpointState(last_preserved=self.started_at)
         if state.last_preserved == 0.0:
             state.last_preserved = self.started_at
         keep = [(p, t) for p, t in zip(state.paths, state.timestamps) if p != name]

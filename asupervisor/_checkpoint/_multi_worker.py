@@ -43,6 +43,7 @@ from .._logging import describe, get_logger
 from ._snapshot import Snapshot
 from ._write import write_snapshot
 from .files._idle_io import IdleIO
+from .store._options import FastPath, resolve_store
 
 __all__ = ["AGREED_STOP_REASONS", "WorkerTempWriter"]
 
@@ -60,10 +61,20 @@ class WorkerTempWriter:
         cluster: this worker's place in the cluster.
         basename: checkpoint basename (files are ``<basename>-<step>.*``).
         root: where the temporary directories go; ``tempfile.gettempdir()`` by default.
+        fast_path: the chief's store choice (the same writer, so the same work per save).
     """
 
-    def __init__(self, logdir: Path, cluster: ClusterInfo, *, basename: str, root: Path | None = None) -> None:
+    def __init__(
+        self,
+        logdir: Path,
+        cluster: ClusterInfo,
+        *,
+        basename: str,
+        root: Path | None = None,
+        fast_path: FastPath | None = None,
+    ) -> None:
         self.root = Path(tempfile.gettempdir() if root is None else root)
+        self.fast = resolve_store() if fast_path is None else fast_path
         self.prefix = temp_prefix(logdir, cluster)
         self.basename = basename
 
@@ -93,7 +104,8 @@ class WorkerTempWriter:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=self.prefix, dir=self.root))
         try:
-            write_snapshot(snapshot, str(tmp / f"{self.basename}-{snapshot.step}"), io=io)
+            prefix = str(tmp / f"{self.basename}-{snapshot.step}")
+            write_snapshot(snapshot, prefix, io=io, native=self.fast.native_writer, direct=self.fast.direct_writes)
         finally:
             try:
                 shutil.rmtree(tmp)

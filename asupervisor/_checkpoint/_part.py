@@ -27,6 +27,7 @@ from ._multi_worker import WorkerTempWriter
 from ._policies import KeepPolicy, SaveMoment, SavePolicy, every_secs, every_steps, observes_save_cost
 from ._saver import CheckpointSaver, CheckpointService
 from .files._owner import OwnerLock
+from .store._options import FastPath
 
 if TYPE_CHECKING:
     from .._cluster import ClusterInfo
@@ -61,6 +62,7 @@ class CheckpointPart(SessionPart):
         keep_policy: which checkpoints retention keeps.
         when_busy: ``checkpoint_when_busy``.
         staging: ``checkpoint_staging`` (:class:`Checkpointer`'s ``staging``).
+        fast_path: the store (``checkpoint_store``): :class:`Checkpointer`'s ``fast_path``.
     """
 
     name = "checkpoint"
@@ -77,8 +79,10 @@ class CheckpointPart(SessionPart):
         keep_policy: KeepPolicy,
         when_busy: str,
         staging: bool = True,
+        fast_path: FastPath | None = None,
     ) -> None:
         self.logdir = None if logdir is None else Path(logdir)
+        self.fast_path = fast_path
         self.basename = basename
         self.is_chief = is_chief
         self.cluster = cluster
@@ -197,6 +201,7 @@ class CheckpointPart(SessionPart):
             basename=self.basename,
             keep_policy=self.keep_policy,
             staging=self.staging,
+            fast_path=self.fast_path,
         )
         worker_writer = None
         if self.is_chief:
@@ -205,7 +210,9 @@ class CheckpointPart(SessionPart):
             checkpointer.prepare(self._owner)
         elif self.multi_worker:
             assert self.cluster is not None
-            worker_writer = WorkerTempWriter(self.logdir, self.cluster, basename=self.basename)
+            worker_writer = WorkerTempWriter(
+                self.logdir, self.cluster, basename=self.basename, fast_path=checkpointer.store.fast
+            )
             worker_writer.clean_leftovers()
         self.checkpointer = checkpointer
         path = checkpointer.restore()

@@ -34,6 +34,7 @@ from . import _direct_restore, _snapshot
 from ._iterator_state import ITERATOR_ATTR
 from ._walk_cache import checkpoint_children
 from .files import _names, _state_file
+from .store._options import FastPath, resolve_store
 
 __all__ = ["RestoreOutcome", "candidates", "check_matches", "restore_latest", "restore_newest", "restore_path"]
 
@@ -243,7 +244,7 @@ def _prod(dims: list[int]) -> int:
     return n
 
 
-def restore_path(checkpoint: Any, path: str, *, strict: bool = True) -> None:
+def restore_path(checkpoint: Any, path: str, *, strict: bool = True, fast: FastPath | None = None) -> None:
     """Restore ``path`` into ``checkpoint`` (checking it matches the model first).
 
     Every value of the checkpoint is read and checksummed before this returns: the
@@ -256,10 +257,19 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True) -> None:
     restore, which then reads them from the page cache, and only what they did not
     check is read again for the deferred values (``checkpoint.read how=tensorflow
     checked_ahead=N checked_after=M``).
+
+    ``fast``: the store's fast path (``None``: the store :func:`.store._options.resolve_store`
+    picks); with ``own_restore`` off (the plain store) TF's restore reads every value and
+    ``RestoreV2`` checks the deferred ones.
     """
     allow_missing = (f"{ITERATOR_ATTR}/",)
     checked = not strict
-    prefetch = _direct_restore.start(path) if DIRECT_RESTORE else None
+    fast = resolve_store() if fast is None else fast
+    prefetch = (
+        _direct_restore.start(path, direct_reads=fast.direct_reads, huge_pages=fast.huge_pages)
+        if fast.own_restore
+        else None
+    )
     try:
         if prefetch is not None:
             graph = prefetch.graph()
@@ -291,11 +301,6 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True) -> None:
     finally:
         if prefetch is not None:
             prefetch.cancel()
-
-
-#: whether a checkpoint of plain variables is read straight into them (``bench/checkpoint.py
-#: --no-direct-restore`` and the tests switch it off to compare with TF's restore)
-DIRECT_RESTORE = True
 
 
 def _forget_deferred(checkpoint: Any, path: str) -> None:
@@ -425,7 +430,9 @@ def candidates(logdir: Path, basename: str | None = None) -> list[str]:
     return _candidates(logdir, basename)[0]
 
 
-def restore_latest(checkpoint: Any, logdir: Path, *, strict: bool = True, basename: str | None = None) -> str | None:
+def restore_latest(
+    checkpoint: Any, logdir: Path, *, strict: bool = True, basename: str | None = None, fast: FastPath | None = None
+) -> str | None:
     """Restore the newest good checkpoint in ``logdir``; returns its path, or ``None``.
 
     A checkpoint that is missing files or fails to load is reported
@@ -438,10 +445,12 @@ def restore_latest(checkpoint: Any, logdir: Path, *, strict: bool = True, basena
         tf.errors.AbortedError, tf.errors.UnavailableError: a transient failure (the
             caller may retry; nothing is counted as corrupt).
     """
-    return restore_newest(checkpoint, logdir, strict=strict, basename=basename).path
+    return restore_newest(checkpoint, logdir, strict=strict, basename=basename, fast=fast).path
 
 
-def restore_newest(checkpoint: Any, logdir: Path, *, strict: bool, basename: str | None = None) -> RestoreOutcome:
+def restore_newest(
+    checkpoint: Any, logdir: Path, *, strict: bool, basename: str | None = None, fast: FastPath | None = None
+) -> RestoreOutcome:
     """:func:`restore_latest`, with what failed on the way (:class:`RestoreOutcome`).
 
     Only data errors (checksum, format, missing files) make a checkpoint count as
@@ -466,7 +475,7 @@ def restore_newest(checkpoint: Any, logdir: Path, *, strict: bool, basename: str
         if reason is None:
             try:
                 t0 = time.perf_counter()
-                restore_path(checkpoint, path, strict=strict)
+                restore_path(checkpoint, path, strict=strict, fast=fast)
             except CheckpointError:
                 raise
             except Exception as exc:

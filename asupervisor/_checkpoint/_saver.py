@@ -331,7 +331,8 @@ class CheckpointSaver:
         try:
             if self._writer is None:
                 self._writer = self.ctx.new_thread("asv-checkpoint")
-                self._io = IdleIO(self.ctx.new_thread("asv-checkpoint-io").submit_nowait)
+                if self.checkpointer.store.fast.idle_io:
+                    self._io = IdleIO(self.ctx.new_thread("asv-checkpoint-io").submit_nowait)
             waiter = self._writer.submit(self._write, snap)
         except ThreadClosedError as exc:  # the session is already closing its threads
             log.error("checkpoint.failed", step=snap.step, error=describe(exc))

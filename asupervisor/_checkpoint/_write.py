@@ -3,14 +3,14 @@
 :func:`write_snapshot` writes under a temporary prefix, with the project's own tensor
 bundle writer (:mod:`._bundle`) or TF's ``SaveV2`` op, sharded when large, checking
 between chunks whether the save was abandoned (:class:`SaveAbandoned`, the stop's
-deadline). Write errors name the file and the OS cause. Commits to one directory are
-serialised by a lock. Never on the event loop nor on the step thread.
+deadline). Write errors name the file and the OS cause. Which writer and whether
+direct I/O are the store's choice (:mod:`.store`), passed in. Never on the event loop
+nor on the step thread.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,21 +25,6 @@ from .files._idle_io import IdleIO
 __all__ = ["SaveAbandoned", "write_snapshot"]
 
 log = get_logger(__name__)
-
-
-# One commit at a time per directory: the writer thread and a synchronous save (a
-# CheckpointSaverHook on the step thread) must not interleave their read-modify-write of
-# the state file.
-_commit_locks: dict[str, threading.Lock] = {}
-
-
-_commit_locks_guard = threading.Lock()
-
-
-def _commit_lock(logdir: Path) -> threading.Lock:
-    key = os.path.realpath(logdir)
-    with _commit_locks_guard:
-        return _commit_locks.setdefault(key, threading.Lock())
 
 
 class SaveAbandoned(Exception):
@@ -101,13 +86,14 @@ def _shards(tensors: list[Any]) -> list[list[int]]:
     return [sorted(g, key=lambda i: (sizes[i] >= _SMALL_FIRST, i)) for g in groups if g]
 
 
-# Write plain tensors with our own bundle writer (see _bundle) instead of SaveV2; a
-# switch for A/B benchmarks and tests.
-_NATIVE_WRITER = True
-
-
 def write_snapshot(
-    snapshot: _snapshot.Snapshot, prefix: str, check: Callable[[], None] | None = None, io: IdleIO | None = None
+    snapshot: _snapshot.Snapshot,
+    prefix: str,
+    check: Callable[[], None] | None = None,
+    io: IdleIO | None = None,
+    *,
+    native: bool = True,
+    direct: bool = True,
 ) -> None:
     """Write ``snapshot`` as a TF2 object checkpoint at ``prefix``.
 
@@ -120,21 +106,26 @@ def write_snapshot(
     of the native writer and between parts, and may raise to abandon the write (the
     caller removes what was written; ``SaveV2`` itself cannot be interrupted). With
     ``io`` the native writer's data go to disk from its idle-priority thread.
+    ``native=False``: ``SaveV2`` writes everything, in pieces (the plain store,
+    :func:`_save_v2_in_pieces`); ``direct=False``: no data file is written with direct I/O.
     """
-    if not (_NATIVE_WRITER and _bundle.available() and _bundle.self_check()):
-        _save_v2(snapshot, prefix, _shards(snapshot.tensors))
-        return
-    native = [i for i, (t, s) in enumerate(zip(snapshot.tensors, snapshot.slices)) if _bundle.encodable(t, s)]
-    if len(native) == len(snapshot.tensors):
-        _write_native(snapshot, prefix, check, io)
-        return
     if not native:
+        _save_v2_in_pieces(snapshot, prefix, check)
+        return
+    if not (_bundle.available() and _bundle.self_check()):
         _save_v2(snapshot, prefix, _shards(snapshot.tensors))
         return
-    rest = sorted(set(range(len(snapshot.tensors))) - set(native))
+    encodable = [i for i, (t, s) in enumerate(zip(snapshot.tensors, snapshot.slices)) if _bundle.encodable(t, s)]
+    if len(encodable) == len(snapshot.tensors):
+        _write_native(snapshot, prefix, check, io, direct)
+        return
+    if not encodable:
+        _save_v2(snapshot, prefix, _shards(snapshot.tensors))
+        return
+    rest = sorted(set(range(len(snapshot.tensors))) - set(encodable))
     parts = [f"{prefix}_temp/part-{j:05d}-of-00002" for j in range(2)]
     os.makedirs(f"{prefix}_temp", exist_ok=True)
-    _write_native(_subset(snapshot, native), parts[0], check, io)
+    _write_native(_subset(snapshot, encodable), parts[0], check, io, direct)
     if check is not None:
         check()
     sub = _subset(snapshot, rest)
@@ -153,15 +144,19 @@ def _subset(snapshot: _snapshot.Snapshot, indices: list[int]) -> _snapshot.Snaps
 
 
 def _write_native(
-    snapshot: _snapshot.Snapshot, prefix: str, check: Callable[[], None] | None = None, io: IdleIO | None = None
+    snapshot: _snapshot.Snapshot,
+    prefix: str,
+    check: Callable[[], None] | None = None,
+    io: IdleIO | None = None,
+    direct: bool = True,
 ) -> None:
     groups = _shards(snapshot.tensors)
     if len(groups) == 1:
-        _bundle.write_bundle(prefix, snapshot.keys, snapshot.tensors, groups, check=check, io=io)
+        _bundle.write_bundle(prefix, snapshot.keys, snapshot.tensors, groups, check=check, io=io, direct=direct)
         return
     with ThreadPoolExecutor(len(groups), thread_name_prefix="asv-checkpoint-shard") as pool:
         _bundle.write_bundle(
-            prefix, snapshot.keys, snapshot.tensors, groups, lambda fn, n: list(pool.map(fn, range(n))), check, io
+            prefix, snapshot.keys, snapshot.tensors, groups, lambda fn, n: list(pool.map(fn, range(n))), check, io, direct
         )
 
 
@@ -187,4 +182,77 @@ def _save_v2(snapshot: _snapshot.Snapshot, prefix: str, groups: list[list[int]])
 
         with ThreadPoolExecutor(len(groups), thread_name_prefix="asv-checkpoint-shard") as pool:
             list(pool.map(save_part, range(len(groups))))
+        gen_io_ops.merge_v2_checkpoints(parts, prefix, delete_old_dirs=True)
+
+
+#: The most one ``SaveV2`` call of the plain store writes: nothing can interrupt the op,
+#: so this bounds how long an abandoned save (a stop's deadline) runs on (0.4 s on a disk
+#: writing 40 MB/s), at the price of a data file per piece.
+PIECE_BYTES = 16 << 20
+
+
+def _split_axis(tensor: Any) -> int | None:
+    """The first axis of ``tensor`` longer than 1 (along which it is written in slices)."""
+    for axis, size in enumerate(tensor.shape):
+        if size is not None and size > 1:
+            return axis
+    return None
+
+
+def _pieces(snapshot: _snapshot.Snapshot, piece_bytes: int) -> list[list[tuple[str, str, Any]]]:
+    """``(key, slice spec, tensor)`` per ``SaveV2`` call, each about ``piece_bytes`` at most:
+    values back to back in snapshot order, a larger one in slices along its first long
+    axis (TF's restore and reader put the whole value together again)."""
+    pieces: list[list[tuple[str, str, Any]]] = []
+    current: list[tuple[str, str, Any]] = []
+    size = 0
+    for key, spec, tensor in zip(snapshot.keys, snapshot.slices, snapshot.tensors):
+        nbytes = _nbytes(tensor)
+        axis = _split_axis(tensor) if nbytes > piece_bytes and not spec else None
+        if axis is None:
+            if current and size + nbytes > piece_bytes:
+                pieces.append(current)
+                current, size = [], 0
+            current.append((key, spec, tensor))
+            size += nbytes
+            continue
+        if current:
+            pieces.append(current)
+            current, size = [], 0
+        dims = [int(d) for d in tensor.shape]
+        rows = max(1, piece_bytes * dims[axis] // nbytes)
+        for start in range(0, dims[axis], rows):
+            length = min(rows, dims[axis] - start)
+            extent = ":".join(f"{start},{length}" if i == axis else "-" for i in range(len(dims)))
+            index = tuple(slice(start, start + length) if i == axis else slice(None) for i in range(len(dims)))
+            pieces.append([(key, f"{' '.join(map(str, dims))} {extent}", tensor[index])])
+    if current:
+        pieces.append(current)
+    return pieces
+
+
+def _save_v2_in_pieces(
+    snapshot: _snapshot.Snapshot, prefix: str, check: Callable[[], None] | None, piece_bytes: int | None = None
+) -> None:
+    """The plain store's write: TF's ``SaveV2``, one call per piece of :data:`PIECE_BYTES`
+    (:func:`_pieces`) into ``<prefix>_temp/``, ``check`` between calls (it raises to
+    abandon the save), then ``MergeV2Checkpoints`` (TF's own multi-device saver does the
+    same). A state of one piece is one ``SaveV2`` straight to ``prefix``."""
+    tf_ = tf()
+    from tensorflow.python.ops import gen_io_ops
+
+    pieces = _pieces(snapshot, PIECE_BYTES if piece_bytes is None else piece_bytes)
+    with tf_.device("/cpu:0"):
+        if len(pieces) == 1:
+            keys, specs, tensors = zip(*pieces[0])
+            gen_io_ops.save_v2(prefix, list(keys), list(specs), list(tensors))
+            return
+        parts = [f"{prefix}_temp/part-{j:05d}-of-{len(pieces):05d}" for j in range(len(pieces))]
+        for part, piece in zip(parts, pieces):
+            if check is not None:
+                check()
+            keys, specs, tensors = zip(*piece)
+            gen_io_ops.save_v2(part, list(keys), list(specs), list(tensors))
+        if check is not None:
+            check()
         gen_io_ops.merge_v2_checkpoints(parts, prefix, delete_old_dirs=True)

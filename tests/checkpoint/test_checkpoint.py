@@ -19,7 +19,7 @@ from asupervisor._checkpoint.files import _commit, _names, _state_file, _writeba
 from asupervisor._core._abc import SessionAttribute
 from asupervisor.testing import ManualClock, capture_logs
 
-pytestmark = pytest.mark.usefixtures("no_new_threads")
+pytestmark = pytest.mark.usefixtures("no_new_threads", "checkpoint_store")  # a promise test: both stores
 
 #: early writeback uses Linux's sync_file_range; elsewhere it is a documented no-op
 LINUX_WRITEBACK = pytest.mark.skipif(_writeback._sync_file_range is None, reason="sync_file_range is Linux only")
@@ -521,8 +521,10 @@ async def test_keras_model_with_lazily_built_optimizer_resumes(tmp_path: Path) -
             pass
 
 
+@pytest.mark.fast_store
 def test_small_state_is_one_data_file_without_merge(tmp_path: Path) -> None:
-    """Below the shard size one SaveV2 writes the checkpoint (no temporary directory, no merge)."""
+    """Below the shard size one SaveV2 writes the checkpoint (no temporary directory, no
+    merge): the fast store's sharding rule (the plain store writes pieces of 16 MB)."""
 
     big = write_big_state(tmp_path, 4, 1 << 20)  # 16 MB
     assert listing(tmp_path) == ["checkpoint", "model.ckpt-1.data-00000-of-00001", "model.ckpt-1.index"]
@@ -531,6 +533,7 @@ def test_small_state_is_one_data_file_without_merge(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("shard_mb", [8, 32])
 @LINUX_WRITEBACK
+@pytest.mark.fast_store
 def test_early_writeback_covers_every_data_file_and_stays_restorable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shard_mb: int
 ) -> None:
@@ -587,6 +590,7 @@ def test_durable_time_excludes_retention_and_old_checkpoints_go(tmp_path: Path, 
 
 
 @LINUX_WRITEBACK
+@pytest.mark.fast_store
 def test_writeback_failure_does_not_fail_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Early writeback is only a speed-up: if it fails, the save still commits, fsynced."""
     from asupervisor._checkpoint._manager import Checkpointer

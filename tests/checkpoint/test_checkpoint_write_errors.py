@@ -21,6 +21,8 @@ from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint._write import SaveAbandoned
 from asupervisor._checkpoint.files import _commit, _names
 
+pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores
+
 
 def make_checkpoint(n: int = 1 << 20) -> Any:
     return tf.train.Checkpoint(big=tf.Variable(tf.ones([n])), global_step=tf.Variable(0, dtype=tf.int64))
@@ -53,6 +55,7 @@ def test_abandoned_write_removes_its_files_and_keeps_the_latest(tmp_path: Path) 
     assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-1")
 
 
+@pytest.mark.fast_store
 def test_abandon_between_chunks_stops_a_large_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The bundle writer checks the abandon flag between chunks: abandoned after its first
     chunk, a 64 MB write stops there and its partial files are removed."""
@@ -94,6 +97,7 @@ def _fail_writes_after(monkeypatch: pytest.MonkeyPatch, module: Any, count: int,
     monkeypatch.setattr(module.os, "pwrite", pwrite)
 
 
+@pytest.mark.fast_store
 def test_write_error_names_the_file_and_cause_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A data write failing with ENOSPC is a CheckpointError naming the file and "No space
     left on device", chained to the OSError; the failed save leaves no file behind."""
@@ -119,6 +123,7 @@ def test_write_error_names_the_file_and_cause_and_leaves_nothing(tmp_path: Path,
     assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-1")
 
 
+@pytest.mark.fast_store
 def test_mixed_write_error_removes_the_temp_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A save of plain tensors plus a tf.data iterator (two bundles under <tmp>_temp/ then
     merged) that fails midway leaves neither its files nor its _temp directory."""

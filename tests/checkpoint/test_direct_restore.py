@@ -17,6 +17,7 @@ from checkpoint.test_bundle import flat, varied_state, zeros_like
 
 from asupervisor._checkpoint import _bundle, _direct_restore, _restore
 from asupervisor._checkpoint._manager import Checkpointer
+from asupervisor._checkpoint.store._options import FastPath
 from asupervisor._exceptions import CheckpointError
 from asupervisor.testing import capture_logs
 
@@ -51,12 +52,9 @@ def write(state: dict[str, Any], directory: Path, writer: str) -> str:
 
 def restored(state: dict[str, Any], path: str, direct: bool) -> tuple[list[np.ndarray], list[str]]:
     fresh = zeros_like(state)
-    _restore.DIRECT_RESTORE = direct
-    try:
-        with capture_logs() as events:
-            _restore.restore_path(tf.train.Checkpoint(**fresh), path)
-    finally:
-        _restore.DIRECT_RESTORE = True
+    fast = FastPath() if direct else FastPath(own_restore=False)
+    with capture_logs() as events:
+        _restore.restore_path(tf.train.Checkpoint(**fresh), path, fast=fast)
     return [v.numpy() for v in flat(fresh)], reads(events)
 
 

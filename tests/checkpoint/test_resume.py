@@ -28,6 +28,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "resume_train.py"
 ENV = {

@@ -15,6 +15,8 @@ import asupervisor as asv
 from asupervisor._checkpoint._policies import AnyKeepPolicy, LatestN, keep_policy_for
 from asupervisor._checkpoint.files import _commit, _state_file
 
+pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores
+
 
 def bump(state: dict[str, Any]) -> Any:
     def step() -> None:

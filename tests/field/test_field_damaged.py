@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from pagecache import drop_cached
 
+pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores
+
 SCRIPT = Path(__file__).parent / "scripts" / "damaged_train.py"
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 

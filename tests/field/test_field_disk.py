@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import slowdisk
 
+pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores
+
 SCRIPT = Path(__file__).parent / "scripts" / "disk_train.py"
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 SETPRIV = shutil.which("setpriv")

@@ -19,7 +19,7 @@ from typing import Any
 from ..._logging import get_logger
 from . import _names, _writeback
 
-__all__ = ["CheckpointState", "inspect_state", "read_own_state", "read_state", "write_state"]
+__all__ = ["CheckpointState", "inspect_state", "read_own_state", "read_state", "set_aside_state", "write_state"]
 
 log = get_logger(__name__)
 
@@ -204,3 +204,16 @@ def _install_state(logdir: Path, staged: Path, state: CheckpointState) -> None:
 def write_state(logdir: Path, state: CheckpointState) -> None:
     """Atomically replace ``<logdir>/checkpoint`` (temp file, fsync, rename, dir fsync)."""
     _install_state(logdir, _stage_state(logdir, state), state)
+
+
+def set_aside_state(logdir: Path, tag: str) -> str | None:
+    """Rename a damaged state file to ``checkpoint.<tag>`` (kept for inspection, durably);
+    its new name, or ``None`` if there is no state file."""
+    source = logdir / _names.STATE_FILE
+    target = logdir / f"{_names.STATE_FILE}.{tag}"
+    try:
+        os.replace(source, target)
+    except FileNotFoundError:
+        return None
+    _writeback.fsync_path(logdir)
+    return target.name
