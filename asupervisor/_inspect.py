@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ._checkpoint._iterator_state import iterator_share
-from ._checkpoint.files import _names, _state_file
+from ._checkpoint.store import _names, _state_file
 
 __all__ = ["inspect_logdir", "run"]
 

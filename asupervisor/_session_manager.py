@@ -27,7 +27,7 @@ from typing import Any
 
 from . import _config
 from ._checkpoint._restore import restore_latest, restore_path
-from ._checkpoint.files._names import missing_files
+from ._checkpoint.store._names import missing_files
 from ._core._clock import Clock, MonotonicClock
 from ._core._handoff import LoopHandle
 from ._core._threads import DedicatedThread

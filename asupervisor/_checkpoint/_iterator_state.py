@@ -27,7 +27,7 @@ from typing import Any
 
 from .._exceptions import CheckpointError
 from .._tf import tf
-from . import _index
+from .store.fast import _index
 
 #: the attribute of the checkpoint that holds ``run_loop``'s data iterator
 ITERATOR_ATTR = "asv_data_iterator"

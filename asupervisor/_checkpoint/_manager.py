@@ -2,7 +2,7 @@
 
 A save has two halves: :meth:`Checkpointer.snapshot` on the step thread
 (:mod:`._snapshot`), :meth:`Checkpointer.write` on the checkpoint writer thread
-(:mod:`._write`, then the commit protocol of :mod:`.files` and retention, then
+(:mod:`._write`, then the commit protocol of :mod:`.store` and retention, then
 :attr:`Checkpointer.last`). :meth:`Checkpointer.restore` restores the newest good
 checkpoint (:mod:`._restore`), setting damaged ones aside and repairing a damaged state
 file; :meth:`Checkpointer.track_iterator` puts ``run_loop``'s data iterator in the
@@ -25,15 +25,16 @@ from .._core._status import CheckpointInfo
 from .._exceptions import CheckpointError
 from .._logging import describe, get_logger
 from .._tf import tf
-from . import _bundle, _restore, _snapshot, _write
+from . import _restore, _snapshot, _write
 from ._iterator_state import ITERATOR_ATTR
 from ._policies import AnyKeepPolicy, KeepPolicy, LatestN, keep_policy_for
 from ._walk_cache import WalkCache
-from .files import _commit, _names, _state_file, _writeback
-from .files._idle_io import IdleIO
-from .files._owner import OwnerLock
+from .store import _commit, _names, _state_file, _writeback
 from .store._local import PlainStore, open_store
 from .store._options import FastPath, resolve_store
+from .store._owner import OwnerLock
+from .store.fast import _bundle
+from .store.fast._idle_io import IdleIO
 
 __all__ = ["Checkpointer", "write_checkpoint_now"]
 
@@ -115,7 +116,7 @@ class Checkpointer:
         parent: a power loss must not take committed checkpoints away with their
         directory). With ``owner`` (the session's lock of this directory), the lock is
         taken first: a directory another live training owns fails here, before anything
-        in it is touched (:class:`.files._owner.OwnerLock`).
+        in it is touched (:class:`.store._owner.OwnerLock`).
 
         Called by the process that writes the directory (the chief), which from then on
         also sets aside checkpoints that fail to load (:meth:`restore`). It proves the

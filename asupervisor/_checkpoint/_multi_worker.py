@@ -42,8 +42,8 @@ from .._cluster import ClusterInfo
 from .._logging import describe, get_logger
 from ._snapshot import Snapshot
 from ._write import write_snapshot
-from .files._idle_io import IdleIO
 from .store._options import FastPath, resolve_store
+from .store.fast._idle_io import IdleIO
 
 __all__ = ["AGREED_STOP_REASONS", "WorkerTempWriter"]
 

@@ -5,7 +5,7 @@
 recover from an aborted step), tracks ``run_loop``'s ``tf.data`` iterator, fires the
 step saves (its ``next_trigger``/``on_step``), runs the checkpoint service (timed and
 start-up saves), takes the final checkpoint and waits for writes in flight at the end.
-The chief owns the logdir for the session (:class:`.files._owner.OwnerLock`, let go in
+The chief owns the logdir for the session (:class:`.store._owner.OwnerLock`, let go in
 ``release``). It offers ``SessionAttribute.checkpoints`` (``save_now``, the last checkpoint, saves for
 ``CheckpointSaverHook``). The decisions of when to save live in :mod:`._saver`; the
 snapshots, writes and restores in :mod:`._manager`. Never imports another feature.
@@ -26,8 +26,8 @@ from ._manager import Checkpointer, write_checkpoint_now
 from ._multi_worker import WorkerTempWriter
 from ._policies import KeepPolicy, SaveMoment, SavePolicy, every_secs, every_steps, observes_save_cost
 from ._saver import CheckpointSaver, CheckpointService
-from .files._owner import OwnerLock
 from .store._options import FastPath
+from .store._owner import OwnerLock
 
 if TYPE_CHECKING:
     from .._cluster import ClusterInfo

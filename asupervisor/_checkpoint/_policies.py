@@ -33,7 +33,7 @@ basename's, stamped in the future) are never offered to a policy: they stay. The
 ``AnyKeepPolicy(LatestN(max_to_keep), EveryNHours(hours))``; ``keep_policy=`` takes a
 policy of one's own. While another save is in flight, the writer adds ``LatestN(2)``.
 
-Plain decisions: no file work here (:mod:`.files._commit` applies them).
+Plain decisions: no file work here (:mod:`.store._commit` applies them).
 """
 
 from __future__ import annotations

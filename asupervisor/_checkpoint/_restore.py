@@ -30,11 +30,12 @@ from typing import Any
 from .._exceptions import CheckpointError
 from .._logging import describe, get_logger
 from .._tf import tf
-from . import _direct_restore, _snapshot
+from . import _snapshot
 from ._iterator_state import ITERATOR_ATTR
 from ._walk_cache import checkpoint_children
-from .files import _names, _state_file
+from .store import _names, _state_file
 from .store._options import FastPath, resolve_store
+from .store.fast import _direct_restore
 
 __all__ = ["RestoreOutcome", "candidates", "check_matches", "restore_latest", "restore_newest", "restore_path"]
 

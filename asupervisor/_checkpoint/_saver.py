@@ -17,7 +17,7 @@ Snapshots are taken on the step thread (see :mod:`._checkpoint`); writes run in 
 one dedicated writer thread, never on the event loop nor on the step thread. The
 kernel-heavy part of each write (the data's ``write(2)`` calls, deleting retired
 checkpoints) runs on a second thread at the OS's idle priority, so that an event loop
-beside the training stays responsive (:mod:`.files._idle_io`).
+beside the training stays responsive (:mod:`.store.fast._idle_io`).
 
 Cadence (``checkpoint_when_busy``): with ``"wait"`` (the default) a step save that is due
 while the previous write is still in flight makes the step thread wait for it
@@ -61,7 +61,7 @@ from ._manager import Checkpointer
 from ._policies import interval_bound, takes_write_secs
 from ._snapshot import Snapshot
 from ._write import SaveAbandoned
-from .files._idle_io import IdleIO
+from .store.fast._idle_io import IdleIO
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus

@@ -35,9 +35,9 @@ import numpy as np
 from .._exceptions import CheckpointError
 from .._logging import get_logger
 from .._tf import tf
-from ._bundle import _PLAIN_DTYPES
 from ._walk_cache import WalkCache, initialized, saved_variable
-from .files._direct import aligned_empty
+from .store.fast._bundle import _PLAIN_DTYPES
+from .store.fast._direct import aligned_empty
 
 __all__ = ["Snapshot", "Staged", "Staging", "take_snapshot"]
 

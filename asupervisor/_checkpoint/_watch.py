@@ -23,8 +23,8 @@ from .._core._clock import Clock, MonotonicClock
 from .._core._handoff import LoopHandle
 from .._core._threads import DedicatedThread
 from .._logging import get_logger
-from .files._names import step_of
-from .files._state_file import read_state
+from .store._names import step_of
+from .store._state_file import read_state
 
 __all__ = ["CheckpointWatcher", "watch_checkpoints"]
 

@@ -19,8 +19,9 @@ from typing import Any
 from .._exceptions import CheckpointError
 from .._logging import get_logger
 from .._tf import tf
-from . import _bundle, _snapshot
-from .files._idle_io import IdleIO
+from . import _snapshot
+from .store.fast import _bundle
+from .store.fast._idle_io import IdleIO
 
 __all__ = ["SaveAbandoned", "write_snapshot"]
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 from eventfiles import read_events, steps_of
 
 import asupervisor as asv
-from asupervisor._checkpoint.files._owner import OWNER_FILE
+from asupervisor._checkpoint.store._owner import OWNER_FILE
 from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_new_threads")]

@@ -13,9 +13,10 @@ import tensorflow as tf
 from eventfiles import tick
 
 import asupervisor as asv
-from asupervisor._checkpoint import _bundle, _write
+from asupervisor._checkpoint import _write
 from asupervisor._checkpoint._policies import keep_policy_for
-from asupervisor._checkpoint.files import _commit, _names, _state_file, _writeback
+from asupervisor._checkpoint.store import _commit, _names, _state_file, _writeback
+from asupervisor._checkpoint.store.fast import _bundle
 from asupervisor._core._abc import SessionAttribute
 from asupervisor.testing import ManualClock, capture_logs
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 from eventfiles import tick
 
 import asupervisor as asv
-from asupervisor._checkpoint.files import _state_file
+from asupervisor._checkpoint.store import _state_file
 from asupervisor._core._abc import SessionAttribute
 from asupervisor.testing import ManualClock, capture_logs
 

@@ -19,7 +19,7 @@ import asupervisor as asv
 from asupervisor._checkpoint import _write
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint._write import SaveAbandoned
-from asupervisor._checkpoint.files import _commit, _names
+from asupervisor._checkpoint.store import _commit, _names
 
 pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores
 
@@ -59,7 +59,7 @@ def test_abandoned_write_removes_its_files_and_keeps_the_latest(tmp_path: Path) 
 def test_abandon_between_chunks_stops_a_large_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The bundle writer checks the abandon flag between chunks: abandoned after its first
     chunk, a 64 MB write stops there and its partial files are removed."""
-    from asupervisor._checkpoint.files import _idle_io
+    from asupervisor._checkpoint.store.fast import _idle_io
 
     assert _idle_io.CHUNK_BYTES == 1 << 20
     ckpt = make_checkpoint(16 << 20)
@@ -101,7 +101,7 @@ def _fail_writes_after(monkeypatch: pytest.MonkeyPatch, module: Any, count: int,
 def test_write_error_names_the_file_and_cause_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A data write failing with ENOSPC is a CheckpointError naming the file and "No space
     left on device", chained to the OSError; the failed save leaves no file behind."""
-    from asupervisor._checkpoint import _bundle
+    from asupervisor._checkpoint.store.fast import _bundle
 
     ckpt = make_checkpoint()
     checkpointer = Checkpointer(ckpt, tmp_path)

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint.files._idle_io import CHUNK_BYTES, IdleIO
+from asupervisor._checkpoint.store.fast._idle_io import CHUNK_BYTES, IdleIO
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is a Linux scheduling policy; elsewhere IdleIO runs in the caller"

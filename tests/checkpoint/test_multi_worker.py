@@ -27,8 +27,8 @@ from asupervisor._checkpoint._multi_worker import temp_prefix
 from asupervisor._checkpoint._restore import restore_path
 from asupervisor._checkpoint._snapshot import take_snapshot
 from asupervisor._checkpoint._write import write_snapshot
-from asupervisor._checkpoint.files import _state_file
-from asupervisor._checkpoint.files._owner import OWNER_FILE
+from asupervisor._checkpoint.store import _state_file
+from asupervisor._checkpoint.store._owner import OWNER_FILE
 from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")

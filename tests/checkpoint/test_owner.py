@@ -20,8 +20,8 @@ import tensorflow as tf
 
 import asupervisor as asv
 from asupervisor._checkpoint._manager import Checkpointer
-from asupervisor._checkpoint.files import _writeback
-from asupervisor._checkpoint.files._owner import OWNER_FILE
+from asupervisor._checkpoint.store import _writeback
+from asupervisor._checkpoint.store._owner import OWNER_FILE
 
 SCRIPT = Path(__file__).parent / "scripts" / "own_logdir.py"
 

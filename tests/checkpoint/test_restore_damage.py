@@ -17,8 +17,8 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint.files import _names, _state_file
-from asupervisor._checkpoint.files._owner import OWNER_FILE
+from asupervisor._checkpoint.store import _names, _state_file
+from asupervisor._checkpoint.store._owner import OWNER_FILE
 from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = pytest.mark.usefixtures("no_new_threads", "checkpoint_store")  # a promise test: both stores

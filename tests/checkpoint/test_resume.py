@@ -37,7 +37,7 @@ ENV = {
     "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
     "TF_CPP_MIN_LOG_LEVEL": "3",
 }
-TMP_MARKER = ".asv-tmp-"  # in the name of every file of a save in flight (see _checkpoint/files/_names.py)
+TMP_MARKER = ".asv-tmp-"  # in the name of every file of a save in flight (see _checkpoint/store/_names.py)
 SAVE_COUNTER = "save_counter/.ATTRIBUTES/VARIABLE_VALUE"  # counts saves: not training state
 
 # slots of the ``events`` array a forked child reports through: the step it started at,
@@ -306,7 +306,7 @@ def test_crash_consistency_under_repeated_sigkill(tmp_path: Path, tracked_data: 
     assert mid_write >= kills // 6 and kills - mid_write >= kills // 6, f"{mid_write} of {kills} kills mid-write"
     # what the start-up of a next run cleans up leaves only the checkpoints the state file
     # names, complete: nothing a kill cut short (a commit, a deletion) stays behind unnamed
-    from asupervisor._checkpoint.files import _commit, _names, _state_file
+    from asupervisor._checkpoint.store import _commit, _names, _state_file
 
     _commit.clean_leftovers(logdir)
     state = _state_file.read_state(logdir)

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asupervisor._checkpoint import _bundle, _snapshot
+from asupervisor._checkpoint import _snapshot
 from asupervisor._checkpoint._manager import Checkpointer
+from asupervisor._checkpoint.store.fast import _bundle
 from asupervisor.testing import capture_logs
 
 pytestmark = [

@@ -19,9 +19,10 @@ from asupervisor._checkpoint import _write
 from asupervisor._checkpoint._iterator_state import index_entries
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint._write import SaveAbandoned
-from asupervisor._checkpoint.files import _commit, _direct, _idle_io
+from asupervisor._checkpoint.store import _commit
 from asupervisor._checkpoint.store._local import FastStore, PlainStore
 from asupervisor._checkpoint.store._options import ENV_VAR, PLAIN, FastPath, resolve_store
+from asupervisor._checkpoint.store.fast import _direct, _idle_io
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
 LINUX = sys.platform.startswith("linux")

@@ -2,7 +2,7 @@
 
 :class:`PlainStore` is the portable one: TF's own ``SaveV2`` writes a checkpoint's files,
 TF's ``Checkpoint.restore`` (``RestoreV2``) reads them back, and the commit protocol of
-:mod:`..files._commit` (fsync, rename, directory fsync, state file) makes them the latest
+:mod:`._commit` (fsync, rename, directory fsync, state file) makes them the latest
 with plain file calls. It runs wherever TensorFlow does: macOS, file systems that refuse
 ``O_DIRECT``, or wherever a user switched the fast path off
 (``checkpoint_store="plain"``). :class:`FastStore` is the same store with the Linux fast
@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import _restore, _write
-from ..files import _commit, _state_file, _writeback
-from ..files._idle_io import IdleIO
+from . import _commit, _state_file, _writeback
 from ._options import PLAIN, FastPath
+from .fast._idle_io import IdleIO
 
 if TYPE_CHECKING:
     from .._snapshot import Snapshot
-    from ..files._owner import OwnerLock
+    from ._owner import OwnerLock
 
 __all__ = ["FastStore", "PlainStore", "open_store"]
 
@@ -95,7 +95,7 @@ class PlainStore:
         _commit.probe_writable(self.logdir)
 
     def clean_leftovers(self) -> list[str]:
-        """Remove what interrupted saves left (:func:`..files._commit.clean_leftovers`)."""
+        """Remove what interrupted saves left (:func:`._commit.clean_leftovers`)."""
         return _commit.clean_leftovers(self.logdir)
 
     # -- the writer thread -----------------------------------------------------------
@@ -116,7 +116,7 @@ class PlainStore:
         retiring: Sequence[Path] = (),
     ) -> None:
         """Make ``tmp`` the checkpoint ``final``, durable and named in the state file
-        ``state`` (:func:`..files._commit.commit`); hold :attr:`commit_lock`. On the
+        ``state`` (:func:`._commit.commit`); hold :attr:`commit_lock`. On the
         calling thread at normal priority: the commit lock is held meanwhile."""
         _commit.commit(tmp, final, state, retiring)
 

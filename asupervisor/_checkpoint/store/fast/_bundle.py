@@ -10,13 +10,13 @@ index block's checksum and each tensor's; this module writes both, so plain
 ``tf.train.Checkpoint.restore`` and ``tf.train.load_checkpoint`` read its files.
 
 For plain numeric and bool tensors the data file is the tensors' memory as it is, a
-large tensor (1 MiB or more) starting at a 4 KiB boundary (:func:`.files._direct.placed_at`:
+large tensor (1 MiB or more) starting at a 4 KiB boundary (:func:`._direct.placed_at`:
 a restore reads it from there with direct I/O). For a data file of 32 MB or more, where
-the filesystem takes direct I/O (:mod:`.files._direct`), a large tensor in aligned memory
+the filesystem takes direct I/O (:mod:`._direct`), a large tensor in aligned memory
 (the staging buffers) goes to disk straight from its buffer, the rest through a reused
 aligned bounce buffer, past the page cache; elsewhere a write is
 buffered ``pwrite(2)`` calls of :data:`CHUNK_BYTES` straight from the snapshot's buffers.
-Either way the writes are made by the idle-priority thread of :mod:`.files._idle_io` when
+Either way the writes are made by the idle-priority thread of :mod:`._idle_io` when
 the caller passes one, with one CRC32C pass per tensor (``google-crc32c``, hardware
 accelerated, run with the GIL released). String tensors (the object graph) use TF's string encoding.
 Anything else (variant tensors such as a ``tf.data`` iterator's state, resources,
@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from .._logging import get_logger
-from .files import _direct
-from .files._idle_io import CHUNK_BYTES, IdleIO, pwrite_all
+from ...._logging import get_logger
+from . import _direct
+from ._idle_io import CHUNK_BYTES, IdleIO, pwrite_all
 
 __all__ = ["available", "encodable", "write_bundle"]
 
@@ -144,8 +144,8 @@ def _self_check_tensors(tf_: Any) -> dict[str, Any]:
 def _run_self_check() -> bool:
     import tempfile
 
-    from .._logging import describe
-    from .._tf import tf
+    from ...._logging import describe
+    from ...._tf import tf
 
     if not available():
         return False
@@ -319,7 +319,7 @@ def write_data_file(
 ) -> list[tuple[int, int, int]]:
     """Write ``tensors`` into a new file ``path``; ``(offset, size, crc)`` of each.
 
-    With direct I/O when large and the filesystem takes it (:mod:`.files._direct`: large tensors
+    With direct I/O when large and the filesystem takes it (:mod:`._direct`: large tensors
     in aligned memory at aligned offsets, written from their own memory, the rest through
     a bounce buffer), else buffered, back to back. The file is left unsynced (the commit
     fsyncs it). ``check`` is called between chunks and may raise to abandon the write.

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from ..._logging import describe, get_logger
+from ...._logging import describe, get_logger
 
 __all__ = ["CHUNK_BYTES", "STARVED_SECS", "IdleIO", "pwrite_all"]
 

@@ -50,10 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from .._tf import tf
-from . import _bundle, _index
-from ._walk_cache import checkpoint_children, initialized, plain_variable
-from .files import _direct
+from ...._tf import tf
+from ..._walk_cache import checkpoint_children, initialized, plain_variable
+from . import _bundle, _direct, _index
 
 __all__ = ["Planned", "Prefetch", "assign", "plan", "read_index", "start"]
 
@@ -431,7 +430,7 @@ class Prefetch:
 
     def _uncached_blocks(self) -> set[str]:
         """The keys of the large values at a block of their file (as this package writes
-        them: :func:`.files._direct.placed_at`) whose first page is not in the page cache:
+        them: :func:`._direct.placed_at`) whose first page is not in the page cache:
         they are read with direct I/O (:meth:`_read_one`)."""
         keys: set[str] = set()
         files = _Files(self._path)

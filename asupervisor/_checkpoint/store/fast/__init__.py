@@ -1,0 +1,5 @@
+"""The fast local store's machinery (Linux): :mod:`._bundle` (the tensor-bundle writer),
+:mod:`._direct` (direct I/O for data files), :mod:`._idle_io` (a save's kernel work at idle
+priority), :mod:`._direct_restore` and :mod:`._index` (the restore that reads and checks
+the values itself). Each mechanism has its switch in :class:`..._options.FastPath`; only
+:class:`.._local.FastStore` and the modules it calls use them."""
