@@ -9,7 +9,9 @@ machine's real disk is.
 mounts, prints ``READY``, serves until the mount goes away (``umount``) or the process
 is terminated. The kernel's FUSE protocol is spoken directly over ``/dev/fuse`` (no
 libfuse): the operations a training run uses (create, write, read, fsync, rename,
-unlink, directories, statfs); the others answer ``ENOSYS``, as the protocol allows.
+unlink, directories, statfs); the others answer ``ENOSYS``, as the protocol allows. An
+empty file ``asv-stall-<secs>`` created in the mount's root makes the next write hang
+that long (a write stuck in a hung disk).
 Needs root (``mount``) and ``/dev/fuse``. :func:`mounted` is the context manager the
 tests use.
 """
@@ -31,6 +33,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 MAX_WRITE = 128 << 10
+#: ``<mount>/asv-stall-<secs>``: the next write stalls ``secs`` (:meth:`_Server.stall_once`)
+STALL_PREFIX = "asv-stall-"
 _IN = struct.Struct("<IIQQIIII")  # len, opcode, unique, nodeid, uid, gid, pid, padding
 _OUT = struct.Struct("<IiQ")  # len, error, unique
 _ATTR = struct.Struct(
@@ -152,6 +156,18 @@ class _Server:
             if opcode == DESTROY:
                 return
 
+    def stall_once(self) -> None:
+        """A write stuck in the disk: when the mount's root holds ``asv-stall-<secs>`` (an
+        empty file the test creates), this write waits that long (the marker removed
+        first, so one write stalls), and so does every request behind it, as on a hung
+        network disk."""
+        root = self.paths[1]
+        for name in os.listdir(root):
+            if name.startswith(STALL_PREFIX):
+                os.unlink(os.path.join(root, name))
+                time.sleep(float(name[len(STALL_PREFIX) :]))
+                return
+
     def child(self, nodeid: int, body: bytes, offset: int = 0) -> str:
         name = body[offset:].split(b"\0", 1)[0].decode()
         return os.path.join(self.paths[nodeid], name)
@@ -222,6 +238,7 @@ class _Server:
             return os.pread(fh, size, offset)
         if opcode == WRITE:
             fh, offset, size = struct.unpack_from("<QQI", body)
+            self.stall_once()
             t0 = time.monotonic()
             written = os.pwrite(fh, body[40 : 40 + size], offset)
             time.sleep(max(0.0, written / self.bytes_per_sec - (time.monotonic() - t0)))  # the disk's rate

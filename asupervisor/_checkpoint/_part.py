@@ -324,7 +324,8 @@ class CheckpointPart(SessionPart):
         await self.saver.save("final", force=True, wait=True)
 
     def release(self) -> None:
-        """Last of all: the logdir's lock let go (the next training may own it)."""
+        """The session's last job on the step thread: the logdir's lock let go (the next
+        training may own it)."""
         if self._owner is not None:
             self._owner.release()
 

@@ -83,8 +83,9 @@ def _noop() -> None:
 
 #: ``checkpoint_when_busy`` values: wait for the write in flight, or skip the save
 WHEN_BUSY = ("wait", "skip")
-#: how long an abandoned final save may take to wind down (remove its files)
-_ABANDON_GRACE_SECS = 1.0
+#: how long an abandoned final save may take to wind down (remove its files), out of the
+#: stop's wind-down (the engine's ``_WIND_DOWN_SECS``): the rest is the closers' (summaries)
+_ABANDON_GRACE_SECS = 0.5
 
 
 class _Launched:
@@ -369,12 +370,12 @@ class CheckpointSaver:
         if writer is not None:
             await writer.submit(_noop).wait_cancellable()
 
-    async def drain(self, *, abandon_on_cancel: bool = False) -> None:
+    async def drain(self, *, abandon_on_cancel: bool = False, grace_secs: float = _ABANDON_GRACE_SECS) -> None:
         """Wait until every write handed to the writer so far is committed (or failed).
 
         With ``abandon_on_cancel`` (the stop's waits, bounded by its deadline), a
-        cancellation abandons the writes in flight and waits at most
-        ``_ABANDON_GRACE_SECS`` for the writer to remove their files.
+        cancellation abandons the writes in flight and waits at most ``grace_secs`` more
+        for the writer to remove their files (what it leaves, the next start removes).
         """
         # hand-offs made by step-boundary jobs are queued on the loop by now; at a boundary,
         # not as an ordinary job, which would wait for a running run_loop to end
@@ -382,7 +383,7 @@ class CheckpointSaver:
         if self._writer is not None:
             done = self._writer.submit(_noop)
             if abandon_on_cancel:
-                await done.wait(self.abandon, grace_secs=_ABANDON_GRACE_SECS)
+                await done.wait(self.abandon, grace_secs=grace_secs)
             else:
                 await done.wait()
 
@@ -437,7 +438,7 @@ class CheckpointSaver:
     async def aclose(self) -> None:
         """At stop: wait for writes in flight (abandoned at the stop's deadline); raise an
         error none has raised yet."""
-        await self.drain(abandon_on_cancel=True)
+        await self.drain(abandon_on_cancel=True, grace_secs=0.0)  # the closers' deadline is the wind-down's end
         self.raise_pending()
 
 

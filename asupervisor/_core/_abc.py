@@ -268,8 +268,8 @@ class SessionPart:
     started; while running ``on_step`` when the global step reaches the part's
     ``next_trigger`` and ``iterator_for`` for ``run_loop``'s data; at a stop ``wake``
     (any thread), then, unless the state is suspect, every ``before_snapshot`` and then
-    every ``final``; then ``aclose``; last of all, once the session's threads are
-    joined, ``release`` (also when the start failed).
+    every ``final``; then ``aclose``; then, on the step thread just before the
+    session's threads are joined, ``release`` (also when the start failed).
 
     Attributes:
         name: shown in logs.
@@ -347,6 +347,7 @@ class SessionPart:
         """The stop's "closers" phase (flush and close what the part opened)."""
 
     def release(self) -> None:
-        """On the loop, last of all (the session's threads joined), on every way out,
-        a failed start included: let go of what the part held for the whole session
-        (a lock). Must not block nor raise."""
+        """On the step thread, the session's last job before its threads are joined, on
+        every way out, a failed start included: let go of what the part held for the
+        whole session (a lock). Bounded by the stop's wind-down (a close on a hung disk
+        may block: the stop goes on without it)."""

@@ -137,8 +137,13 @@ class PartRunner:
         for wake in self._wakers:
             wake()
 
+    @property
+    def releasers(self) -> tuple[SessionPart, ...]:
+        """The parts with a ``release`` phase."""
+        return self._releasers
+
     def release(self) -> None:
-        """Every part's ``release``, last of all (see :meth:`SessionPart.release`)."""
+        """Every part's ``release`` (see :meth:`SessionPart.release`)."""
         for part in self._releasers:
             part.release()
 

@@ -13,11 +13,13 @@ Shutdown, whatever the cause: stop requested → parts woken → the step in fli
 finishes → services cancelled → every part's ``before_snapshot``, then every part's
 ``final`` (the final checkpoint; both unless a step or hook raised) → ``hook.end()``
 (clean stops only) → every part's ``aclose`` (summaries flushed) → dedicated threads
-joined → every part's ``release`` (the logdir's lock) → the cause re-raised. One :class:`~._stop.Deadline`, ``stop_grace_secs`` after
+joined → the cause re-raised. Every part's ``release`` (the logdir's lock) runs on the
+step thread just before the threads are joined, also after a failed start. One :class:`~._stop.Deadline`, ``stop_grace_secs`` after
 the stop began, bounds the whole of it: each phase gets what is left, a phase that
 overruns is logged by name (``shutdown.overrun phase=...``; a final save overrunning is
-abandoned), and phases not begun by then are skipped, except closing the parts and
-joining the threads, which together get at most ``_WIND_DOWN_SECS`` more.
+abandoned), and phases not begun by then are skipped, except closing the parts, releasing
+them and joining the threads, which together end at most ``_WIND_DOWN_SECS`` after the
+grace (an abandoned final save's own wind-down included).
 
 Only the step thread touches model state. Nothing here blocks the event loop: the only
 waits are for the step thread and for services, all by awaiting. This module imports no
@@ -390,7 +392,6 @@ class Runtime(anyio.AsyncContextManagerMixin):
         try:
             await self._shutdown(clean=not control.errors and not control.state_suspect)
         finally:
-            self.parts.release()
             self._restore_signals()
         if control.errors:
             first = control.errors[0]
@@ -438,8 +439,14 @@ class Runtime(anyio.AsyncContextManagerMixin):
         with anyio.CancelScope(shield=True):
             if self._tg is not None:
                 await self._stop_services()
-            await self._close_threads(Deadline(self.stop_grace_secs))
-        self.parts.release()
+            deadline = Deadline(self.stop_grace_secs)
+            if self.parts.releasers:
+                with anyio.move_on_after(deadline.remaining()):
+                    try:
+                        await self.step_thread.submit(self.parts.release).wait_cancellable()
+                    except Exception as release_exc:  # the start's own error is the one raised
+                        log.error("session.release_failed", error=describe(release_exc))
+            await self._close_threads(deadline)
         self._restore_signals()
         self.closed = True
         log.error("session.start_failed", error=describe(exc))
@@ -500,8 +507,8 @@ class Runtime(anyio.AsyncContextManagerMixin):
         async def phase(name: str, fn: Callable[[], Awaitable[object]], *, winding_down: bool = False) -> None:
             limit = deadline
             if winding_down:
-                if not wind_down:
-                    wind_down.append(deadline.extended(_WIND_DOWN_SECS))
+                if not wind_down:  # counted from the grace's end, not from now: a bound
+                    wind_down.append(deadline.extended_by(_WIND_DOWN_SECS))
                 limit = wind_down[0]
             elif deadline.expired:
                 log.error("shutdown.overrun", phase=name, grace_secs=deadline.grace_secs, skipped=True)
@@ -534,6 +541,8 @@ class Runtime(anyio.AsyncContextManagerMixin):
             await phase("iterators", lambda: self.step_thread.call(self.spent_iterators.clear))
         for part in parts.closers:
             await phase("closers", lambda part=part: part.aclose(self), winding_down=True)  # type: ignore[misc]
+        if parts.releasers:  # on the step thread: letting go of a lock on a hung disk must not block the loop
+            await phase("release", lambda: self.step_thread.submit(parts.release).wait_cancellable(), winding_down=True)
         await phase("threads", lambda: self._close_threads(wind_down[0] if wind_down else deadline), winding_down=True)
         self.closed = True
         log.info("session.stopped", reason=control.reason, global_step=self.step)

@@ -133,8 +133,9 @@ class Deadline:
         """Seconds left (0 once passed; ``math.inf`` for an infinite grace)."""
         return max(0.0, self.at - anyio.current_time())
 
-    def extended(self, secs: float) -> Deadline:
-        """A deadline at least ``secs`` from now (the wind-down after the grace ran out)."""
+    def extended_by(self, secs: float) -> Deadline:
+        """A deadline ``secs`` after this one (the wind-down after the grace), however
+        late it is now: what overran the grace is taken out of the wind-down."""
         later = Deadline(self.grace_secs)
-        later.at = max(self.at, anyio.current_time() + secs)
+        later.at = self.at + secs
         return later

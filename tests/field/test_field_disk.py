@@ -83,6 +83,25 @@ def restore_latest(logdir: Path) -> int:
 
 
 @pytest.mark.skipif(not slowdisk.available(), reason="the slow disk is a FUSE mount: it needs root and /dev/fuse")
+def test_grace_bounds_a_final_save_stuck_in_one_write(tmp_path: Path) -> None:
+    """A final save whose first write hangs in the disk for 4 s (no chunk boundary to
+    abandon at: the write itself does not return) holds a 0.5 s stop for at most the
+    grace plus the 1 s wind-down: the stop gives the stuck writer up (logged), the
+    previous checkpoint stays the latest and loads."""
+    grace = 0.5
+    backing = tmp_path / "disk"
+    backing.mkdir()
+    with slowdisk.mounted(backing, tmp_path / "mnt", mb_per_sec=400) as mnt:
+        out = run_child(mnt / "run", "--mb", "8", "--steps", "3", "--grace", str(grace), "--save-first", "--stall", "4")
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    stop_secs = float(lines["STOP_SECS"])
+    assert stop_secs < grace + 1.0 + 0.3, f"the stop took {stop_secs} s with stop_grace_secs={grace}"
+    assert "shutdown.overrun" in out.stderr, out.stderr
+    assert restore_latest(backing / "run") == 0
+
+
+@pytest.mark.skipif(not slowdisk.available(), reason="the slow disk is a FUSE mount: it needs root and /dev/fuse")
 @pytest.mark.parametrize("mb", ["24", "64"], ids=["buffered", "direct"])  # 64 MB data files are written direct
 @pytest.mark.parametrize("save_steps", [[], ["--save-steps", "3"]], ids=["final_save", "step_save_in_flight"])
 def test_grace_bounds_a_slow_final_save(tmp_path: Path, save_steps: list[str], mb: str) -> None:

@@ -1,7 +1,7 @@
 """A small training run for the disk field tests (tests/field/test_field_disk.py).
 
     python disk_train.py LOGDIR [--mb MB] [--steps N] [--save-steps N] [--keep N|none]
-                                [--grace SECS] [--backend asyncio|trio]
+                                [--grace SECS] [--stall SECS] [--backend asyncio|trio]
 
 The state is a ``big`` float32 variable of ``MB`` megabytes (its checkpoint is that big)
 and a small ``w`` that each step bumps. Prints ``STEP <n>`` after each step, ``SAVED
@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--keep", default="5")
     parser.add_argument("--grace", type=float, default=120.0)
     parser.add_argument("--save-first", action="store_true")
+    parser.add_argument("--stall", type=float, default=0.0, help="the final save's first write hangs this long")
     parser.add_argument("--backend", default="asyncio")
     args = parser.parse_args()
 
@@ -65,6 +66,9 @@ def main() -> None:
             for _ in range(args.steps):
                 await sess.run(step)
                 print("STEP", sess.global_step, flush=True)
+            if args.stall:  # the slow disk's next write (the final save's first) hangs
+                marker = os.path.join(os.path.dirname(os.path.abspath(args.logdir)), f"asv-stall-{args.stall}")
+                os.close(os.open(marker, os.O_CREAT | os.O_WRONLY, 0o644))
             stop_secs.append(time.perf_counter())
         stop_secs.append(time.perf_counter())
 
