@@ -162,7 +162,7 @@ class Checkpointer:
             self._set_aside_state(outcome.state_problem)
         if path is not None:
             step = _names.step_of(Path(path).name)
-            self.last = CheckpointInfo(path=path, step=step if step is not None else -1, time=os.path.getmtime(path + ".index"))
+            self.last = CheckpointInfo(path=path, step=step if step is not None else -1, time=self.store.committed_at(path))
             self.last_snapshot_step = self.last.step
         return path
 
@@ -184,20 +184,18 @@ class Checkpointer:
             restored_step = _names.step_of(Path(restored).name)
             if problem is not None or state is None:
                 names = [
-                    n for n in reversed(_names.scan_checkpoints(self.logdir, self.basename))
-                    if n not in bad
-                    and (restored_step is None or (_names.step_of(n) or 0) <= restored_step)
-                    and _names.missing_files(self.logdir / n) is None
+                    n for n in reversed(self.store.complete_checkpoints(self.basename))
+                    if n not in bad and (restored_step is None or (_names.step_of(n) or 0) <= restored_step)
                 ]
                 if latest not in names:
                     names.append(latest)
-                stamps = [os.path.getmtime(self.logdir / f"{n}.index") for n in names]
+                stamps = [self.store.committed_at(n) for n in names]
                 preserved = state.last_preserved if state is not None else 0.0
                 repaired = _state_file.CheckpointState(latest, names, stamps, preserved)
             else:
                 kept = [(p, t) for p, t in zip(state.paths, state.timestamps) if p not in bad]
                 if latest not in [p for p, _ in kept]:
-                    kept.append((latest, os.path.getmtime(restored + ".index")))
+                    kept.append((latest, self.store.committed_at(restored)))
                     kept.sort(key=lambda pt: _names.step_of(Path(pt[0]).name) or -1)
                 repaired = _state_file.CheckpointState(latest, [p for p, _ in kept], [t for _, t in kept], state.last_preserved)
             self.store.write_state(repaired)

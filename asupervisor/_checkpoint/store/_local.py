@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import _restore, _write
-from . import _commit, _state_file, _writeback
+from . import _commit, _names, _state_file, _writeback
 from ._options import PLAIN, FastPath
 from .fast._idle_io import IdleIO
 
@@ -141,6 +141,16 @@ class PlainStore:
     def write_state(self, state: _state_file.CheckpointState) -> None:
         """Replace the state file atomically and durably (hold :attr:`commit_lock`)."""
         _state_file.write_state(self.logdir, state)
+
+    def complete_checkpoints(self, basename: str) -> list[str]:
+        """The names of the complete checkpoints ``<basename>-<step>`` on disk (index and
+        every data shard), newest step first; read-only."""
+        return [n for n in _names.scan_checkpoints(self.logdir, basename) if _names.missing_files(self.logdir / n) is None]
+
+    def committed_at(self, name: str) -> float:
+        """When the checkpoint ``name`` (a name in the logdir, or a path) was committed:
+        its index file's modification time."""
+        return os.path.getmtime(os.path.join(self.logdir, f"{name}.index"))
 
     def set_aside(self, name: str, tag: str) -> list[str]:
         """Rename the files of checkpoint ``name`` to ``<name>.<tag>...``; the new names."""
