@@ -189,7 +189,7 @@ class Checkpointer:
                 ]
                 if latest not in names:
                     names.append(latest)
-                stamps = [self.store.committed_at(n) for n in names]
+                stamps = [self.store.committed_at(self.logdir / n) for n in names]
                 preserved = state.last_preserved if state is not None else 0.0
                 repaired = _state_file.CheckpointState(latest, names, stamps, preserved)
             else:
@@ -489,12 +489,14 @@ def write_checkpoint_now(
     max_to_keep: int | None,
     keep_checkpoint_every_n_hours: float | None = None,
     keep_policy: KeepPolicy | None = None,
+    fast_path: FastPath | None = None,
 ) -> str:
     """On the step thread: snapshot and commit ``<directory>/<basename>-<step>`` now.
 
     The synchronous save (same files, commit protocol and retention as the checkpoint
     service) for callers that need the checkpoint to be the latest when this returns,
-    such as ``CheckpointSaverHook``. Returns the checkpoint's path prefix.
+    such as ``CheckpointSaverHook``. Returns the checkpoint's path prefix. ``fast_path``:
+    the store, as :class:`Checkpointer` takes it (a session passes its own choice).
     """
     checkpointer = Checkpointer(
         checkpoint,
@@ -503,6 +505,7 @@ def write_checkpoint_now(
         max_to_keep=max_to_keep,
         keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
         keep_policy=keep_policy,
+        fast_path=fast_path,
     )
     _writeback.make_dirs_durable(checkpointer.logdir)
     return checkpointer.write(_snapshot.take_snapshot(checkpoint, step)).path

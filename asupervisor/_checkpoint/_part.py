@@ -158,6 +158,7 @@ class CheckpointPart(SessionPart):
             step,
             max_to_keep=None,
             keep_policy=self.keep_policy,
+            fast_path=self.fast_path,
         )
 
     async def save_now(self) -> CheckpointInfo:

@@ -147,10 +147,10 @@ class PlainStore:
         every data shard), newest step first; read-only."""
         return [n for n in _names.scan_checkpoints(self.logdir, basename) if _names.missing_files(self.logdir / n) is None]
 
-    def committed_at(self, name: str) -> float:
-        """When the checkpoint ``name`` (a name in the logdir, or a path) was committed:
-        its index file's modification time."""
-        return os.path.getmtime(os.path.join(self.logdir, f"{name}.index"))
+    def committed_at(self, prefix: str | Path) -> float:
+        """When the checkpoint ``prefix`` (its path, as a restore returns it) was
+        committed: its index file's modification time."""
+        return os.path.getmtime(f"{prefix}.index")
 
     def set_aside(self, name: str, tag: str) -> list[str]:
         """Rename the files of checkpoint ``name`` to ``<name>.<tag>...``; the new names."""
