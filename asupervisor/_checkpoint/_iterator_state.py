@@ -29,9 +29,6 @@ from .._exceptions import CheckpointError
 from .._tf import tf
 from .store.fast import _index
 
-#: the attribute of the checkpoint that holds ``run_loop``'s data iterator
-ITERATOR_ATTR = "asv_data_iterator"
-
 __all__ = ["ITERATOR_ATTR", "iterator_share", "restore_mismatch_error", "serialisation_problem", "untrackable_error"]
 
 #: the checkpoint attribute holding ``run_loop``'s iterator (``<attr>/.ATTRIBUTES/ITERATOR_STATE``)

@@ -5,7 +5,7 @@ A save has two halves: :meth:`Checkpointer.snapshot` on the step thread
 (:mod:`._write`, then the commit protocol of :mod:`.store` and retention, then
 :attr:`Checkpointer.last`). :meth:`Checkpointer.restore` restores the newest good
 checkpoint (:mod:`._restore`), setting damaged ones aside and repairing a damaged state
-file; :meth:`Checkpointer.track_iterator` puts ``run_loop``'s data iterator in the
+file; :meth:`Checkpointer.track_iterator` (:mod:`._iterator_tracking`) puts ``run_loop``'s data iterator in the
 checkpoint. :func:`write_checkpoint_now` is the synchronous save of
 ``CheckpointSaverHook`` into another directory. This module never runs on the event
 loop thread.
@@ -24,9 +24,8 @@ from typing import Any
 from .._core._status import CheckpointInfo
 from .._exceptions import CheckpointError
 from .._logging import describe, get_logger
-from .._tf import tf
 from . import _restore, _snapshot, _write
-from ._iterator_state import ITERATOR_ATTR
+from ._iterator_tracking import IteratorTracker
 from ._policies import AnyKeepPolicy, KeepPolicy, LatestN, keep_policy_for
 from ._walk_cache import WalkCache
 from .store import _commit, _names, _state_file, _writeback
@@ -93,13 +92,8 @@ class Checkpointer:
         self.last: CheckpointInfo | None = None
         self.last_commit_secs: float | None = None  # snapshot handed over → named in the state file
         self.last_snapshot_step: int | None = None  # step thread only
-        self._iterator_source: Any = None
-        self._iterator: Any = None
-        self._iterator_problem: str | None = None  # why TF cannot serialise it (track_iterator)
-        self._iterator_checked = False
-        self._iterator_logged: Any = None  # the iterator whose skip was logged
-        self._iterator_share_pending = False  # an iterator was attached; its share not yet logged
-        self._iterator_share_logged = False  # once per session
+        #: ``run_loop``'s data iterator in the checkpoint (step thread; its share reported once)
+        self.iterators = IteratorTracker(checkpoint)
         self._lock = threading.Lock()
         self._owner = False  # whether this process writes the directory (prepare() was called)
         self._walks = WalkCache()  # step thread, but prepare() on the writer's
@@ -249,57 +243,10 @@ class Checkpointer:
             log.info("checkpoint.staging", bytes=staging.nbytes, step=snapshot.step)
 
     def track_iterator(self, dataset: Any, mode: bool | None = None) -> Any:
-        """An iterator over ``dataset``, part of the checkpoint as ``mode`` says.
-
-        ``mode`` is ``run_loop``'s ``checkpoint_iterator``: ``None`` tracks the iterator
-        when TensorFlow can serialise it, else logs ``checkpoint.iterator_skipped`` once
-        and leaves it out; ``True`` raises :class:`CheckpointError` instead; ``False``
-        leaves it out. The check (:func:`._iterator_state.serialisation_problem`) runs
-        once per new iterator, before its position is restored and before any step.
-
-        The iterator of the same dataset object is reused within a session (so a retried
-        or second ``run_loop`` goes on where the last stopped); if the restored checkpoint
-        holds an iterator position, a new tracked iterator resumes from it.
-        """
-        from ._iterator_state import serialisation_problem, untrackable_error
-
-        if self._iterator_source is dataset and self._iterator is not None:
-            iterator = self._iterator
-        else:
-            iterator = iter(dataset)
-            self._iterator_source, self._iterator = dataset, iterator
-            self._iterator_problem = None if mode is False else serialisation_problem(iterator)
-            self._iterator_checked = mode is not False
-        if mode is not False and not self._iterator_checked:  # reused, never checked
-            self._iterator_problem = serialisation_problem(iterator)
-            self._iterator_checked = True
-        track = mode is not False
-        if track and self._iterator_problem is not None:
-            if mode:
-                raise untrackable_error(self._iterator_problem)
-            if self._iterator_logged is not iterator:
-                self._iterator_logged = iterator
-                log.warning(
-                    "checkpoint.iterator_skipped",
-                    reason=self._iterator_problem,
-                    action="left out of checkpoints: a resumed run restarts the data",
-                )
-            track = False
-        if track:
-            if getattr(self.checkpoint, ITERATOR_ATTR, None) is not iterator:
-                try:
-                    setattr(self.checkpoint, ITERATOR_ATTR, iterator)  # restores a deferred position
-                except tf().errors.OpError as exc:
-                    from ._iterator_state import restore_mismatch_error
-
-                    _untrack(self.checkpoint, ITERATOR_ATTR)
-                    self._iterator_source = self._iterator = None
-                    raise restore_mismatch_error(exc, self.last.path if self.last else None) from exc
-                self._iterator_share_pending = not self._iterator_share_logged
-        elif getattr(self.checkpoint, ITERATOR_ATTR, None) is not None:
-            _untrack(self.checkpoint, ITERATOR_ATTR)  # an earlier run_loop's iterator
-            self._iterator_share_pending = False
-        return iterator
+        """An iterator over ``dataset``, part of the checkpoint as ``mode`` says
+        (:meth:`.IteratorTracker.track`; a position that does not fit names the restored
+        checkpoint)."""
+        return self.iterators.track(dataset, mode, self.last.path if self.last else None)
 
     # -- any thread ----------------------------------------------------------------
 
@@ -315,45 +262,6 @@ class Checkpointer:
     def _check_abandon(self) -> None:
         if self._abandon.is_set():
             raise _write.SaveAbandoned("the save was abandoned: the stop's grace period ran out")
-
-    def _report_iterator_share(self, prefix: str) -> None:
-        """On the writer thread, after a commit: log once per session how much of the
-        checkpoint the data iterator's state is (``checkpoint.iterator_state``); a
-        warning when it is most of it (a large shuffle buffer). Never fails a save."""
-        if not self._iterator_share_pending:
-            return
-        try:
-            self._log_iterator_share(prefix)
-        except Exception:  # a report only: the checkpoint is committed, never fail the save
-            self._iterator_share_pending = False
-
-    def _log_iterator_share(self, prefix: str) -> None:
-        from ._iterator_state import DOMINANT_BYTES, DOMINANT_SHARE, iterator_share
-
-        try:
-            share = iterator_share(prefix)
-        except Exception as exc:  # an index this reader does not know (compressed, ...)
-            self._iterator_share_pending = False
-            log.debug("checkpoint.iterator_state_unknown", path=prefix, error=describe(exc))
-            return
-        if share is None:  # taken before the iterator was attached: the next one will tell
-            return
-        self._iterator_share_pending = False
-        self._iterator_share_logged = True
-        mine, total = share
-        ratio = round(mine / total, 3) if total else 0.0
-        if ratio > DOMINANT_SHARE and mine >= DOMINANT_BYTES:
-            log.warning(
-                "checkpoint.iterator_state",
-                bytes=mine,
-                checkpoint_bytes=total,
-                share=ratio,
-                path=prefix,
-                hint="the data iterator's buffers (shuffle, prefetch) are most of each checkpoint; a "
-                "smaller shuffle buffer or run_loop(..., checkpoint_iterator=False) makes checkpoints smaller",
-            )
-        else:
-            log.info("checkpoint.iterator_state", bytes=mine, checkpoint_bytes=total, share=ratio, path=prefix)
 
     # -- writer thread -------------------------------------------------------------
 
@@ -412,7 +320,7 @@ class Checkpointer:
             blocked_secs=round(snapshot.blocked_secs, 4),
             deleted=delete or None,
         )
-        self._report_iterator_share(info.path)
+        self.iterators.report_share(info.path)
         return info
 
     def prepare_next(self, snapshot: _snapshot.Snapshot, stopping: Callable[[], bool] | None = None) -> None:
@@ -469,15 +377,6 @@ def _relative_name(logdir: Path, path: str) -> str:
         return str(Path(path).relative_to(logdir))
     except ValueError:
         return path
-
-
-def _untrack(checkpoint: Any, name: str) -> None:
-    """Remove attribute ``name`` from ``checkpoint`` and from what it saves."""
-    if name in vars(checkpoint):
-        delattr(checkpoint, name)
-    delete = getattr(checkpoint, "_delete_tracking", None)
-    if delete is not None and any(ref.name == name for ref in checkpoint._checkpoint_dependencies):
-        delete(name)
 
 
 def write_checkpoint_now(

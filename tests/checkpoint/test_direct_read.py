@@ -170,7 +170,7 @@ def test_a_value_read_directly_is_in_the_huge_pages_it_fills(tmp_path: Path) -> 
     """The 5 MiB value read with direct I/O lands in two huge pages (the disk's requests
     then as large as 4 MiB, against ~1 MiB into small pages), and its last, partial 2 MiB
     in small ones (no huge page holds memory the value does not use); the variable holds
-    that memory (no copy). The 1 MiB value read directly is too small for one."""
+    that memory (no copy). Only the whole huge pages the value fills are advised huge."""
     path, _ = written(tmp_path)
     fallbacks = thp_fallbacks()
     variables, how = restore(path)
@@ -181,9 +181,8 @@ def test_a_value_read_directly_is_in_the_huge_pages_it_fills(tmp_path: Path) -> 
     if thp_fallbacks() == fallbacks:  # (else the kernel had no free huge page: small pages, as designed)
         assert huge_kib(address) == 4096
     assert huge_kib(address + (4 << 20)) == 0
-    # the 1 MiB value was not given huge pages (its heap mapping may hold other memory
-    # that was, numpy's own large arrays: so the advice on its own pages is what counts)
-    assert not advised_huge(memory(variables["odd"]))
+    # (the 1 MiB value gets no memory of its own: it lives in malloc's memory, which may
+    # be memory numpy advised huge for an earlier large array, so nothing is asserted of it)
 
 
 @pytest.mark.parametrize("how", ["flip", "truncate"])

@@ -1,0 +1,143 @@
+"""Which ``tf.data`` iterator a checkpoint holds: :class:`IteratorTracker`.
+
+``run_loop(fn, data=dataset, checkpoint_iterator=...)`` asks for an iterator over its
+dataset; the tracker gives the same one again within a session (a retried or second
+``run_loop`` goes on where the last stopped), checks once per new iterator whether
+TensorFlow can serialise it (:func:`._iterator_state.serialisation_problem`), attaches it
+to the checkpoint (restoring a saved position) or leaves it out, and after the first
+commit that holds it reports once how much of the checkpoint it is. On the step thread
+(:meth:`IteratorTracker.track`) and the writer thread (:meth:`IteratorTracker.report_share`);
+no file work but reading a committed checkpoint's index.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._logging import describe, get_logger
+from .._tf import tf
+from ._iterator_state import ITERATOR_ATTR
+
+__all__ = ["IteratorTracker"]
+
+log = get_logger(__name__)
+
+
+class IteratorTracker:
+    """``run_loop``'s data iterator in one ``tf.train.Checkpoint`` (see the module docstring).
+
+    Args:
+        checkpoint: the checkpoint the iterator is attached to (``asv_data_iterator``).
+    """
+
+    def __init__(self, checkpoint: Any) -> None:
+        self.checkpoint = checkpoint
+        self._iterator_source: Any = None
+        self._iterator: Any = None
+        self._iterator_problem: str | None = None  # why TF cannot serialise it
+        self._iterator_checked = False
+        self._iterator_logged: Any = None  # the iterator whose skip was logged
+        self._share_pending = False  # an iterator was attached; its share not yet logged
+        self._share_logged = False  # once per session
+
+    def track(self, dataset: Any, mode: bool | None = None, restored: str | None = None) -> Any:
+        """An iterator over ``dataset``, part of the checkpoint as ``mode`` says
+        (``restored``: the checkpoint restored, named if its position does not fit).
+
+        ``mode`` is ``run_loop``'s ``checkpoint_iterator``: ``None`` tracks the iterator
+        when TensorFlow can serialise it, else logs ``checkpoint.iterator_skipped`` once
+        and leaves it out; ``True`` raises :class:`CheckpointError` instead; ``False``
+        leaves it out. The check (:func:`._iterator_state.serialisation_problem`) runs
+        once per new iterator, before its position is restored and before any step.
+
+        The iterator of the same dataset object is reused within a session (so a retried
+        or second ``run_loop`` goes on where the last stopped); if the restored checkpoint
+        holds an iterator position, a new tracked iterator resumes from it.
+        """
+        from ._iterator_state import serialisation_problem, untrackable_error
+
+        if self._iterator_source is dataset and self._iterator is not None:
+            iterator = self._iterator
+        else:
+            iterator = iter(dataset)
+            self._iterator_source, self._iterator = dataset, iterator
+            self._iterator_problem = None if mode is False else serialisation_problem(iterator)
+            self._iterator_checked = mode is not False
+        if mode is not False and not self._iterator_checked:  # reused, never checked
+            self._iterator_problem = serialisation_problem(iterator)
+            self._iterator_checked = True
+        track = mode is not False
+        if track and self._iterator_problem is not None:
+            if mode:
+                raise untrackable_error(self._iterator_problem)
+            if self._iterator_logged is not iterator:
+                self._iterator_logged = iterator
+                log.warning(
+                    "checkpoint.iterator_skipped",
+                    reason=self._iterator_problem,
+                    action="left out of checkpoints: a resumed run restarts the data",
+                )
+            track = False
+        if track:
+            if getattr(self.checkpoint, ITERATOR_ATTR, None) is not iterator:
+                try:
+                    setattr(self.checkpoint, ITERATOR_ATTR, iterator)  # restores a deferred position
+                except tf().errors.OpError as exc:
+                    from ._iterator_state import restore_mismatch_error
+
+                    _untrack(self.checkpoint, ITERATOR_ATTR)
+                    self._iterator_source = self._iterator = None
+                    raise restore_mismatch_error(exc, restored) from exc
+                self._share_pending = not self._share_logged
+        elif getattr(self.checkpoint, ITERATOR_ATTR, None) is not None:
+            _untrack(self.checkpoint, ITERATOR_ATTR)  # an earlier run_loop's iterator
+            self._share_pending = False
+        return iterator
+
+    def report_share(self, prefix: str) -> None:
+        """On the writer thread, after a commit: log once per session how much of the
+        checkpoint the data iterator's state is (``checkpoint.iterator_state``); a
+        warning when it is most of it (a large shuffle buffer). Never fails a save."""
+        if not self._share_pending:
+            return
+        try:
+            self._log_share(prefix)
+        except Exception:  # a report only: the checkpoint is committed, never fail the save
+            self._share_pending = False
+
+    def _log_share(self, prefix: str) -> None:
+        from ._iterator_state import DOMINANT_BYTES, DOMINANT_SHARE, iterator_share
+
+        try:
+            share = iterator_share(prefix)
+        except Exception as exc:  # an index this reader does not know (compressed, ...)
+            self._share_pending = False
+            log.debug("checkpoint.iterator_state_unknown", path=prefix, error=describe(exc))
+            return
+        if share is None:  # taken before the iterator was attached: the next one will tell
+            return
+        self._share_pending = False
+        self._share_logged = True
+        mine, total = share
+        ratio = round(mine / total, 3) if total else 0.0
+        if ratio > DOMINANT_SHARE and mine >= DOMINANT_BYTES:
+            log.warning(
+                "checkpoint.iterator_state",
+                bytes=mine,
+                checkpoint_bytes=total,
+                share=ratio,
+                path=prefix,
+                hint="the data iterator's buffers (shuffle, prefetch) are most of each checkpoint; a "
+                "smaller shuffle buffer or run_loop(..., checkpoint_iterator=False) makes checkpoints smaller",
+            )
+        else:
+            log.info("checkpoint.iterator_state", bytes=mine, checkpoint_bytes=total, share=ratio, path=prefix)
+
+
+def _untrack(checkpoint: Any, name: str) -> None:
+    """Remove attribute ``name`` from ``checkpoint`` and from what it saves."""
+    if name in vars(checkpoint):
+        delattr(checkpoint, name)
+    delete = getattr(checkpoint, "_delete_tracking", None)
+    if delete is not None and any(ref.name == name for ref in checkpoint._checkpoint_dependencies):
+        delete(name)
