@@ -257,7 +257,10 @@ class CheckpointPart(SessionPart):
             self.saver.on_step()
 
     def services(self, ctx: SessionContext) -> Iterable[Service]:
-        """The checkpoint service (start-up and timed saves), when this session saves."""
+        """The checkpoint service (start-up and timed saves), when this session saves.
+        Asked on the loop as the session starts: the writer thread starts here."""
+        if self.saver is not None:
+            self.saver.start_writer()
         policy = self.save_policy
         if self.saver is None or policy is None:
             return []  # saving disabled: no start-up, timed or final checkpoint

@@ -14,10 +14,12 @@ In multi-worker training every worker has a saver and snapshots at the same step
 non-chief writes to a temporary directory (:mod:`._multi_worker` states the rule).
 
 Snapshots are taken on the step thread (see :mod:`._checkpoint`); writes run in order on
-one dedicated writer thread, never on the event loop nor on the step thread. The
-kernel-heavy part of each write (the data's ``write(2)`` calls, deleting retired
-checkpoints) runs on a second thread at the OS's idle priority, so that an event loop
-beside the training stays responsive (:mod:`.store.fast._idle_io`).
+one dedicated writer thread, started with the session, never on the event loop nor on
+the step thread. The step thread hands each snapshot straight to the writer (a waited-for
+save's waiter is made on the loop beforehand), with no trip through the event loop. With
+the fast store, the kernel-heavy part of each write (the data's ``write(2)`` calls,
+deleting retired checkpoints) runs on a second thread at the OS's idle priority, so that
+an event loop beside the training stays responsive (:mod:`.store.fast._idle_io`).
 
 Cadence (``checkpoint_when_busy``): with ``"wait"`` (the default) a step save that is due
 while the previous write is still in flight makes the step thread wait for it
@@ -44,14 +46,11 @@ phase=final_checkpoint``.
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-import anyio
 
 from .._core._clock import interval_ticks
 from .._core._services import FailureWindow, RestartPolicy, Service
@@ -89,13 +88,14 @@ _ABANDON_GRACE_SECS = 0.5
 
 
 class _Launched:
-    """The hand-off of one waited-for save: the writer's waiter, once the loop launched it."""
+    """The hand-off of one waited-for save: the writer's waiter (made on the loop by
+    ``save()``) and whether the step thread handed the snapshot to the writer."""
 
-    __slots__ = ("event", "waiter")
+    __slots__ = ("handed", "waiter")
 
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        self.waiter: Waiter[Any] | None = None
+    def __init__(self, waiter: Waiter[Any]) -> None:
+        self.waiter = waiter
+        self.handed = False
 
 
 #: how failed background saves are retried (by the next due save) before the session stops
@@ -266,7 +266,7 @@ class CheckpointSaver:
             return None
         with self._lock:
             self._in_flight += 1
-        ctx.loop.call_soon(functools.partial(self._launch, snap, keep))
+        self._hand_off(snap, keep)
         return snap.step
 
     # -- writer thread ---------------------------------------------------------------
@@ -328,13 +328,26 @@ class CheckpointSaver:
 
     # -- event loop ------------------------------------------------------------------
 
-    def _launch(self, snap: Snapshot, keep: _Launched | None) -> None:
+    def start_writer(self) -> None:
+        """On the loop, as the session starts: the writer thread (and the fast store's
+        idle-priority I/O thread), so that the step thread hands each snapshot straight
+        to it, with no trip through the event loop."""
+        if self._writer is None:
+            self._writer = self.ctx.new_thread("asv-checkpoint")
+            if self.checkpointer.store.fast.idle_io:
+                self._io = IdleIO(self.ctx.new_thread("asv-checkpoint-io").submit_nowait)
+
+    def _hand_off(self, snap: Snapshot, keep: _Launched | None) -> None:
+        """On the step thread: queue the write of ``snap`` on the writer (its outcome to
+        ``keep``'s waiter when a task waits for it)."""
         try:
             if self._writer is None:
-                self._writer = self.ctx.new_thread("asv-checkpoint")
-                if self.checkpointer.store.fast.idle_io:
-                    self._io = IdleIO(self.ctx.new_thread("asv-checkpoint-io").submit_nowait)
-            waiter = self._writer.submit(self._write, snap)
+                raise ThreadClosedError("the checkpoint writer was never started")
+            if keep is None:
+                self._writer.submit_nowait(self._write, snap)  # _write reports its own errors
+            else:
+                self._writer.submit_to(keep.waiter, self._write, snap)
+                keep.handed = True
         except ThreadClosedError as exc:  # the session is already closing its threads
             log.error("checkpoint.failed", step=snap.step, error=describe(exc))
             with self._lock:
@@ -342,10 +355,6 @@ class CheckpointSaver:
                 self._idle.notify_all()
                 if self._error is None:
                     self._error = exc
-            waiter = None
-        if keep is not None:
-            keep.waiter = waiter
-            keep.event.set()
 
     def _take_error(self) -> BaseException | None:
         with self._lock:
@@ -412,7 +421,7 @@ class CheckpointSaver:
                 log.info("checkpoint.waited", reason=reason, step=self.ctx.global_step, secs=round(time.perf_counter() - t0, 4))
                 self.raise_pending()
             force = True
-        launched = _Launched() if wait else None
+        launched = _Launched(self.ctx.loop.waiter()) if wait else None
         step = await self.ctx.step_thread.submit_at_boundary(self._snapshot, reason, force=force, keep=launched).wait()
         if step is None or not wait:
             if wait:  # this step is saved already, or being written
@@ -420,14 +429,12 @@ class CheckpointSaver:
                 self.raise_pending()
                 return self.checkpointer.last
             return None
-        # The launch was scheduled on the loop by the snapshot job; this wait may have
-        # returned before it ran (its result was set first), so wait for it.
+        # the snapshot job handed the write over before it returned
         assert launched is not None
-        await launched.event.wait()
-        waiter = launched.waiter
-        if waiter is None:  # the writer thread was already closed
+        if not launched.handed:  # the writer thread was already closed
             self.raise_pending()
             return None
+        waiter = launched.waiter
         if reason == "final":  # bounded by the stop's deadline: abandoned when it comes
             info: CheckpointInfo | None = await waiter.wait(self.abandon, grace_secs=_ABANDON_GRACE_SECS)
         else:

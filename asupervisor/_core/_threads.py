@@ -112,6 +112,14 @@ class DedicatedThread:
         self._jobs.put(_Job(fn, args, kwargs, waiter))
         return waiter
 
+    def submit_to(self, waiter: Waiter[Any], fn: Callable[..., Any], /, *args: Any) -> None:
+        """From any thread: queue ``fn(*args)``, its outcome going to ``waiter`` (made on
+        the loop beforehand, :meth:`LoopHandle.waiter`): a hand-off from another thread
+        whose result a task awaits, with no trip through the event loop."""
+        if self._closed:
+            raise ThreadClosedError(f"thread {self.name!r} is closed")
+        self._jobs.put(_Job(fn, args, {}, waiter))
+
     def submit_nowait(self, fn: Callable[..., Any], /, *args: Any) -> None:
         """Queue ``fn(*args)`` with no waiter: nothing wakes the event loop when it is done.
 

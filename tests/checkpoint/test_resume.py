@@ -203,11 +203,13 @@ class _PlainRestore:
 # These three run many child processes: ~40 s each alone on 2 shared cores, above the
 # default timeout; 300 s leaves room for a loaded CI machine and still catches a hang.
 @pytest.mark.timeout(300)
-def test_killed_and_resumed_training_is_bitwise_equal(tmp_path: Path) -> None:
+def test_killed_and_resumed_training_is_bitwise_equal(tmp_path: Path, checkpoint_store: str) -> None:
     """A training SIGKILLed at random moments and restarted, each restart resuming from
     the latest checkpoint on disk, ends bitwise equal to an uninterrupted one: every
-    variable, the optimizer slots, the generator, and the iterator's position."""
-    steps, save_steps, kills = 600, 7, 30
+    variable, the optimizer slots, the generator, and the iterator's position. (Half the
+    kills on the plain store, whose commit protocol is the fast store's: the suite's
+    time.)"""
+    steps, save_steps, kills = 600, 7, 30 if checkpoint_store == "fast" else 15
     rng = random.Random(1234)
     logdir = tmp_path / "killed"
     latest: int | None = None
@@ -264,12 +266,13 @@ def test_killed_and_resumed_training_is_bitwise_equal(tmp_path: Path) -> None:
         pytest.param(False, id="plain-tensors"),  # all written by asupervisor's bundle writer
     ],
 )
-def test_crash_consistency_under_repeated_sigkill(tmp_path: Path, tracked_data: bool) -> None:
+def test_crash_consistency_under_repeated_sigkill(tmp_path: Path, tracked_data: bool, checkpoint_store: str) -> None:
     """Dozens of SIGKILLs at random instants, during saves of 40 MB and between them,
     never leave a latest checkpoint that plain TensorFlow cannot restore in full, nor one
-    older than the last the process reported saved, nor older than after the kill before."""
+    older than the last the process reported saved, nor older than after the kill before
+    (half as many on the plain store)."""
     width = 300_000  # w1 16 x 300k, w2 300k x 1: 20.4 MB of float32, 40.8 MB with the momentum slots
-    kills, save_steps = 24, 3
+    kills, save_steps = (24 if checkpoint_store == "fast" else 12), 3
     rng = random.Random(99)
     plain = _PlainRestore(width, tracked_data)
     logdir = tmp_path / "run"

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -193,3 +194,45 @@ def test_refusal_errnos_cover_not_supported() -> None:
     for code in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
         assert _direct.is_refusal(OSError(code, os.strerror(code)))
     assert not _direct.is_refusal(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+
+
+@pytest.mark.anyio
+async def test_a_step_save_reaches_the_writer_while_the_event_loop_is_blocked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer thread starts with the session and the step thread hands each snapshot
+    straight to it: a step save is written while the event loop is blocked (it used to
+    be scheduled through the loop, and waited for it)."""
+    written = threading.Event()
+    loop_blocked = threading.Event()
+    real_write = Checkpointer.write
+
+    def write(self: Checkpointer, snapshot: Any, *args: Any, **kwargs: Any) -> Any:
+        if snapshot.step == 3:  # the step save (not the start-up save at step 0)
+            written.set()
+        return real_write(self, snapshot, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpointer, "write", write)
+    v = tf.Variable(0.0)
+    sv = asv.Supervisor(
+        tmp_path, state={"v": v}, save_model_steps=3, save_model_secs=0, save_summaries_secs=0,
+        handle_signals=False,
+    )
+
+    def step() -> None:
+        v.assign_add(1.0)
+        if sv.global_step == 0:
+            assert loop_blocked.wait(30)  # the loop is blocked from here on
+
+    got: list[bool] = []
+
+    async def block_the_loop() -> None:
+        loop_blocked.set()
+        got.append(written.wait(30))  # blocks the event loop's thread until the write begins
+
+    async with sv.managed_session() as sess:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(block_the_loop)
+            await sess.run_loop(step, max_steps=5)
+    assert got == [True]
+    assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-5")

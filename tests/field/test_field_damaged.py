@@ -130,6 +130,7 @@ def test_flipped_byte_in_optimizer_slot_resumes_from_previous_checkpoint(tmp_pat
     assert start_line(lines)[0] == 15 and lines[-1] == "end 20"
 
 
+@pytest.mark.fast_store  # the fast store's own reader (the plain store's is TF's: the tests above)
 @pytest.mark.parametrize("wide", [False, True], ids=["small", "wide"])
 def test_flipped_byte_in_a_value_read_directly_resumes_from_previous_checkpoint(tmp_path: Path, wide: bool) -> None:
     """The optimizer built before the session (``--build``): a restore reads the files
