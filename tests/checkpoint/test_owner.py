@@ -25,7 +25,7 @@ from asupervisor._checkpoint.store._owner import OWNER_FILE
 
 SCRIPT = Path(__file__).parent / "scripts" / "own_logdir.py"
 
-pytestmark = pytest.mark.usefixtures("no_new_threads", "checkpoint_store")  # a promise test: both stores
+pytestmark = pytest.mark.usefixtures("no_new_threads")  # the lock is the same code in both stores (PlainStore.prepare)
 
 
 class Owner:
