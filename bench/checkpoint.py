@@ -67,7 +67,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -373,6 +373,12 @@ def bench_backpressure(size_mb: int, every: int, steps: int, root: Path) -> dict
     return out
 
 
+def _in_ms(results: list[tuple[int, dict[str, float]]]) -> Iterator[tuple[int, dict[str, float], dict[str, float]]]:
+    """Each table's rows: the state size, its results (seconds) and the same in milliseconds."""
+    for size, r in results:
+        yield size, r, {k: v * 1000 for k, v in r.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="16 and 128 MB, 3 repeats")
@@ -424,8 +430,7 @@ def main() -> None:
             f"{'MB':>5} | {'asv':>7} {'(range)':>15} {'memcpy':>7} {'ratio':>6} | {'+next':>7} {'ratio':>6} | "
             f"{'tf async':>8} {'ratio':>6} | staging MB"
         )
-        for size, r in results:
-            ms = {k: v * 1000 for k, v in r.items()}
+        for size, r, ms in _in_ms(results):
             print(
                 f"{size:>5} | {ms['cost']:7.1f} {ms['cost_lo']:7.1f}-{ms['cost_hi']:<7.1f} {ms['memcpy']:7.1f} "
                 f"{r['cost'] / r['memcpy']:6.2f} | {ms['memcpy_next']:7.1f} {r['cost'] / r['memcpy_next']:6.2f} | "
@@ -438,8 +443,7 @@ def main() -> None:
             f"{'direct':>7} {'ratio':>6} | {'plain TF':>8} {'ratio':>6} | {'asv':>7} {'(range)':>15} {'ratio':>6} | "
             f"{'buffered':>8} {'(range)':>15} {'ratio':>6} | {'small pg':>8} {'(range)':>15} {'ratio':>6}"
         )
-        for size, r in results:
-            ms = {k: v * 1000 for k, v in r.items()}
+        for size, r, ms in _in_ms(results):
             print(
                 f"{size:>5} | {ms['cold_raw']:8.1f} {ms['cold_raw_direct']:7.1f} {r['cold_raw_direct'] / r['cold_raw']:6.2f} | "
                 f"{ms['cold_plain']:8.1f} {r['cold_plain'] / r['cold_raw']:6.2f} | "
@@ -455,8 +459,7 @@ def main() -> None:
             f"round shows in the ranges), ms\n{'MB':>5} | {'durable':>8} {'(range)':>15} | {'raw':>7} "
             f"{'(range)':>15} | {'ratio':>6} {'best/best':>9}"
         )
-        for size, r in results:
-            ms = {k: v * 1000 for k, v in r.items()}
+        for size, r, ms in _in_ms(results):
             print(
                 f"{size:>5} | {ms['durable']:8.1f} {ms['durable_lo']:7.1f}-{ms['durable_hi']:<7.1f} | "
                 f"{ms['raw']:7.1f} {ms['raw_lo']:7.1f}-{ms['raw_hi']:<7.1f} | {r['durable'] / r['raw']:6.2f} "
@@ -470,8 +473,7 @@ def main() -> None:
             f"{'/raw':>6} {'fast':>6} | {'restore':>8} {'plain':>7} {'ratio':>6} | {'cold':>7} {'plain':>7} "
             f"{'/raw rd':>7} {'fast':>6}"
         )
-        for size, r in results:
-            ms = {k: v * 1000 for k, v in r.items()}
+        for size, r, ms in _in_ms(results):
             print(
                 f"{size:>5} | {ms['cost']:7.1f} {ms['plain_cost']:7.1f} {r['plain_cost'] / r['memcpy']:7.2f} "
                 f"{r['cost'] / r['memcpy']:6.2f} | {ms['durable']:8.1f} {ms['plain_durable']:8.1f} "

@@ -13,6 +13,8 @@ import pytest
 
 #: the environment variable choosing the checkpoint store (asupervisor._checkpoint.store._options.ENV_VAR)
 STORE_ENV = "ASUPERVISOR_CHECKPOINT_STORE"
+#: the fast store runs on Linux only (asupervisor._checkpoint.store._options.fast_store_available)
+LINUX = sys.platform.startswith("linux")
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -53,8 +55,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """The promise tests (modules using the ``checkpoint_store`` fixture) run against both
     stores; one marked ``fast_store`` tests a mechanism of the fast store, on it alone."""
     if "checkpoint_store" in metafunc.fixturenames:
+        fast = pytest.param("fast", marks=pytest.mark.skipif(not LINUX, reason="the fast checkpoint store is Linux only"))
         fast_only = metafunc.definition.get_closest_marker("fast_store") is not None
-        metafunc.parametrize("checkpoint_store", ["fast"] if fast_only else ["fast", "plain"], indirect=True)
+        metafunc.parametrize("checkpoint_store", [fast] if fast_only else [fast, "plain"], indirect=True)
 
 
 @pytest.fixture
@@ -62,7 +65,5 @@ def checkpoint_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     """The checkpoint store of this run of a promise test: chosen through the environment
     variable, so that supervisors made in the test and child processes it starts use it."""
     kind: str = request.param
-    if kind == "fast" and not sys.platform.startswith("linux"):
-        pytest.skip("the fast checkpoint store is Linux only")
     monkeypatch.setenv(STORE_ENV, kind)
     return kind

@@ -232,9 +232,7 @@ def _pieces(snapshot: _snapshot.Snapshot, piece_bytes: int) -> list[list[tuple[s
     return pieces
 
 
-def _save_v2_in_pieces(
-    snapshot: _snapshot.Snapshot, prefix: str, check: Callable[[], None] | None, piece_bytes: int | None = None
-) -> None:
+def _save_v2_in_pieces(snapshot: _snapshot.Snapshot, prefix: str, check: Callable[[], None] | None) -> None:
     """The plain store's write: TF's ``SaveV2``, one call per piece of :data:`PIECE_BYTES`
     (:func:`_pieces`) into ``<prefix>_temp/``, ``check`` between calls (it raises to
     abandon the save), then ``MergeV2Checkpoints`` (TF's own multi-device saver does the
@@ -242,7 +240,7 @@ def _save_v2_in_pieces(
     tf_ = tf()
     from tensorflow.python.ops import gen_io_ops
 
-    pieces = _pieces(snapshot, PIECE_BYTES if piece_bytes is None else piece_bytes)
+    pieces = _pieces(snapshot, PIECE_BYTES)
     with tf_.device("/cpu:0"):
         if len(pieces) == 1:
             keys, specs, tensors = zip(*pieces[0])

@@ -177,3 +177,27 @@ def test_created_directories_are_fsynced_into_their_parents(tmp_path: Path, monk
     synced.clear()
     _writeback.make_dirs_durable(logdir)
     assert str(logdir.parent) in synced
+
+
+@pytest.mark.anyio
+async def test_a_filesystem_without_locks_trains_unowned_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem that takes no locks (``ENOLCK``: NFS mounted nolock) does not fail the
+    start as an unwritable logdir would: the training goes on unowned, and the warning
+    says that nothing stops a second one."""
+    import errno
+
+    from asupervisor._checkpoint.store import _owner
+    from asupervisor.testing import capture_logs
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(_owner.fcntl, "flock", no_locks)
+    with capture_logs() as logs:
+        async with supervisor(tmp_path / "run", save_model_steps=1).managed_session() as sess:
+            await sess.run_loop(lambda: None, max_steps=2)
+    warned = [e for e in logs if e["event"] == "checkpoint.owner_unlocked"]
+    assert warned and "No locks available" in warned[0]["error"], warned
+    assert tf.train.latest_checkpoint(str(tmp_path / "run")) is not None

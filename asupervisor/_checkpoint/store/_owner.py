@@ -7,7 +7,9 @@ but the lock file, with a :class:`CheckpointError` that names the owner (host, p
 start time). The lock is ``flock(2)`` on ``<logdir>/asupervisor.lock``: the kernel drops
 it when the owner's process ends, however it ends, so a SIGKILLed training never blocks
 the next run; the file stays (deleting it would race a newcomer that opened it) and says
-who held it last. Where the platform has no ``flock`` (Windows) there is no lock.
+who held it last. Where the platform has no ``flock`` (Windows), or the filesystem takes
+no locks (``ENOLCK``: NFS mounted ``nolock``; some FUSE filesystems), there is no lock,
+and the latter is logged ``checkpoint.owner_unlocked``.
 
 Only the process that writes the logdir (the chief) takes it; readers (evaluators,
 ``watch_checkpoints``, ``asupervisor inspect``, non-chief workers) never do. Plain file
@@ -16,6 +18,7 @@ work on the step thread at start-up; never on the event loop.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -23,7 +26,7 @@ import time
 from pathlib import Path
 
 from ..._exceptions import CheckpointError
-from ..._logging import get_logger
+from ..._logging import describe, get_logger
 
 try:
     import fcntl
@@ -36,6 +39,11 @@ log = get_logger(__name__)
 
 #: The lock file in a logdir; holds the owner's host, pid and start time (JSON).
 OWNER_FILE = "asupervisor.lock"
+
+#: errnos of a filesystem that takes no locks (the training goes on unowned, with a warning)
+_NO_LOCKS = frozenset(
+    e for e in (errno.ENOLCK, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", None), errno.ENOSYS, errno.EINVAL) if e is not None
+)
 
 
 def _describe_owner(raw: bytes) -> str:
@@ -84,6 +92,18 @@ class OwnerLock:
                     "two trainings in one logdir would overwrite each other's checkpoints; stop that "
                     "one or give this training another logdir"
                 ) from None
+            except OSError as exc:
+                if exc.errno not in _NO_LOCKS:
+                    raise
+                # a filesystem without locks (NFS mounted nolock, some FUSE): train unowned
+                log.warning(
+                    "checkpoint.owner_unlocked",
+                    path=str(self.path),
+                    error=describe(exc),
+                    hint="this filesystem takes no locks: nothing stops a second training into this logdir",
+                )
+                os.close(fd)
+                return
             me = {
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
