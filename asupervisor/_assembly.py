@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from ._checkpoint._cluster_stop import ClusterStopPart
 from ._checkpoint._part import CheckpointPart
 from ._checkpoint._policies import keep_policy_for, save_policy_for
+from ._checkpoint._remote_part import RemotePart
+from ._checkpoint.store.remote._tier import RemoteTier
 from ._progress._part import ProgressPart
 from ._summary._part import SummaryPart
 
@@ -30,6 +32,18 @@ def session_parts(config: SupervisorConfig) -> list[SessionPart]:
     cluster_stop: list[SessionPart] = (
         [ClusterStopPart(config.cluster)] if config.multi_worker and config.cluster is not None else []
     )
+    keep_policy = config.keep_policy or keep_policy_for(config.max_to_keep, config.keep_checkpoint_every_n_hours)
+    remote: list[SessionPart] = []
+    tier = None
+    if config.remote_url is not None and config.logdir is not None:
+        tier = RemoteTier(
+            config.remote_url,
+            config.logdir,
+            basename=config.checkpoint_basename,
+            keep_policy=keep_policy,
+            owner=bool(config.is_chief),
+        )
+        remote = [RemotePart(tier, upload_every=config.upload_every, upload_every_secs=config.upload_every_secs)]
     return [
         *progress,
         *cluster_stop,
@@ -42,9 +56,11 @@ def session_parts(config: SupervisorConfig) -> list[SessionPart]:
             multi_worker=config.multi_worker,
             save_policy=config.save_policy
             or save_policy_for(config.save_model_secs, config.save_model_steps, multi_worker=config.multi_worker),
-            keep_policy=config.keep_policy or keep_policy_for(config.max_to_keep, config.keep_checkpoint_every_n_hours),
+            keep_policy=keep_policy,
             when_busy=config.checkpoint_when_busy,
             staging=config.checkpoint_staging,
             fast_path=config.checkpoint_fast_path,
+            remote=tier,
         ),
+        *remote,  # after the checkpoint part: its final upload follows the final checkpoint
     ]

@@ -43,6 +43,14 @@ class SupervisorConfig:
     """All of ``Supervisor``'s settings; see :class:`asupervisor.Supervisor` for meanings."""
 
     logdir: Path | None
+    #: a URL logdir's local working directory (``None``: under the user's cache)
+    local_dir: str | os.PathLike[str] | None = None
+    #: the remote tier of a URL logdir gets every ``upload_every``-th local checkpoint...
+    upload_every: int = 1
+    #: ...or the newest one once ``upload_every_secs`` passed since the last upload
+    upload_every_secs: float | None = None
+    #: the URL of a URL logdir (``logdir`` is then its local working directory)
+    remote_url: str | None = field(default=None, init=False)
     state: Any = None
     global_step: Any = None
     is_chief: bool | None = None
@@ -93,10 +101,37 @@ class SupervisorConfig:
         cluster = self.cluster
         return cluster is not None and cluster.num_workers > 1 and cluster.task_type in ("chief", "master", "worker")
 
+    def _check_remote(self) -> None:
+        """A URL logdir: checked (its scheme served), and ``logdir`` set to its local
+        working directory."""
+        from ._checkpoint.store.remote._url import check_url, default_local_dir, is_url
+
+        if is_url(self.logdir):
+            url = check_url(str(self.logdir))
+            object.__setattr__(self, "remote_url", url)
+            if self.local_dir is not None:
+                if not isinstance(self.local_dir, (str, os.PathLike)) or is_url(self.local_dir):
+                    raise TypeError(f"local_dir must be a local path or None, got {self.local_dir!r}")
+                local: Path = Path(self.local_dir)
+            else:
+                cluster = self.cluster
+                task = None if self.is_chief or cluster is None else f"{cluster.task_type}-{cluster.task_index}"
+                local = default_local_dir(url, task)
+            object.__setattr__(self, "logdir", local)
+        elif self.local_dir is not None:
+            raise ValueError(
+                f"local_dir={str(self.local_dir)!r} is the local working directory of a URL logdir "
+                f"(s3://, gs://, ...); logdir {str(self.logdir)!r} is local"
+            )
+        if isinstance(self.upload_every, bool) or not isinstance(self.upload_every, int) or self.upload_every < 1:
+            raise ValueError(f"upload_every must be an int >= 1, got {self.upload_every!r}")
+        _check_secs("upload_every_secs", self.upload_every_secs, allow_none=True)
+
     def __post_init__(self) -> None:
+        self._check_remote()
         if self.logdir is not None:
             if not isinstance(self.logdir, (str, os.PathLike)):
-                raise TypeError(f"logdir must be a path or None, got {self.logdir!r}")
+                raise TypeError(f"logdir must be a path, a URL or None, got {self.logdir!r}")
             logdir = Path(self.logdir)
             if logdir.exists() and not logdir.is_dir():
                 raise ValueError(f"logdir {str(logdir)!r} exists and is not a directory")

@@ -31,7 +31,15 @@ class Supervisor:
     """Runs a training: restore or init, services beside the step loop, clean stops.
 
     Args:
-        logdir: where checkpoints and summaries go; ``None`` disables both services.
+        logdir: where checkpoints and summaries go: a directory, or a URL of object
+            storage (``s3://bucket/run``, ``gs://bucket/run``, any fsspec URL; see
+            ``docs/storage.md``); ``None`` disables both services.
+        local_dir: a URL logdir's local working directory, where checkpoints commit
+            before they are uploaded (default: under ``$XDG_CACHE_HOME/asupervisor``).
+        upload_every: a URL logdir gets every this-many-th local checkpoint (the final
+            one always)...
+        upload_every_secs: ...or the newest one once this many seconds passed since the
+            last upload (``None``: by count alone).
         state: a ``tf.train.Checkpoint`` or a dict of trackables (models, optimizers,
             variables, ``tf.random.Generator``); ``global_step`` is added to it.
         global_step: a scalar integer ``tf.Variable``; created when not given. The
@@ -102,6 +110,9 @@ class Supervisor:
         self,
         logdir: str | os.PathLike[str] | None = None,
         *,
+        local_dir: str | os.PathLike[str] | None = None,
+        upload_every: int = 1,
+        upload_every_secs: float | None = None,
         state: Any = None,
         global_step: Any = None,
         is_chief: bool | None = None,
@@ -130,6 +141,9 @@ class Supervisor:
         cluster = cluster_info()
         self.config = SupervisorConfig(
             logdir=logdir,  # type: ignore[arg-type]  # normalised to a Path
+            local_dir=local_dir,
+            upload_every=upload_every,
+            upload_every_secs=upload_every_secs,
             state=state,
             global_step=global_step,
             is_chief=cluster.is_chief if is_chief is None else is_chief,
@@ -168,7 +182,9 @@ class Supervisor:
 
     @property
     def logdir(self) -> str | None:
-        """The log directory, or ``None``."""
+        """The log directory (a URL logdir's URL), or ``None``."""
+        if self.config.remote_url is not None:
+            return self.config.remote_url
         return None if self.config.logdir is None else str(self.config.logdir)
 
     def managed_session(self) -> Runtime:

@@ -28,6 +28,7 @@ from ._policies import KeepPolicy, SaveMoment, SavePolicy, every_secs, every_ste
 from ._saver import CheckpointSaver, CheckpointService
 from .store._options import FastPath
 from .store._owner import OwnerLock
+from .store.remote._tier import RemoteTier
 
 if TYPE_CHECKING:
     from .._cluster import ClusterInfo
@@ -63,6 +64,8 @@ class CheckpointPart(SessionPart):
         when_busy: ``checkpoint_when_busy``.
         staging: ``checkpoint_staging`` (:class:`Checkpointer`'s ``staging``).
         fast_path: the store (``checkpoint_store``): :class:`Checkpointer`'s ``fast_path``.
+        remote: a URL logdir's remote tier (``logdir`` is then its local working
+            directory): opened, and its newest checkpoint brought down, before the restore.
     """
 
     name = "checkpoint"
@@ -80,8 +83,10 @@ class CheckpointPart(SessionPart):
         when_busy: str,
         staging: bool = True,
         fast_path: FastPath | None = None,
+        remote: RemoteTier | None = None,
     ) -> None:
         self.logdir = None if logdir is None else Path(logdir)
+        self.remote = remote
         self.fast_path = fast_path
         self.basename = basename
         self.is_chief = is_chief
@@ -136,7 +141,9 @@ class CheckpointPart(SessionPart):
         through ``..`` or a symlink); elsewhere, a one-off checkpointer for that
         directory with the same protocol.
         """
-        target = directory if directory is not None else self.logdir
+        target: str | Path | None = directory if directory is not None else self.logdir
+        if self.remote is not None and str(target).rstrip("/") == self.remote.url:
+            target = self.logdir  # the URL logdir: its local tier, uploaded from there
         if target is None:
             raise ValueError("no checkpoint directory: the Supervisor has no logdir")
         name = basename or self.basename
@@ -209,7 +216,11 @@ class CheckpointPart(SessionPart):
             if self._owner is None:
                 self._owner = OwnerLock(self.logdir)
             checkpointer.prepare(self._owner)
-        elif self.multi_worker:
+        if self.remote is not None:  # both tiers' newest checkpoint becomes the local latest
+            self.logdir.mkdir(parents=True, exist_ok=True)
+            self.remote.open()
+            self.remote.pull(checkpointer.store)
+        if not self.is_chief and self.multi_worker:
             assert self.cluster is not None
             worker_writer = WorkerTempWriter(
                 self.logdir, self.cluster, basename=self.basename, fast_path=checkpointer.store.fast

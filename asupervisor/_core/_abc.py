@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .._cluster import ClusterInfo
     from ._clock import Clock
     from ._services import Service
-    from ._status import CheckpointInfo, QueueStatistics, Status
+    from ._status import CheckpointInfo, QueueStatistics, RemoteStatus, Status
 
 __all__ = [
     "CheckpointSaving",
@@ -256,6 +256,8 @@ class SessionAttribute(TypedAttributeSet):
     checkpoints: CheckpointSaving = typed_attribute()
     #: the latest steps/sec measured (``None`` before the first measurement)
     steps_per_sec: float | None = typed_attribute()
+    #: the remote tier of a URL logdir
+    remote: RemoteStatus = typed_attribute()
 
 
 class SessionPart:

@@ -230,6 +230,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
             started_at=None if self._started is None else self._started[0],
             eta_secs=eta,
             restarts=MappingProxyType(dict(self._restarts)),
+            remote=self.extra(SessionAttribute.remote, None),
         )
 
     def _refresh_metrics(self) -> None:

@@ -7,7 +7,17 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PREEMPTED", "CheckpointInfo", "QueueStatistics", "Status", "exit_code"]
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_PREEMPTED",
+    "CheckpointInfo",
+    "QueueStatistics",
+    "RemoteStatus",
+    "Status",
+    "exit_code",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +59,33 @@ class QueueStatistics:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RemoteStatus:
+    """The remote tier of a URL logdir (``Status.remote``).
+
+    Attributes:
+        url: the logdir's URL.
+        local_dir: its local working directory.
+        uploaded_step: the step of the newest checkpoint committed on the remote
+            (``None``: none yet).
+        uploaded_at: when that checkpoint was committed (``time.time()``).
+        lag_steps: how many steps the remote's newest checkpoint is behind the local one.
+        lag_secs: how long the local newest checkpoint has waited for its upload (0 when
+            the remote has it).
+        uploading: whether an upload is in flight.
+        error: the last upload error, until an upload succeeds (``None``: none).
+    """
+
+    url: str
+    local_dir: str
+    uploaded_step: int | None = None
+    uploaded_at: float | None = None
+    lag_steps: int = 0
+    lag_secs: float = 0.0
+    uploading: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Status:
     """A snapshot of a supervisor, safe to keep and to read from any thread.
 
@@ -68,6 +105,7 @@ class Status:
         started_at: when the session started (``time.time()``), ``None`` before.
         eta_secs: seconds until ``max_steps`` at ``steps_per_sec``, else ``None``.
         restarts: how many times each service was restarted after a failure.
+        remote: a URL logdir's remote tier (its lag and errors), else ``None``.
     """
 
     running: bool
@@ -82,6 +120,7 @@ class Status:
     started_at: float | None = None
     eta_secs: float | None = None
     restarts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    remote: RemoteStatus | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """This status as plain JSON types (``json.dumps`` takes it as it is)."""

@@ -19,7 +19,16 @@ from typing import Any
 from ..._logging import get_logger
 from . import _names, _writeback
 
-__all__ = ["CheckpointState", "inspect_state", "read_own_state", "read_state", "set_aside_state", "write_state"]
+__all__ = [
+    "CheckpointState",
+    "inspect_state",
+    "parse_state_text",
+    "read_own_state",
+    "read_state",
+    "set_aside_state",
+    "state_text",
+    "write_state",
+]
 
 log = get_logger(__name__)
 
@@ -105,6 +114,29 @@ def inspect_state(logdir: Path) -> tuple[CheckpointState | None, str | None]:
         why = f"not text ({exc.reason} at byte {exc.start} of {len(raw)})"
         log.error("checkpoint.state_corrupt", path=str(path), reason=why)
         return None, why
+    state, problem = _parse_text(text, logdir)
+    if problem is not None:
+        log.error("checkpoint.state_corrupt", path=str(path), reason=problem)
+    return state, problem
+
+
+def parse_state_text(text: str) -> CheckpointState | None:
+    """A state file's text (a remote state object's) as a :class:`CheckpointState`, names
+    as written; ``None`` if it is not one."""
+    return _parse_text(text, None)[0]
+
+
+def state_text(state: CheckpointState) -> str:
+    """The text of a state file naming ``state`` (relative names, as TF writes it)."""
+    return _proto_text(state)
+
+
+def _parse_text(text: str, logdir: Path | None) -> tuple[CheckpointState | None, str | None]:
+    """``(state, None)`` or ``(None, why)``; names made relative to ``logdir`` when given."""
+    def relative(name: str) -> str:
+        return name if logdir is None else _names._relative(logdir, name)
+
+
     fields = _parse_state(text)  # the usual file, without protobuf's (slower) text parser
     if fields is None or any(len(fields.get(k, ())) > 1 for k in ("model_checkpoint_path", "last_preserved_timestamp")):
         from google.protobuf import text_format
@@ -113,9 +145,7 @@ def inspect_state(logdir: Path) -> tuple[CheckpointState | None, str | None]:
         try:
             text_format.Merge(text, proto)
         except (text_format.ParseError, UnicodeDecodeError, ValueError) as exc:
-            why = f"garbled ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})"
-            log.error("checkpoint.state_corrupt", path=str(path), reason=why)
-            return None, why
+            return None, f"garbled ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})"
         fields = {
             "model_checkpoint_path": [proto.model_checkpoint_path],
             "all_model_checkpoint_paths": list(proto.all_model_checkpoint_paths),
@@ -123,8 +153,8 @@ def inspect_state(logdir: Path) -> tuple[CheckpointState | None, str | None]:
             "last_preserved_timestamp": [proto.last_preserved_timestamp],
         }
     named = str((fields.get("model_checkpoint_path") or [""])[0])
-    paths = [_names._relative(logdir, str(p)) for p in fields.get("all_model_checkpoint_paths", [])]
-    latest = _names._relative(logdir, named) if named else None
+    paths = [relative(str(p)) for p in fields.get("all_model_checkpoint_paths", [])]
+    latest = relative(named) if named else None
     if latest is not None and latest not in paths:
         paths.append(latest)
     stamps = [float(t) for t in fields.get("all_model_checkpoint_timestamps", [])]  # type: ignore[arg-type]

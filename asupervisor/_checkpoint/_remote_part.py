@@ -1,0 +1,246 @@
+"""The remote tier's part of a session with a URL logdir: uploads beside the step loop,
+the lease's renewal, the final upload, ``status().remote``.
+
+Start-up's work (prove the remote, take its lease, bring its newest checkpoint down) is
+done by :class:`._part.CheckpointPart` before its restore, on the step thread, through
+the same :class:`.store.remote._tier.RemoteTier`. Here: the upload service watches the
+local tier's newest committed checkpoint and copies it up on its own thread
+(``asv-upload``) as the cadence says (every ``upload_every``-th, or once
+``upload_every_secs`` passed), retrying with backoff after an error while training goes
+on; the lease service renews the lease (``asv-lease``); at the stop, after the final
+checkpoint, the newest local checkpoint is uploaded within what is left of
+``stop_grace_secs``, else the log says what was left where. Never imports another feature.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from .._core._abc import SessionAttribute, SessionPart
+from .._core._services import Service
+from .._core._status import RemoteStatus
+from .._exceptions import CheckpointError
+from .._logging import describe, get_logger
+from .store.remote._tier import Abandoned, RemoteTier, Uploaded
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskStatus
+
+    from .._core._abc import SessionContext
+    from .._core._services import ServiceContext
+    from .._core._status import CheckpointInfo
+    from .._core._threads import DedicatedThread
+
+__all__ = ["RemotePart"]
+
+log = get_logger(__name__)
+
+#: how often the upload service looks for a new local checkpoint
+_POLL_SECS = 0.2
+#: backoff after a failed upload: doubling from the first to the last, then the last
+_RETRY_SECS = (1.0, 60.0)
+
+
+class RemotePart(SessionPart):
+    """The remote tier of a session (see the module docstring).
+
+    Args:
+        tier: the remote tier (opened by the checkpoint part at start-up).
+        upload_every: upload every this-many-th local checkpoint...
+        upload_every_secs: ...or the newest once this many seconds passed (``None``: no).
+    """
+
+    name = "remote"
+
+    def __init__(self, tier: RemoteTier, *, upload_every: int = 1, upload_every_secs: float | None = None) -> None:
+        self.tier = tier
+        self.upload_every = upload_every
+        self.upload_every_secs = upload_every_secs
+        self._thread: DedicatedThread | None = None
+        self._seen_step: int | None = None  # the newest local checkpoint counted
+        self._skipped = 0  # local checkpoints not uploaded since the last upload
+        self._last_upload_at: float | None = None  # session clock
+        self._uploading = False
+        self._error: str | None = None
+        self._ctx: SessionContext | None = None
+
+    # -- status ------------------------------------------------------------------------
+
+    def extra_attributes(self, ctx: SessionContext) -> Mapping[Any, Callable[[], Any]]:
+        """``SessionAttribute.remote``: the tier's status."""
+        return {SessionAttribute.remote: self.status}
+
+    def status(self) -> RemoteStatus:
+        """The remote tier's lag and errors, now (any thread)."""
+        uploaded = self.tier.uploaded
+        local = self._local()
+        lag_steps = 0
+        lag_secs = 0.0
+        if local is not None and (uploaded is None or local.step > uploaded.step):
+            lag_steps = local.step - (uploaded.step if uploaded is not None else 0)
+            lag_secs = max(0.0, time.time() - local.time)
+        return RemoteStatus(
+            url=self.tier.url,
+            local_dir=str(self.tier.local_dir),
+            uploaded_step=None if uploaded is None else uploaded.step,
+            uploaded_at=None if uploaded is None else uploaded.time,
+            lag_steps=lag_steps,
+            lag_secs=lag_secs,
+            uploading=self._uploading,
+            error=self._error,
+        )
+
+    # -- services ----------------------------------------------------------------------
+
+    def start(self, ctx: SessionContext) -> None:
+        """Keep the session: the checkpoint part's newest committed checkpoint is watched."""
+        self._ctx = ctx
+
+    def _local(self) -> CheckpointInfo | None:
+        """The local tier's newest committed checkpoint."""
+        checkpoints = None if self._ctx is None else self._ctx.extra(SessionAttribute.checkpoints, None)
+        return None if checkpoints is None else checkpoints.last
+
+    def services(self, ctx: SessionContext) -> Iterable[Service]:
+        """The upload and lease services (the owner of the remote only)."""
+        if not self.tier.owner or self.tier.io is None:
+            return []
+        self._thread = ctx.new_thread("asv-upload")
+        services: list[Service] = [_UploadService(self)]
+        if self.tier.lease is not None:
+            services.append(_LeaseService(self.tier, ctx.new_thread("asv-lease")))
+        return services
+
+    def _due(self, local: CheckpointInfo, now: float) -> bool:
+        """Whether the local checkpoint ``local`` (new) is to be uploaded now."""
+        if self._seen_step != local.step:
+            self._seen_step = local.step
+            self._skipped += 1
+        if self._last_upload_at is None or self._skipped >= self.upload_every:
+            return True
+        every = self.upload_every_secs
+        return every is not None and now - self._last_upload_at >= every
+
+    def _upload(self, local: CheckpointInfo) -> Uploaded | None:
+        """On the upload thread: upload ``local`` unless the remote has it already."""
+        uploaded = self.tier.uploaded
+        if uploaded is not None and uploaded.step >= local.step:
+            return uploaded
+        self._uploading = True
+        try:
+            return self.tier.upload(Path(local.path), local.step, local.time)
+        finally:
+            self._uploading = False
+
+    async def upload_newest(self, ctx: ServiceContext, *, force: bool) -> bool:
+        """Upload the newest local checkpoint if due (or ``force``); whether one went up."""
+        local = self._local()
+        uploaded = self.tier.uploaded
+        if local is None or (uploaded is not None and uploaded.step >= local.step):
+            return False
+        if not force and not self._due(local, ctx.clock.now()):
+            return False
+        assert self._thread is not None
+        done = await self._thread.submit(self._upload, local).wait(grace_secs=0)
+        self._error = None
+        self._skipped = 0
+        self._last_upload_at = ctx.clock.now()
+        return done is not None
+
+    # -- the end -----------------------------------------------------------------------
+
+    async def final(self, ctx: SessionContext) -> None:
+        """After the final checkpoint: upload the newest local checkpoint within the grace."""
+        if self._thread is None:
+            return
+        try:
+            await self.upload_newest(ctx, force=True)
+        except anyio.get_cancelled_exc_class():
+            self._left_behind("the stop's deadline came first")
+            raise
+        except Abandoned:
+            self._left_behind("the upload was abandoned")
+        except Exception as exc:
+            self._left_behind(describe(exc))
+            raise
+
+    def _left_behind(self, why: str) -> None:
+        local = self._local()
+        uploaded = self.tier.uploaded
+        log.warning(
+            "remote.left_behind",
+            url=self.tier.url,
+            local=None if local is None else local.path,
+            remote_latest=None if uploaded is None else uploaded.name,
+            why=why,
+            hint="the next start on this machine uploads it; elsewhere the remote's latest is resumed",
+        )
+
+    async def aclose(self, ctx: SessionContext) -> None:
+        """An upload still in flight stops at its next part."""
+        self.tier.abandon()
+
+    def release(self) -> None:
+        """The lease released and the connection closed (the step thread, at the end)."""
+        self.tier.close()
+
+
+class _UploadService(Service):
+    """Uploads the local tier's new checkpoints (see :class:`RemotePart`)."""
+
+    name = "upload"
+    restart = None  # it never fails: errors are retried here, with backoff
+
+    def __init__(self, part: RemotePart) -> None:
+        self.part = part
+
+    async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
+        """Watch, upload, retry after an error, until cancelled."""
+        task_status.started()
+        ctx.set_service_state(self.name, "running")
+        failures = 0
+        while True:
+            try:
+                await self.part.upload_newest(ctx, force=False)
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                wait = min(_RETRY_SECS[1], _RETRY_SECS[0] * 2 ** (failures - 1))
+                self.part._error = describe(exc)
+                log.warning("remote.upload_failed", url=self.part.tier.url, error=describe(exc), retry_secs=wait)
+                ctx.set_service_state(self.name, "backoff")
+                await anyio.sleep(wait)
+                ctx.set_service_state(self.name, "running")
+                continue
+            await anyio.sleep(_POLL_SECS)
+
+
+class _LeaseService(Service):
+    """Renews the lease every quarter of its time to live; a lost lease stops training."""
+
+    name = "lease"
+    restart = None  # a lost lease escalates: the session stops
+
+    def __init__(self, tier: RemoteTier, thread: DedicatedThread) -> None:
+        self.tier = tier
+        self.thread = thread
+
+    async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
+        """Renew until cancelled; a network error is retried at the next renewal."""
+        lease = self.tier.lease
+        assert lease is not None
+        task_status.started()
+        ctx.set_service_state(self.name, "running")
+        while True:
+            await anyio.sleep(lease.ttl / 4)
+            try:
+                await self.thread.submit(self.tier.renew).wait(grace_secs=0)
+            except CheckpointError:
+                raise  # taken over: this training must stop writing the logdir
+            except Exception as exc:
+                log.warning("remote.lease_renewal_failed", url=self.tier.url, error=describe(exc))

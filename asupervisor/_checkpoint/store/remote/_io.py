@@ -1,0 +1,86 @@
+"""The file system of a URL logdir, with an event loop of the session's own.
+
+fsspec's asynchronous implementations (``s3fs``, ``gcsfs``, ``adlfs``) run their
+coroutines on a loop in a background thread; by default a process-wide one that is never
+joined. :class:`RemoteFS` gives the file system a loop on a thread of its own
+(``asv-remote-io``) and :meth:`RemoteFS.close` closes the HTTP sessions on it, stops it and
+joins it, so that no thread outlives ``managed_session()``. Synchronous implementations
+(``memory://``, ``file://``) need no loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from typing import Any
+
+from ...._logging import describe, get_logger
+
+__all__ = ["RemoteFS"]
+
+log = get_logger(__name__)
+
+
+class RemoteFS:
+    """An fsspec file system for ``url`` (see the module docstring).
+
+    Attributes:
+        fs: the file system.
+        root: the logdir's path on it (no protocol, no trailing ``/``).
+    """
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+        from fsspec.asyn import AsyncFileSystem
+
+        scheme = url.split("://", 1)[0]
+        cls = fsspec.get_filesystem_class(scheme)
+        self.url = url
+        self.root = str(cls._strip_protocol(url)).rstrip("/")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        kwargs: dict[str, Any] = {"skip_instance_cache": True}
+        if issubclass(cls, AsyncFileSystem):
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="asv-remote-io", daemon=True)
+            thread.start()
+            self._loop, self._thread = loop, thread
+            kwargs["loop"] = loop
+        try:
+            self.fs = cls(**kwargs)
+        except BaseException:
+            self.close()
+            raise
+
+    def path(self, name: str) -> str:
+        """The full path of ``name`` under the root."""
+        return f"{self.root}/{name}"
+
+    def close(self) -> None:
+        """Close the HTTP sessions, stop the loop and join its thread (idempotent)."""
+        loop, thread = self._loop, self._thread
+        self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        fs = getattr(self, "fs", None)
+
+        async def close_sessions() -> None:
+            s3 = getattr(fs, "_s3", None)  # s3fs: an aiobotocore client
+            if s3 is not None:
+                await s3.__aexit__(None, None, None)
+            session = getattr(fs, "_session", None)  # gcsfs: an aiohttp session
+            if session is not None and hasattr(session, "close") and not getattr(session, "closed", True):
+                await session.close()
+            await asyncio.get_running_loop().shutdown_default_executor()  # its DNS lookups' threads
+
+        if thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(close_sessions(), loop).result(timeout=5)
+            except Exception as exc:  # best effort: the process may be ending anyway
+                log.debug("remote.close_failed", error=describe(exc))
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+        if not thread.is_alive():
+            with contextlib.suppress(Exception):
+                loop.close()

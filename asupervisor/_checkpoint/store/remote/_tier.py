@@ -1,0 +1,397 @@
+"""The remote tier of a URL logdir: prove it, own it, bring its newest checkpoint down,
+copy committed checkpoints up (see :mod:`._layout` for what the remote holds).
+
+Every method blocks (network calls) and runs on a thread of the session's: start-up's
+:meth:`RemoteTier.open` and :meth:`RemoteTier.pull` on the step thread before the first
+step, :meth:`RemoteTier.upload` on the upload thread (``asv-upload``), the lease's
+renewal on its own. Never on the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...._exceptions import CheckpointError
+from ...._logging import describe, get_logger
+from .. import _commit, _names, _state_file
+from ._io import RemoteFS
+from ._layout import (
+    MARKER_SUFFIX,
+    Marker,
+    RemoteCheckpoint,
+    crc32c_extend,
+    crc32c_hex,
+    crc32c_of,
+    list_remote,
+    marker_problem,
+)
+from ._lease import RemoteLease
+
+if TYPE_CHECKING:
+    from ..._policies import KeepPolicy
+    from .._local import PlainStore
+
+__all__ = ["RemoteTier", "Uploaded"]
+
+log = get_logger(__name__)
+
+#: bytes per write of an upload (and per part of a multipart upload): an abandoned
+#: upload stops within one
+PART_BYTES = 32 << 20
+_EVENTS = "events.out.tfevents."
+
+
+class Abandoned(Exception):
+    """An upload was abandoned (the stop's deadline)."""
+
+
+@dataclass(frozen=True)
+class Uploaded:
+    """The newest checkpoint committed on the remote.
+
+    Attributes:
+        name: its prefix name.
+        step: its step.
+        time: when it was committed there (``time.time()``).
+    """
+
+    name: str
+    step: int
+    time: float
+
+
+class RemoteTier:
+    """The remote tier of one URL logdir (see the module docstring).
+
+    Args:
+        url: the logdir's URL (checked: :func:`._url.check_url`).
+        local_dir: the local working directory (the local tier).
+        basename: checkpoint file prefix.
+        keep_policy: retention, applied on the remote too.
+        owner: whether this training writes the remote (the chief): it takes the lease,
+            cleans leftovers and uploads; the others only read.
+        wall_clock: the time source of commit times and the lease.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        local_dir: Path,
+        *,
+        basename: str,
+        keep_policy: KeepPolicy,
+        owner: bool,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.url = url
+        self.local_dir = Path(local_dir)
+        self.basename = basename
+        self.keep_policy = keep_policy
+        self.owner = owner
+        self.wall_clock = wall_clock
+        self.io: RemoteFS | None = None
+        self.lease: RemoteLease | None = None
+        #: the newest checkpoint committed on the remote (``None``: none yet)
+        self.uploaded: Uploaded | None = None
+        self._events_sent: dict[str, int] = {}
+        self._abandon = False
+
+    def __repr__(self) -> str:
+        return f"RemoteTier({self.url!r}, local_dir={str(self.local_dir)!r})"
+
+    # -- start-up (the step thread) ----------------------------------------------------
+
+    @property
+    def fs(self) -> Any:
+        assert self.io is not None, "open() first"
+        return self.io.fs
+
+    def _path(self, name: str) -> str:
+        assert self.io is not None
+        return self.io.path(name)
+
+    def open(self) -> None:
+        """Connect, prove the remote can be used (written, for the owner), take its lease
+        and remove the objects of checkpoints never committed (the owner).
+
+        Raises:
+            CheckpointError: the bucket does not exist, credentials are refused, the
+                remote cannot be written, or another training holds the lease.
+        """
+        self._abandon = False
+        if self.io is None:
+            try:
+                self.io = RemoteFS(self.url)
+            except Exception as exc:
+                raise CheckpointError(f"logdir {self.url} cannot be opened: {describe(exc)}") from exc
+        try:
+            if self.owner:
+                probe = self._path(f".asv-probe-{uuid.uuid4().hex[:8]}")
+                self.fs.pipe_file(probe, b"")
+                self.fs.rm_file(probe)
+            else:
+                self._listing()
+        except Exception as exc:
+            raise CheckpointError(
+                f"logdir {self.url} cannot be {'written' if self.owner else 'read'} "
+                f"(bucket, path or credentials): {describe(exc)}"
+            ) from exc
+        if self.owner:
+            if self.lease is None:
+                self.lease = RemoteLease(self.fs, self.io.root, self.url, self.wall_clock)
+            self.lease.acquire()
+            self._clean_leftovers()
+
+    def _listing(self) -> list[dict[str, Any]]:
+        assert self.io is not None
+        self.fs.invalidate_cache(self.io.root)
+        try:
+            return list(self.fs.ls(self.io.root, detail=True))
+        except FileNotFoundError:
+            return []
+
+    def checkpoints(self) -> list[RemoteCheckpoint]:
+        """The checkpoints on the remote, committed or not, oldest first."""
+        return list_remote(self._listing(), self.basename)
+
+    def _clean_leftovers(self) -> None:
+        for ckpt in self.checkpoints():
+            if not ckpt.committed:
+                self._delete(ckpt, marker_first=False)
+                log.warning("remote.leftover_removed", url=self.url, checkpoint=ckpt.name, objects=len(ckpt.sizes))
+
+    def _delete(self, ckpt: RemoteCheckpoint, *, marker_first: bool = True) -> None:
+        names = sorted(ckpt.sizes)
+        marker = ckpt.name + MARKER_SUFFIX
+        if marker_first and marker in names:  # from here on it does not exist for any reader
+            self._rm(marker)
+        for name in names:
+            if name != marker or not marker_first:
+                self._rm(name)
+
+    def _rm(self, name: str) -> None:
+        try:
+            self.fs.rm_file(self._path(name))
+        except FileNotFoundError:
+            pass
+
+    def _marker(self, ckpt: RemoteCheckpoint) -> Marker | None:
+        try:
+            marker = Marker.from_bytes(self.fs.cat_file(self._path(ckpt.name + MARKER_SUFFIX)))
+        except (FileNotFoundError, ValueError) as exc:
+            log.warning("remote.marker_unreadable", url=self.url, checkpoint=ckpt.name, error=describe(exc))
+            return None
+        problem = marker_problem(marker, ckpt.sizes)
+        if problem is not None:
+            log.warning("remote.checkpoint_damaged", url=self.url, checkpoint=ckpt.name, problem=problem)
+            return None
+        return marker
+
+    def committed(self) -> list[tuple[RemoteCheckpoint, Marker]]:
+        """The committed checkpoints whose objects match their markers, newest first."""
+        out = []
+        for ckpt in reversed(self.checkpoints()):
+            if ckpt.committed:
+                marker = self._marker(ckpt)
+                if marker is not None:
+                    out.append((ckpt, marker))
+        return out
+
+    def pull(self, store: PlainStore) -> str | None:
+        """Make the newest committed checkpoint of both tiers the local latest: download
+        the remote's newest when it is newer than the local tier's (a fresh machine, or
+        another machine trained on), verified against its marker's checksums; a damaged
+        one is skipped for the next older. Returns the name downloaded, or ``None``."""
+        local = store.complete_checkpoints(self.basename)
+        local_step = _names.step_of(local[0]) if local else None
+        committed = self.committed()
+        if committed:
+            newest = committed[0][1]
+            self.uploaded = Uploaded(newest.name, newest.step, newest.committed_at)
+        for ckpt, marker in committed:
+            if local_step is not None and ckpt.step <= local_step:
+                if ckpt.step < local_step:
+                    log.info("remote.behind", url=self.url, remote_step=ckpt.step, local_step=local_step)
+                return None
+            try:
+                self._download(store, marker)
+            except CheckpointError as exc:
+                log.warning("remote.checkpoint_damaged", url=self.url, checkpoint=ckpt.name, problem=str(exc))
+                continue
+            return ckpt.name
+        return None
+
+    def _download(self, store: PlainStore, marker: Marker) -> None:
+        tmp = self.local_dir / f"{marker.name}{_names.TMP_MARKER}dl{uuid.uuid4().hex[:8]}"
+        started = time.monotonic()
+        try:
+            for name, (size, crc) in marker.files.items():
+                target = Path(f"{tmp}{name[len(marker.name):]}")
+                self.fs.get_file(self._path(name), str(target))
+                got = os.path.getsize(target)
+                if got != size or crc32c_of(target) != crc:
+                    raise CheckpointError(f"{name}: its bytes do not match its commit marker (size {got}, expected {size})")
+            with store.commit_lock:
+                state = store.read_state() or _state_file.CheckpointState()
+                paths = [p for p in state.paths if p != marker.name] + [marker.name]
+                stamps = [t for p, t in zip(state.paths, state.timestamps) if p != marker.name] + [marker.committed_at]
+                new = _state_file.CheckpointState(marker.name, paths, stamps, state.last_preserved)
+                _commit.commit(tmp, self.local_dir / marker.name, new)
+        except BaseException:
+            _commit.remove_partial(tmp)
+            raise
+        size = sum(s for s, _ in marker.files.values())
+        log.info("remote.downloaded", url=self.url, checkpoint=marker.name, bytes=size, secs=round(time.monotonic() - started, 3))
+
+    # -- uploads (the upload thread) ---------------------------------------------------
+
+    def abandon(self) -> None:
+        """Any thread: stop an upload in flight at its next part (the stop's deadline)."""
+        self._abandon = True
+
+    def _check(self) -> None:
+        if self._abandon:
+            raise Abandoned("the upload was abandoned at the stop's deadline")
+
+    def _put(self, local: Path, name: str) -> tuple[int, str]:
+        """Upload ``local`` as ``name`` in parts (abandonable between two); its size and CRC32C."""
+        crc = 0
+        size = 0
+        f = self.fs.open(self._path(name), "wb", block_size=PART_BYTES)
+        done = False
+        try:
+            with open(local, "rb") as src:
+                while chunk := src.read(PART_BYTES):
+                    self._check()
+                    crc = crc32c_extend(crc, chunk)
+                    f.write(chunk)
+                    size += len(chunk)
+            self._check()
+            f.close()
+            done = True
+        finally:
+            if not done:
+                discard = getattr(f, "discard", None)
+                if callable(discard):  # s3fs, gcsfs: the multipart upload is aborted
+                    try:
+                        discard()
+                    except Exception as exc:
+                        log.debug("remote.discard_failed", error=describe(exc))
+        return size, crc32c_hex(crc)
+
+    def upload(self, prefix: Path, step: int, committed_at: float) -> Uploaded | None:
+        """Copy the local checkpoint ``prefix`` to the remote and commit it there: its
+        files, then its marker, then the state object; then retention on the remote and
+        the summaries. ``None`` when the checkpoint is no longer on the local disk
+        (retention deleted it meanwhile: a newer one follows).
+
+        Raises:
+            Abandoned: the stop's deadline came first (the previous remote checkpoint
+                stays the latest).
+            Exception: a network or storage error (the caller retries).
+        """
+        name = prefix.name
+        files = _names.checkpoint_files(prefix)
+        if _names.missing_files(prefix) is not None:
+            return None
+        started = time.monotonic()
+        sums: dict[str, tuple[int, str]] = {}
+        data = [f for f in files if not f.name.endswith(".index")]
+        index = [f for f in files if f.name.endswith(".index")]
+        try:
+            for f in data + index:
+                sums[f.name] = self._put(f, f.name)
+        except FileNotFoundError:
+            return None  # retired locally meanwhile
+        self._check()
+        marker = Marker(name, step, sums, committed_at)
+        self.fs.pipe_file(self._path(name + MARKER_SUFFIX), marker.to_bytes())
+        uploaded = Uploaded(name, step, committed_at)
+        self.uploaded = uploaded
+        self._write_state(marker)
+        size = sum(s for s, _ in sums.values())
+        secs = time.monotonic() - started
+        log.info("remote.uploaded", url=self.url, checkpoint=name, step=step, bytes=size, secs=round(secs, 3))
+        self.sync_events()
+        return uploaded
+
+    def _read_remote_state(self) -> _state_file.CheckpointState | None:
+        try:
+            text = self.fs.cat_file(self._path(_names.STATE_FILE)).decode()
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            log.warning("remote.state_unreadable", url=self.url, error=describe(exc))
+            return None
+        parsed = _state_file.parse_state_text(text)
+        if parsed is None:
+            log.warning("remote.state_damaged", url=self.url, hint="rebuilt from the commit markers")
+        return parsed
+
+    def _write_state(self, marker: Marker) -> None:
+        """Name ``marker``'s checkpoint in the state object and apply retention."""
+        committed = {c.name: m for c, m in self.committed()}
+        state = self._read_remote_state()
+        if state is None:  # none yet, or damaged: the markers say what is committed
+            ordered = sorted(committed.values(), key=lambda m: m.step)
+            state = _state_file.CheckpointState(None, [m.name for m in ordered], [m.committed_at for m in ordered])
+        entries = [(p, t) for p, t in zip(state.paths, state.timestamps) if p in committed and p != marker.name]
+        entries.append((marker.name, marker.committed_at))
+        entries.sort(key=lambda e: _names.step_of(e[0]) or 0)
+        newest = entries[-1][0]
+        state = _state_file.CheckpointState(newest, [p for p, _ in entries], [t for _, t in entries], state.last_preserved)
+        prefix = f"{self.basename}-"
+        state, delete = _commit.select_retention(
+            state,
+            policy=self.keep_policy,
+            managed=lambda p, t: p.startswith(prefix) and p[len(prefix) :].isdigit(),
+        )
+        self.fs.pipe_file(self._path(_names.STATE_FILE), _state_file.state_text(state).encode())
+        by_name = {c.name: c for c in self.checkpoints()}
+        for name in delete:
+            if name in by_name:
+                self._delete(by_name[name])
+                log.debug("remote.retired", url=self.url, checkpoint=name)
+
+    def sync_events(self) -> None:
+        """Upload the summaries' event files that grew since they were last uploaded."""
+        try:
+            entries = [e for e in os.listdir(self.local_dir) if e.startswith(_EVENTS)]
+        except FileNotFoundError:
+            return
+        for entry in sorted(entries):
+            try:
+                size = os.path.getsize(self.local_dir / entry)
+            except FileNotFoundError:
+                continue
+            if self._events_sent.get(entry) == size:
+                continue
+            self._check()
+            self.fs.put_file(str(self.local_dir / entry), self._path(entry))
+            self._events_sent[entry] = size
+
+    # -- the end -----------------------------------------------------------------------
+
+    def renew(self) -> None:
+        """Renew the lease (the lease thread)."""
+        if self.lease is not None and self.lease.number is not None:
+            self.lease.renew()
+
+    def close(self) -> None:
+        """Release the lease and close the connection (the step thread, at the end)."""
+        try:
+            if self.lease is not None:
+                try:
+                    self.lease.release()
+                except Exception as exc:  # expires by itself: the next training waits for it
+                    log.warning("remote.lease_release_failed", url=self.url, error=describe(exc))
+        finally:
+            io, self.io = self.io, None
+            if io is not None:
+                io.close()

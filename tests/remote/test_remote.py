@@ -1,0 +1,223 @@
+"""URL logdirs against a real S3 server (moto's, on 127.0.0.1): train to ``s3://``, a fresh
+machine (an empty local working directory) resumes bitwise, only committed checkpoints
+exist for readers, retention applies on the remote, bad buckets and credentials fail the
+start, one owner per remote logdir, unknown schemes are refused at construction."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from servers import Server, moto_server, running, s3_client
+
+import asupervisor as asv
+from asupervisor._checkpoint.store.remote._lease import LEASE_PREFIX
+
+pytestmark = pytest.mark.usefixtures("no_new_threads")
+
+
+def _model() -> dict[str, Any]:
+    tf.keras.utils.set_random_seed(1)
+    w = tf.Variable(tf.random.normal([64, 32]), name="w")
+    gen = tf.random.Generator.from_seed(7)
+    return {"w": w, "gen": gen}
+
+
+def _step(state: dict[str, Any]) -> None:
+    state["w"].assign_add(state["gen"].normal([64, 32]))
+
+
+async def _train(url: str, local: Path, steps: int, **kwargs: Any) -> tuple[asv.Supervisor, dict[str, Any]]:
+    state = _model()
+    kwargs.setdefault("save_model_steps", 5)
+    sv = asv.Supervisor(url, local_dir=local, state=state, save_model_secs=0, handle_signals=False, **kwargs)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: _step(state), max_steps=steps)
+    return sv, state
+
+
+def _keys(endpoint: str, url: str) -> list[str]:
+    bucket, prefix = url[len("s3://") :].split("/", 1)
+    listing: Any = s3_client(endpoint).list_objects_v2(Bucket=bucket, Prefix=prefix + "/")  # type: ignore[attr-defined]
+    return sorted(o["Key"][len(prefix) + 1 :] for o in listing.get("Contents", []))
+
+
+def _put(endpoint: str, url: str, name: str, body: bytes) -> None:
+    bucket, prefix = url[len("s3://") :].split("/", 1)
+    s3_client(endpoint).put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=body)  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_a_fresh_machine_resumes_bitwise_from_s3(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
+    """Train 12 steps into s3://; a second training with an empty local working directory
+    downloads the newest checkpoint and goes on exactly as one uninterrupted run does."""
+    sv, _ = await _train(s3_url, tmp_path / "machine-a", 12)
+    remote = sv.status().remote
+    assert remote is not None and remote.uploaded_step == 12 and remote.lag_steps == 0 and remote.error is None
+    assert sv.logdir == s3_url
+    keys = _keys(s3_env.endpoint, s3_url)
+    assert "model.ckpt-12.asv-commit" in keys and "checkpoint" in keys, keys
+    marker = json.loads(s3_client(s3_env.endpoint).get_object(  # type: ignore[attr-defined]
+        Bucket=s3_url[5:].split("/")[0], Key="run/model.ckpt-12.asv-commit")["Body"].read())
+    assert marker["step"] == 12 and "model.ckpt-12.index" in marker["files"]
+
+    sv2, resumed = await _train(s3_url, tmp_path / "machine-b", 20)
+    assert sv2.status().global_step == 20
+    reference = _model()
+    for _ in range(20):
+        _step(reference)
+    np.testing.assert_array_equal(resumed["w"].numpy(), reference["w"].numpy())
+    assert sorted(p.name for p in (tmp_path / "machine-b").glob("model.ckpt-12.*")) == [
+        "model.ckpt-12.data-00000-of-00001",
+        "model.ckpt-12.index",
+    ]
+
+
+@pytest.mark.anyio
+async def test_objects_without_a_marker_do_not_exist_and_are_removed(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
+    """A checkpoint's objects without its commit marker (an upload cut short) are not
+    restored by anyone, and the next owner removes them at start."""
+    await _train(s3_url, tmp_path / "a", 10)
+    _put(s3_env.endpoint, s3_url, "model.ckpt-99.index", b"half an upload")
+    _put(s3_env.endpoint, s3_url, "model.ckpt-99.data-00000-of-00001", b"x" * 100)
+    sv, _ = await _train(s3_url, tmp_path / "b", 12)
+    assert sv.status().global_step == 12  # resumed at 10, not 99
+    keys = _keys(s3_env.endpoint, s3_url)
+    assert not [k for k in keys if k.startswith("model.ckpt-99")], keys
+
+
+@pytest.mark.anyio
+async def test_a_damaged_state_object_is_rebuilt_from_the_markers(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
+    """Garbage in the remote ``checkpoint`` object: the start restores the newest committed
+    checkpoint from the markers, and the next upload writes a good state object."""
+    await _train(s3_url, tmp_path / "a", 10)
+    _put(s3_env.endpoint, s3_url, "checkpoint", b"\x00\xffnot a state\x01")
+    sv, _ = await _train(s3_url, tmp_path / "b", 15)
+    assert sv.status().global_step == 15
+    bucket = s3_url[5:].split("/")[0]
+    text = s3_client(s3_env.endpoint).get_object(Bucket=bucket, Key="run/checkpoint")["Body"].read().decode()  # type: ignore[attr-defined]
+    assert 'model_checkpoint_path: "model.ckpt-15"' in text
+
+
+@pytest.mark.anyio
+async def test_retention_applies_on_the_remote(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
+    """max_to_keep=2: the remote keeps the newest two committed checkpoints, markers and
+    files, and the state object names just them."""
+    for steps in (3, 6, 9):  # each run's final checkpoint is uploaded at its stop
+        await _train(s3_url, tmp_path / "a", steps, max_to_keep=2, save_model_steps=100)
+    keys = _keys(s3_env.endpoint, s3_url)
+    steps_left = sorted({int(k.split("-")[1].split(".")[0]) for k in keys if k.startswith("model.ckpt-")})
+    assert steps_left == [6, 9], keys
+    for step in steps_left:
+        assert f"model.ckpt-{step}.asv-commit" in keys
+
+
+@pytest.mark.anyio
+async def test_a_local_checkpoint_newer_than_the_remote_is_used_and_uploaded(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
+    """A restart on the same machine whose newest local checkpoint never reached the
+    remote (upload_every=1000 and no final upload: a kill) resumes from it and uploads it."""
+    local = tmp_path / "a"
+    await _train(s3_url, local, 10)
+    remote_before = _keys(s3_env.endpoint, s3_url)
+    # a newer local checkpoint the remote never got: a plain local training into the same directory
+    state = _model()
+    sv = asv.Supervisor(local, state=state, save_model_secs=0, save_model_steps=5, handle_signals=False)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: _step(state), max_steps=15)
+    assert "model.ckpt-15.asv-commit" not in remote_before
+    sv2, _ = await _train(s3_url, local, 16)
+    assert sv2.status().global_step == 16
+    assert "model.ckpt-16.asv-commit" in _keys(s3_env.endpoint, s3_url)
+
+
+async def _start_fails(url: str, local: Path, match: str) -> None:
+    """A training into ``url`` fails its start with a CheckpointError matching ``match``,
+    before its first step."""
+    sv = asv.Supervisor(url, local_dir=local, state=_model(), handle_signals=False)
+    with pytest.raises(asv.CheckpointError, match=match):
+        async with sv.managed_session():
+            pytest.fail("the session started")
+    assert not list(local.glob("model.ckpt-*"))
+
+
+@pytest.mark.anyio
+async def test_a_missing_bucket_fails_the_start(s3_env: Server, tmp_path: Path) -> None:
+    """A bucket that does not exist: a CheckpointError naming the URL before the first step."""
+    await _start_fails("s3://no-such-bucket-here/run", tmp_path / "l", r"s3://no-such-bucket-here/run cannot be written")
+
+
+@pytest.mark.anyio
+async def test_refused_credentials_fail_the_start(s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys the server does not know (moto checking credentials, as S3 does): a
+    CheckpointError naming the URL and the refusal, before the first step."""
+    with running(moto_server(check_credentials=True)) as strict:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", strict.endpoint)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIANOTAKEY")
+        await _start_fails("s3://bucket/run", tmp_path / "l", r"s3://bucket/run cannot be written .*PermissionError")
+
+
+@pytest.mark.anyio
+async def test_an_unreachable_endpoint_fails_the_start(s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing listening at the endpoint: a CheckpointError before the first step."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the discard port: nothing listens
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    await _start_fails("s3://bucket/run", tmp_path / "l", "Could not connect")
+
+
+@pytest.mark.anyio
+async def test_a_second_training_is_refused_naming_the_owner(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
+    """While a training owns the remote logdir, a second one (another machine: another
+    local directory) fails at start naming the owner; after the first ends, it starts."""
+    state = _model()
+    sv = asv.Supervisor(s3_url, local_dir=tmp_path / "a", state=state, save_model_secs=0, handle_signals=False)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: _step(state), max_steps=3)
+        second = asv.Supervisor(s3_url, local_dir=tmp_path / "b", state=_model(), handle_signals=False)
+        with pytest.raises(asv.CheckpointError, match=r"in use by another training \(host .* pid \d+"):
+            async with second.managed_session():
+                pytest.fail("two owners")
+    sv3, _ = await _train(s3_url, tmp_path / "b", 5)
+    assert sv3.status().global_step == 5
+
+
+@pytest.mark.anyio
+async def test_an_expired_lease_is_taken_over(s3_url: str, s3_env: Server, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A lease not renewed for its time to live (its owner died on another machine) is
+    taken over, and the log says whose it was."""
+    dead = {"owner": "x", "host": "gone-host", "pid": 4242, "renewed": 1000.0, "ttl": 60, "released": False}
+    _put(s3_env.endpoint, s3_url, f"{LEASE_PREFIX}00000003", json.dumps(dead).encode())
+    with caplog.at_level("WARNING", logger="asupervisor"):
+        sv, _ = await _train(s3_url, tmp_path / "a", 3)
+    assert sv.status().global_step == 3
+    assert "remote.lease_taken_over" in caplog.text and "gone-host" in caplog.text
+    assert f"{LEASE_PREFIX}00000004" in _keys(s3_env.endpoint, s3_url)
+
+
+@pytest.mark.parametrize(
+    ("logdir", "match"),
+    [
+        ("nosuch://bucket/run", r"no storage implementation handles nosuch://"),
+        ("s3://", r"names no bucket or path"),
+    ],
+)
+def test_unknown_schemes_are_refused_at_construction(logdir: str, match: str, tmp_path: Path) -> None:
+    """A URL nothing serves is a ValueError naming it, never a local folder."""
+    with pytest.raises(ValueError, match=match):
+        asv.Supervisor(logdir)
+    assert not Path("nosuch:").exists()
+
+
+def test_local_dir_is_for_url_logdirs_only(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="local_dir="):
+        asv.Supervisor(tmp_path / "run", local_dir=tmp_path / "l")
+
+
+def test_the_default_local_dir_is_under_the_user_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    sv = asv.Supervisor("memory://bucket/run")
+    assert Path(sv.config.logdir).parent == tmp_path / "asupervisor"  # type: ignore[arg-type]
+    assert sv.logdir == "memory://bucket/run"
