@@ -19,6 +19,7 @@ from typing import Any
 
 from ._checkpoint._iterator_state import iterator_share
 from ._checkpoint.store import _names, _state_file
+from ._exceptions import SupervisorError
 
 __all__ = ["inspect_logdir", "run"]
 
@@ -64,12 +65,73 @@ def _scalars(logdir: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def _inspect_remote(url: str) -> dict[str, Any]:
+    """:func:`inspect_logdir` of a URL logdir, from its listing, markers and state object
+    (nothing is downloaded: "loads" means the objects match their commit marker)."""
+    from ._checkpoint.store.remote._layout import MARKER_SUFFIX, Marker, marker_problem
+    from ._checkpoint.store.remote._tier import RemoteTier
+    from ._checkpoint.store.remote._url import check_url, default_local_dir
+
+    url = check_url(url)
+    tier = RemoteTier(url, default_local_dir(url, "inspect"), basename=None, keep_policy=None, owner=False)
+    try:
+        tier.open()
+        state, problem = tier.read_state()
+        listed = tier.checkpoints()
+        owner = tier.lease_owner()
+        checkpoints = []
+        for ckpt in [c for c in listed if c.committed]:
+            error: str | None = None
+            when: float | None = None
+            try:
+                marker = Marker.from_bytes(tier.fs.cat_file(tier.io.path(ckpt.name + MARKER_SUFFIX)))  # type: ignore[union-attr]
+                when = marker.committed_at
+                error = marker_problem(marker, ckpt.sizes)
+            except (FileNotFoundError, ValueError) as exc:
+                error = f"commit marker unreadable: {exc}"
+            checkpoints.append(
+                {
+                    "name": ckpt.name,
+                    "step": ckpt.step,
+                    "time": when,
+                    "bytes": sum(size for name, size in ckpt.sizes.items() if not name.endswith(MARKER_SUFFIX)),
+                    "loads": error is None,
+                    "error": error,
+                    "named_in_state_file": state is not None and ckpt.name in state.paths,
+                    "latest": state is not None and ckpt.name == state.latest,
+                }
+            )
+        leftovers = sorted(name for c in listed if not c.committed for name in c.sizes)
+    except SupervisorError as exc:
+        raise FileNotFoundError(str(exc)) from None
+    finally:
+        tier.close()
+    report: dict[str, Any] = {
+        "logdir": url,
+        "state_file": {"latest": None if state is None else state.latest, "problem": problem},
+        "checkpoints": checkpoints,
+        "leftovers": leftovers,
+        "iterator_share": None,
+        "scalars": {},
+        "owner": owner,
+    }
+    report["ok"] = problem is None and all(c["loads"] for c in checkpoints)
+    return report
+
+
 def inspect_logdir(logdir: str | os.PathLike[str]) -> dict[str, Any]:
     """A report of ``logdir`` (plain JSON types); ``ok`` is whether nothing is wrong.
+    A URL logdir is reported from its objects (see ``docs/storage.md``).
 
     Raises:
-        FileNotFoundError: ``logdir`` does not exist or is not a directory.
+        FileNotFoundError: ``logdir`` does not exist, is not a directory, or (a URL)
+            cannot be read.
+        ValueError: a URL nothing serves.
     """
+    from ._checkpoint.store.remote._url import is_url
+
+    if is_url(logdir):
+        return _inspect_remote(str(logdir))
     root = Path(logdir)
     if not root.is_dir():
         raise FileNotFoundError(f"no log directory at {str(root)!r}")
@@ -128,6 +190,8 @@ def _text(report: dict[str, Any]) -> str:
         lines.append(f"  {c['name']:<28} step {c['step']!s:>8}  {when}  {c['bytes'] / 2**20:9.2f} MiB  {health}{mark}")
     for name in report["leftovers"]:
         lines.append(f"  leftover of an interrupted save: {name}")
+    if report.get("owner"):
+        lines.append(f"  in use by a training: {report['owner']}")
     if report["iterator_share"]:
         share = report["iterator_share"]
         lines.append(
@@ -143,7 +207,7 @@ def run(logdir: str, *, as_json: bool = False) -> int:
     """``asupervisor inspect``: print the report; 0 when nothing is wrong, else 1."""
     try:
         report = inspect_logdir(logdir)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         print(f"asupervisor inspect: {exc}", file=sys.stderr)  # noqa: T201 - a command's output
         return 1
     print(json.dumps(report, indent=2) if as_json else _text(report))  # noqa: T201 - a command's output

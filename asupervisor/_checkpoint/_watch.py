@@ -7,7 +7,10 @@ An evaluator process (or task) follows a training's ``logdir``::
             evaluate(path)        # tf.train.Checkpoint(...).restore(path)
 
 Only committed checkpoints are seen: the watcher reads the ``checkpoint`` state file,
-which names a checkpoint only after its files are complete and synced. The file is read
+which names a checkpoint only after its files are complete and synced. A URL logdir
+(``s3://``, ``gs://``, ...) is watched through its commit markers: each new committed
+checkpoint is downloaded (verified against its marker) into a local directory, and its
+local path is yielded. The file is read
 on a short-lived dedicated thread per poll (never on the event loop, and nothing is left
 running when the loop over it is left early); time comes from an injectable clock.
 """
@@ -31,6 +34,22 @@ __all__ = ["CheckpointWatcher", "watch_checkpoints"]
 log = get_logger(__name__)
 
 
+def _committed_remote(url: str, local: Path, after_step: int) -> list[str]:
+    """The remote's committed checkpoints newer than ``after_step``, oldest first, each
+    downloaded into ``local``; their local paths."""
+    from .store._local import PlainStore
+    from .store.remote._tier import RemoteTier
+
+    tier = RemoteTier(url, local, basename=None, keep_policy=None, owner=False)
+    try:
+        tier.open()
+        store = PlainStore(local)
+        newer = [m for _, m in tier.committed() if m.step > after_step]
+        return [str(tier.fetch(store, m)) for m in sorted(newer, key=lambda m: m.step)]
+    finally:
+        tier.close()
+
+
 def _committed(logdir: Path) -> list[str]:
     """Committed checkpoint prefixes named in the state file, oldest first (absolute)."""
     state = read_state(logdir)
@@ -51,8 +70,17 @@ class CheckpointWatcher:
     symmetry with other resources; it holds nothing between polls.
     """
 
-    def __init__(self, logdir: Path, *, timeout: float | None, interval_secs: float, clock: Clock | None) -> None:
+    def __init__(
+        self,
+        logdir: Path | str,
+        *,
+        timeout: float | None,
+        interval_secs: float,
+        clock: Clock | None,
+        local_dir: Path | None = None,
+    ) -> None:
         self.logdir = logdir
+        self.local_dir = local_dir
         self.timeout = timeout
         self.interval_secs = interval_secs
         self._clock = clock
@@ -75,6 +103,9 @@ class CheckpointWatcher:
         thread = DedicatedThread("asv-watch-checkpoints", LoopHandle())
         thread.start()
         try:
+            if self.local_dir is not None:  # a URL logdir
+                remote: list[str] = await thread.call(_committed_remote, str(self.logdir), self.local_dir, self._seen_step)
+                return remote
             committed: list[str] = await thread.call(_committed, self.logdir)
             return committed
         finally:
@@ -116,6 +147,7 @@ def watch_checkpoints(
     timeout: float | None = None,
     interval_secs: float = 1.0,
     clock: Clock | None = None,
+    local_dir: str | os.PathLike[str] | None = None,
 ) -> CheckpointWatcher:
     """Yield each newly committed checkpoint path in ``logdir`` once, oldest first.
 
@@ -128,10 +160,12 @@ def watch_checkpoints(
             forever.
         interval_secs: seconds between checks of the state file.
         clock: time source (tests pass a manual clock).
+        local_dir: for a URL logdir, where its checkpoints are downloaded (default:
+            under ``$XDG_CACHE_HOME/asupervisor``, apart from a training's own).
 
     Returns:
         An async iterator of checkpoint path prefixes, each restorable with
-        ``tf.train.Checkpoint(...).restore(path)``.
+        ``tf.train.Checkpoint(...).restore(path)`` (local paths, for a URL logdir too).
 
     Raises:
         ValueError: ``timeout`` or ``interval_secs`` is negative or not a number, or
@@ -143,6 +177,14 @@ def watch_checkpoints(
         interval_secs > 0 and math.isfinite(interval_secs)
     ):
         raise ValueError(f"interval_secs must be a positive number of seconds, got {interval_secs!r}")
+    from .store.remote._url import check_url, default_local_dir, is_url
+
+    if is_url(logdir):
+        url = check_url(str(logdir))
+        local = Path(local_dir) if local_dir is not None else default_local_dir(url, "watch")
+        return CheckpointWatcher(url, timeout=timeout, interval_secs=float(interval_secs), clock=clock, local_dir=local)
+    if local_dir is not None:
+        raise ValueError(f"local_dir={str(local_dir)!r} is for URL logdirs; logdir {str(logdir)!r} is local")
     path = Path(logdir)
     if path.exists() and not path.is_dir():
         raise ValueError(f"logdir {str(path)!r} exists and is not a directory")

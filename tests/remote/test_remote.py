@@ -6,9 +6,13 @@ start, one owner per remote logdir, unknown schemes are refused at construction.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -221,3 +225,53 @@ def test_the_default_local_dir_is_under_the_user_cache(tmp_path: Path, monkeypat
     sv = asv.Supervisor("memory://bucket/run")
     assert Path(sv.config.logdir).parent == tmp_path / "asupervisor"  # type: ignore[arg-type]
     assert sv.logdir == "memory://bucket/run"
+
+
+@pytest.mark.anyio
+async def test_watch_checkpoints_follows_a_url_logdir(s3_url: str, tmp_path: Path) -> None:
+    """An evaluator watching a URL logdir gets each committed checkpoint once, downloaded
+    and verified into its own directory, restorable by plain TensorFlow."""
+    await _train(s3_url, tmp_path / "train", 5)
+    await _train(s3_url, tmp_path / "train", 10)  # two runs: two final uploads (5, 10)
+    seen = []
+    async with asv.watch_checkpoints(s3_url, timeout=0, local_dir=tmp_path / "eval") as checkpoints:
+        async for path in checkpoints:
+            seen.append(path)
+    assert [Path(p).name for p in seen] == ["model.ckpt-5", "model.ckpt-10"]
+    assert all(Path(p).parent == tmp_path / "eval" for p in seen)
+    w = tf.Variable(tf.zeros([64, 32]))
+    tf.train.Checkpoint(w=w).restore(seen[-1]).expect_partial()
+    reference = _model()
+    for _ in range(10):
+        _step(reference)
+    np.testing.assert_array_equal(w.numpy(), reference["w"].numpy())
+
+
+def test_inspect_reads_a_url_logdir(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
+    """``asupervisor inspect s3://...`` lists the committed checkpoints from their markers
+    and the objects of an upload that never committed, as a user runs it."""
+    anyio.run(_train, s3_url, tmp_path / "a", 5)
+    _put(s3_env.endpoint, s3_url, "model.ckpt-7.index", b"cut short")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run(
+        [sys.executable, "-m", "asupervisor", "inspect", s3_url, "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
+    report = json.loads(out.stdout)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert report["state_file"] == {"latest": "model.ckpt-5", "problem": None}
+    assert [c["step"] for c in report["checkpoints"] if c["latest"]] == [5]
+    assert report["leftovers"] == ["model.ckpt-7.index"] and report["owner"] is None
+
+
+@pytest.mark.anyio
+async def test_monitored_training_session_takes_a_url(s3_url: str, s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TF1's front door with ``checkpoint_dir="s3://..."``: its CheckpointSaverHook saves
+    into the URL logdir's local tier, and the checkpoints reach the remote."""
+    state = _model()
+    async with asv.MonitoredTrainingSession(
+        s3_url, state=state, save_checkpoint_steps=4, save_checkpoint_secs=None, handle_signals=False
+    ) as sess:
+        while not sess.should_stop() and sess.global_step < 8:
+            await sess.run(lambda: _step(state))
+    assert "model.ckpt-8.asv-commit" in _keys(s3_env.endpoint, s3_url)
+    assert not Path("s3:").exists()

@@ -151,6 +151,18 @@ class RemoteLease:
         except FileNotFoundError:
             pass
 
+    def holder(self) -> str | None:
+        """Who holds the lease now, or ``None`` (none, released or expired)."""
+        leases = self._leases()
+        if not leases:
+            return None
+        body = self._read(leases[-1])
+        now = self.wall_clock()
+        renewed = float(body.get("renewed", 0) or 0)
+        if body.get("released") or now - renewed >= float(body.get("ttl", self.ttl) or self.ttl):
+            return None
+        return describe_lease(body, now)
+
     def renew(self) -> None:
         """Renew the lease (the renewal service, every ``ttl / 4`` seconds).
 

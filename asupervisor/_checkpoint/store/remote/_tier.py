@@ -72,8 +72,8 @@ class RemoteTier:
     Args:
         url: the logdir's URL (checked: :func:`._url.check_url`).
         local_dir: the local working directory (the local tier).
-        basename: checkpoint file prefix.
-        keep_policy: retention, applied on the remote too.
+        basename: checkpoint file prefix (``None``: any, for readers).
+        keep_policy: retention, applied on the remote too (``None``: readers).
         owner: whether this training writes the remote (the chief): it takes the lease,
             cleans leftovers and uploads; the others only read.
         wall_clock: the time source of commit times and the lease.
@@ -84,8 +84,8 @@ class RemoteTier:
         url: str,
         local_dir: Path,
         *,
-        basename: str,
-        keep_policy: KeepPolicy,
+        basename: str | None,
+        keep_policy: KeepPolicy | None,
         owner: bool,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -203,11 +203,38 @@ class RemoteTier:
                     out.append((ckpt, marker))
         return out
 
+    def fetch(self, store: PlainStore, marker: Marker) -> Path:
+        """The committed checkpoint ``marker`` names, in ``store``'s directory (downloaded
+        and verified if it is not there yet); its local path prefix."""
+        prefix = self.local_dir / marker.name
+        if _names.missing_files(prefix) is not None:
+            self.local_dir.mkdir(parents=True, exist_ok=True)
+            self._download(store, marker)
+        return prefix
+
+    def lease_owner(self) -> str | None:
+        """Who holds the lease now (``host h pid p, renewed ... ago``), or ``None``."""
+        assert self.io is not None
+        lease = RemoteLease(self.fs, self.io.root, self.url, self.wall_clock)
+        return lease.holder()
+
+    def read_state(self) -> tuple[_state_file.CheckpointState | None, str | None]:
+        """The remote state object and what is wrong with it (``None``: nothing)."""
+        try:
+            text = self.fs.cat_file(self._path(_names.STATE_FILE)).decode()
+        except FileNotFoundError:
+            return None, None
+        except Exception as exc:
+            return None, describe(exc)
+        state = _state_file.parse_state_text(text)
+        return state, None if state is not None else "not a checkpoint state"
+
     def pull(self, store: PlainStore) -> str | None:
         """Make the newest committed checkpoint of both tiers the local latest: download
         the remote's newest when it is newer than the local tier's (a fresh machine, or
         another machine trained on), verified against its marker's checksums; a damaged
         one is skipped for the next older. Returns the name downloaded, or ``None``."""
+        assert self.basename is not None, "a training's tier"
         local = store.complete_checkpoints(self.basename)
         local_step = _names.step_of(local[0]) if local else None
         committed = self.committed()
@@ -322,17 +349,10 @@ class RemoteTier:
         return uploaded
 
     def _read_remote_state(self) -> _state_file.CheckpointState | None:
-        try:
-            text = self.fs.cat_file(self._path(_names.STATE_FILE)).decode()
-        except FileNotFoundError:
-            return None
-        except Exception as exc:
-            log.warning("remote.state_unreadable", url=self.url, error=describe(exc))
-            return None
-        parsed = _state_file.parse_state_text(text)
-        if parsed is None:
-            log.warning("remote.state_damaged", url=self.url, hint="rebuilt from the commit markers")
-        return parsed
+        state, problem = self.read_state()
+        if problem is not None:
+            log.warning("remote.state_damaged", url=self.url, problem=problem, hint="rebuilt from the commit markers")
+        return state
 
     def _write_state(self, marker: Marker) -> None:
         """Name ``marker``'s checkpoint in the state object and apply retention."""
@@ -347,6 +367,7 @@ class RemoteTier:
         newest = entries[-1][0]
         state = _state_file.CheckpointState(newest, [p for p, _ in entries], [t for _, t in entries], state.last_preserved)
         prefix = f"{self.basename}-"
+        assert self.keep_policy is not None, "a reader does not upload"
         state, delete = _commit.select_retention(
             state,
             policy=self.keep_policy,

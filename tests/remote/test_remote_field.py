@@ -1,0 +1,189 @@
+"""The remote tier in the field, with real child processes, a real S3 server (moto's) and
+a real TCP proxy between them that cuts or slows the network: SIGKILL during an upload,
+SIGTERM on a slow network, an outage during training."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from servers import FaultProxy, Server, s3_client
+
+import asupervisor as asv
+
+SCRIPT = Path(__file__).parent / "scripts" / "remote_train.py"
+sys.path.insert(0, str(SCRIPT.parent))
+import remote_train  # noqa: E402
+
+sys.path.remove(str(SCRIPT.parent))
+
+
+@pytest.fixture
+def proxy(s3_env: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
+    """A proxy in front of the S3 server; the environment's endpoint is the proxy."""
+    p = FaultProxy(s3_env.port)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def _markers(endpoint: str, url: str) -> list[int]:
+    bucket, prefix = url[len("s3://") :].split("/", 1)
+    listing: Any = s3_client(endpoint).list_objects_v2(Bucket=bucket, Prefix=prefix + "/")  # type: ignore[attr-defined]
+    keys = [o["Key"].rsplit("/", 1)[1] for o in listing.get("Contents", [])]
+    return sorted(int(k.split("-")[1].split(".")[0]) for k in keys if k.endswith(".asv-commit"))
+
+
+def _until(what: str, cond: Callable[[], bool], proc: subprocess.Popen[str] | None = None, secs: float = 60) -> None:
+    deadline = time.monotonic() + secs
+    while not cond():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the training exited ({proc.returncode}) before {what}: {proc.communicate()[1][-3000:]}")
+        assert time.monotonic() < deadline, f"no {what} within {secs} s"
+        time.sleep(0.02)  # polling a condition, with a deadline
+
+
+class Child:
+    """``scripts/remote_train.py`` in a child process."""
+
+    def __init__(self, url: str, local: Path, max_steps: int, save_steps: int, mb: float, grace: float = 60) -> None:
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        argv = [sys.executable, str(SCRIPT), url, str(local), str(max_steps), str(save_steps), str(mb), str(grace)]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def finish(self, timeout: float = 120) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out, err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate()
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    made: list[Child] = []
+    yield made
+    for child in made:
+        child.kill()
+
+
+def _reference(mb: float, steps: int) -> str:
+    state = remote_train.state_of(mb)
+    for _ in range(steps):
+        remote_train.step(state)
+    return remote_train.digest(state)
+
+
+@pytest.mark.timeout(180)
+def test_sigkill_during_an_upload_then_a_fresh_machine_resumes_exactly(
+    s3_url: str, s3_env: Server, proxy: FaultProxy, tmp_path: Path, children: list[Child]
+) -> None:
+    """SIGKILL while a checkpoint is being uploaded (a slow network): the remote's latest
+    is the previous committed checkpoint; a fresh machine resumes from it, removes what
+    the cut upload left, and ends bitwise where an uninterrupted run does."""
+    mb = 4.0
+    first = Child(s3_url, tmp_path / "a", 10_000, 20, mb)
+    children.append(first)
+    _until("a first committed upload", lambda: bool(_markers(s3_env.endpoint, s3_url)), first.proc)
+    committed = _markers(s3_env.endpoint, s3_url)
+    proxy.throttle(256 << 10)  # 4 MB at 256 KB/s: an upload now takes ~16 s
+    sent = proxy.sent
+    _until("an upload in flight", lambda: proxy.sent - sent > (1 << 20), first.proc)
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.communicate()
+    proxy.throttle(None)
+    after = _markers(s3_env.endpoint, s3_url)
+    assert after[-1] >= committed[-1] and len(after) <= len(committed) + 1, (committed, after)
+    resumed_from = after[-1]
+
+    target = resumed_from + 7
+    second = Child(s3_url, tmp_path / "b", target, 1000, mb)
+    children.append(second)
+    code, out, err = second.finish()
+    assert code == 0, err[-3000:]
+    started = int(out.split("started ")[1].split()[0])
+    assert started == resumed_from, out
+    done = out.split("done ")[1].split()
+    assert int(done[0]) == target and done[1] == _reference(mb, target), out
+    assert _markers(s3_env.endpoint, s3_url)[-1] == target
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_on_a_slow_network_leaves_the_previous_remote_latest(
+    s3_url: str, s3_env: Server, proxy: FaultProxy, tmp_path: Path, children: list[Child]
+) -> None:
+    """SIGTERM while the network is too slow to upload the final checkpoint within
+    stop_grace_secs: the process exits 143 in time, the final checkpoint is committed
+    locally, the log says what was left where, and the remote keeps its previous latest;
+    the next start on the same machine uploads it."""
+    mb = 8.0
+    child = Child(s3_url, tmp_path / "a", 10_000, 10_000, mb, grace=3)
+    children.append(child)
+    _until("the start-up upload", lambda: bool(_markers(s3_env.endpoint, s3_url)), child.proc)
+    assert child.proc.stdout is not None
+    assert child.proc.stdout.readline().startswith("started")
+    proxy.throttle(64 << 10)  # 8 MB at 64 KB/s: two minutes
+    sent_before = proxy.sent
+    started = time.monotonic()
+    child.proc.send_signal(signal.SIGTERM)
+    code, _, err = child.finish()
+    took = time.monotonic() - started
+    assert code == 143, err[-3000:]
+    assert took < 3 + 20, took  # the grace, plus the wind-down and the interpreter's exit
+    assert "remote.left_behind" in err, err[-3000:]
+    assert proxy.sent > sent_before  # it did try
+    assert _markers(s3_env.endpoint, s3_url) == [0]
+    local = sorted(p.name for p in (tmp_path / "a").glob("model.ckpt-*.index"))
+    assert len(local) == 2, local  # the start-up checkpoint and the final one, committed locally
+
+    proxy.throttle(None)
+    again = Child(s3_url, tmp_path / "a", 0, 10_000, mb)  # max_steps reached: it only starts and stops
+    children.append(again)
+    code, _out, err = again.finish()
+    assert code == 0, err[-3000:]
+    final_step = int(local[-1].split("-")[1].split(".")[0])
+    assert _markers(s3_env.endpoint, s3_url)[-1] == final_step
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(120)
+async def test_an_outage_during_training_is_retried_and_training_goes_on(
+    s3_url: str, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """The network goes down: steps go on, ``status().remote`` shows the error and the
+    lag; once it is back, the newest checkpoint is uploaded."""
+    state = remote_train.state_of(0.1)
+    sv = asv.Supervisor(s3_url, local_dir=tmp_path / "a", state=state, save_model_secs=0, handle_signals=False)
+
+    async def status_until(what: str, cond: Callable[[asv.Status], bool]) -> asv.Status:
+        with anyio.fail_after(60):
+            while not cond(status := sv.status()):
+                await anyio.sleep(0.02)  # polling a condition, with a deadline
+        return status
+
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: remote_train.step(state), max_steps=5)
+        await sv.save_now()
+        await status_until("an upload", lambda s: s.remote is not None and s.remote.uploaded_step == 5)
+        proxy.cut()
+        await sess.run_loop(lambda: remote_train.step(state), max_steps=10)
+        await sv.save_now()
+        down = await status_until("the error", lambda s: s.remote is not None and s.remote.error is not None)
+        assert down.remote is not None and down.remote.lag_steps == 5 and down.remote.uploaded_step == 5
+        await sess.run_loop(lambda: remote_train.step(state), max_steps=12)  # training goes on
+        assert sv.global_step == 12
+        proxy.heal()
+        up = await status_until("the upload after the outage", lambda s: s.remote is not None and s.remote.uploaded_step == 10)
+        assert up.remote is not None and up.remote.error is None
