@@ -11,8 +11,10 @@ joins it, so that no thread outlives ``managed_session()``. Synchronous implemen
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from ...._logging import describe, get_logger
@@ -57,6 +59,29 @@ class RemoteFS:
         """The full path of ``name`` under the root."""
         return f"{self.root}/{name}"
 
+    def put_file(self, local: str, remote: str, check: Callable[[], None]) -> None:
+        """Upload ``local`` to ``remote`` as the implementation does best (multipart, in
+        parallel where it can); ``check`` is called every 0.1 s meanwhile, and what it
+        raises cancels the upload in flight (an asynchronous implementation's coroutine
+        is cancelled mid-file) and propagates."""
+        loop = self._loop
+        if loop is None:
+            check()
+            self.fs.put_file(local, remote)
+            return
+        future = asyncio.run_coroutine_threadsafe(self.fs._put_file(local, remote), loop)
+        while True:
+            try:
+                future.result(timeout=0.1)
+            except concurrent.futures.TimeoutError:
+                try:
+                    check()
+                except BaseException:
+                    future.cancel()
+                    raise
+            else:
+                return
+
     def close(self) -> None:
         """Close the HTTP sessions, stop the loop and join its thread (idempotent)."""
         loop, thread = self._loop, self._thread
@@ -66,6 +91,9 @@ class RemoteFS:
         fs = getattr(self, "fs", None)
 
         async def close_sessions() -> None:
+            close_resources = getattr(fs, "_close_resources", None)  # gcsfs's gRPC clients
+            if close_resources is not None:
+                await close_resources()
             s3 = getattr(fs, "_s3", None)  # s3fs: an aiobotocore client
             if s3 is not None:
                 await s3.__aexit__(None, None, None)

@@ -25,8 +25,6 @@ from ._layout import (
     MARKER_SUFFIX,
     Marker,
     RemoteCheckpoint,
-    crc32c_extend,
-    crc32c_hex,
     crc32c_of,
     list_remote,
     marker_problem,
@@ -41,9 +39,6 @@ __all__ = ["RemoteTier", "Uploaded"]
 
 log = get_logger(__name__)
 
-#: bytes per write of an upload (and per part of a multipart upload): an abandoned
-#: upload stops within one
-PART_BYTES = 32 << 20
 _EVENTS = "events.out.tfevents."
 
 
@@ -287,30 +282,12 @@ class RemoteTier:
             raise Abandoned("the upload was abandoned at the stop's deadline")
 
     def _put(self, local: Path, name: str) -> tuple[int, str]:
-        """Upload ``local`` as ``name`` in parts (abandonable between two); its size and CRC32C."""
-        crc = 0
-        size = 0
-        f = self.fs.open(self._path(name), "wb", block_size=PART_BYTES)
-        done = False
-        try:
-            with open(local, "rb") as src:
-                while chunk := src.read(PART_BYTES):
-                    self._check()
-                    crc = crc32c_extend(crc, chunk)
-                    f.write(chunk)
-                    size += len(chunk)
-            self._check()
-            f.close()
-            done = True
-        finally:
-            if not done:
-                discard = getattr(f, "discard", None)
-                if callable(discard):  # s3fs, gcsfs: the multipart upload is aborted
-                    try:
-                        discard()
-                    except Exception as exc:
-                        log.debug("remote.discard_failed", error=describe(exc))
-        return size, crc32c_hex(crc)
+        """Upload ``local`` as ``name`` (abandonable mid-file); its size and CRC32C."""
+        assert self.io is not None
+        crc = crc32c_of(local)
+        size = os.path.getsize(local)
+        self.io.put_file(str(local), self._path(name), self._check)
+        return size, crc
 
     def upload(self, prefix: Path, step: int, committed_at: float) -> Uploaded | None:
         """Copy the local checkpoint ``prefix`` to the remote and commit it there: its
