@@ -65,6 +65,7 @@ from ._core._session import Session as Session
 from ._core._session import StepContext as StepContext
 from ._core._status import CheckpointInfo as CheckpointInfo
 from ._core._status import QueueStatistics as QueueStatistics
+from ._core._status import RemoteStatus as RemoteStatus
 from ._core._status import Status as Status
 from ._core._status import exit_code as exit_code
 from ._exceptions import CheckpointError as CheckpointError
@@ -113,6 +114,7 @@ __all__ = [
     "ProfilerHook",
     "QueueRunner",
     "QueueStatistics",
+    "RemoteStatus",
     "RestartPolicy",
     "SaveMoment",
     "SavePolicy",

@@ -101,7 +101,8 @@ class Supervisor:
 
     Raises:
         ValueError: a setting is out of range (the message names it), ``logdir`` exists
-            and is not a directory, ``TF_CONFIG`` is malformed, or ``TF_CONFIG`` names
+            and is not a directory, ``logdir`` is a URL nothing serves (an unknown
+            scheme, or its library not installed), ``TF_CONFIG`` is malformed, or ``TF_CONFIG`` names
             several workers and saving is enabled by ``save_model_secs`` alone.
         TypeError: a setting has the wrong type.
     """
