@@ -275,3 +275,15 @@ async def test_monitored_training_session_takes_a_url(s3_url: str, s3_env: Serve
             await sess.run(lambda: _step(state))
     assert "model.ckpt-8.asv-commit" in _keys(s3_env.endpoint, s3_url)
     assert not Path("s3:").exists()
+
+
+@pytest.mark.anyio
+async def test_summaries_reach_the_remote(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
+    """The event files of the local tier are uploaded with the checkpoints."""
+    state = _model()
+    sv = asv.Supervisor(s3_url, local_dir=tmp_path / "a", state=state, save_model_secs=0, save_model_steps=100, handle_signals=False)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: _step(state), max_steps=2)
+        sv.summary_computed({"loss": 1.5}, global_step=2)
+    events = [k for k in _keys(s3_env.endpoint, s3_url) if k.startswith("events.out.tfevents.")]
+    assert len(events) == 1, events
