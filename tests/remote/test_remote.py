@@ -287,3 +287,19 @@ async def test_summaries_reach_the_remote(s3_url: str, s3_env: Server, tmp_path:
         sv.summary_computed({"loss": 1.5}, global_step=2)
     events = [k for k in _keys(s3_env.endpoint, s3_url) if k.startswith("events.out.tfevents.")]
     assert len(events) == 1, events
+
+
+@pytest.mark.anyio
+async def test_an_owner_whose_lease_was_taken_over_stops(
+    s3_url: str, s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another training took the logdir over (this one was presumed dead): at its next
+    renewal this one stops with a CheckpointError instead of writing on."""
+    monkeypatch.setenv("ASUPERVISOR_LEASE_SECS", "0.4")  # renewed every 0.1 s
+    state = _model()
+    sv = asv.Supervisor(s3_url, local_dir=tmp_path / "a", state=state, save_model_secs=0, handle_signals=False)
+    other = {"owner": "y", "host": "elsewhere", "pid": 1, "renewed": 4e9, "ttl": 60, "released": False}
+    with pytest.raises(asv.CheckpointError, match="was taken over by another training"):
+        async with sv.managed_session():
+            _put(s3_env.endpoint, s3_url, f"{LEASE_PREFIX}00000002", json.dumps(other).encode())
+            await anyio.sleep_forever()

@@ -52,6 +52,8 @@ def describe_lease(body: dict[str, Any], now: float) -> str:
 
 
 def _pid_dead_here(body: dict[str, Any]) -> bool:
+    """Whether the lease ``body`` is held by a process of this host that no longer runs
+    (a SIGKILLed training restarted on the same machine need not wait for the ttl)."""
     if body.get("host") != socket.gethostname():
         return False
     try:
@@ -60,7 +62,7 @@ def _pid_dead_here(body: dict[str, Any]) -> bool:
         return True
     except (OSError, ValueError):
         return False
-    return False
+    return False  # alive
 
 
 class RemoteLease:
@@ -122,13 +124,11 @@ class RemoteLease:
             now = self.wall_clock()
             if current:
                 body = self._read(current)
-                renewed = float(body.get("renewed", 0) or 0)
-                ttl = float(body.get("ttl", self.ttl) or self.ttl)
-                alive = not body.get("released") and now - renewed < ttl and not _pid_dead_here(body)
-                if alive:
+                if self._live(body, now) and not _pid_dead_here(body):
+                    expires = float(body.get("renewed", 0) or 0) + self._ttl_of(body) - now
                     raise CheckpointError(
                         f"logdir {self.url} is in use by another training ({describe_lease(body, now)}; "
-                        f"lease {self._path(current)}, expires in {max(0.0, renewed + ttl - now):.0f} s): "
+                        f"lease {self._path(current)}, expires in {max(0.0, expires):.0f} s): "
                         "two trainings in one logdir would overwrite each other's checkpoints; stop that one "
                         "or give this training another logdir"
                     )
@@ -151,6 +151,13 @@ class RemoteLease:
         except FileNotFoundError:
             pass
 
+    def _ttl_of(self, body: dict[str, Any]) -> float:
+        return float(body.get("ttl", self.ttl) or self.ttl)
+
+    def _live(self, body: dict[str, Any], now: float) -> bool:
+        """Whether the lease ``body`` is held: not released, renewed within its ttl."""
+        return not body.get("released") and now - float(body.get("renewed", 0) or 0) < self._ttl_of(body)
+
     def holder(self) -> str | None:
         """Who holds the lease now, or ``None`` (none, released or expired)."""
         leases = self._leases()
@@ -158,10 +165,7 @@ class RemoteLease:
             return None
         body = self._read(leases[-1])
         now = self.wall_clock()
-        renewed = float(body.get("renewed", 0) or 0)
-        if body.get("released") or now - renewed >= float(body.get("ttl", self.ttl) or self.ttl):
-            return None
-        return describe_lease(body, now)
+        return describe_lease(body, now) if self._live(body, now) else None
 
     def renew(self) -> None:
         """Renew the lease (the renewal service, every ``ttl / 4`` seconds).
