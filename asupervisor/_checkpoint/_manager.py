@@ -90,6 +90,8 @@ class Checkpointer:
         self.wall_clock = wall_clock
         self.started_at = wall_clock()
         self.last: CheckpointInfo | None = None
+        #: checkpoints this checkpointer committed (the remote tier's upload cadence counts them)
+        self.commits = 0
         self.last_commit_secs: float | None = None  # snapshot handed over → named in the state file
         self.last_snapshot_step: int | None = None  # step thread only
         #: ``run_loop``'s data iterator in the checkpoint (step thread; its share reported once)
@@ -312,6 +314,7 @@ class Checkpointer:
                 log.error("checkpoint.cleanup_failed", path=str(self.logdir / old), error=describe(exc))
         with self._lock:
             self.last = info
+            self.commits += 1
         log.info(
             "checkpoint.saved",
             step=snapshot.step,

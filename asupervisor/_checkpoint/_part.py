@@ -128,6 +128,11 @@ class CheckpointPart(SessionPart):
         """The checkpoint this session started from, or ``None``."""
         return self._restored_from
 
+    @property
+    def commits(self) -> int:
+        """How many checkpoints this session committed into its logdir so far."""
+        return 0 if self.checkpointer is None else self.checkpointer.commits
+
     def extra_attributes(self, ctx: SessionContext) -> Mapping[Any, Callable[[], Any]]:
         """``SessionAttribute.checkpoints``: this part."""
         return {SessionAttribute.checkpoints: lambda: self}

@@ -31,7 +31,7 @@ from .store.remote._tier import Abandoned, RemoteTier, Uploaded
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
 
-    from .._core._abc import SessionContext
+    from .._core._abc import CheckpointSaving, SessionContext
     from .._core._services import ServiceContext
     from .._core._status import CheckpointInfo
     from .._core._threads import DedicatedThread
@@ -62,8 +62,7 @@ class RemotePart(SessionPart):
         self.upload_every = upload_every
         self.upload_every_secs = upload_every_secs
         self._thread: DedicatedThread | None = None
-        self._seen_step: int | None = None  # the newest local checkpoint counted
-        self._skipped = 0  # local checkpoints not uploaded since the last upload
+        self._commits_at_upload = 0  # the checkpoint part's commits when the last upload began
         self._last_upload_at: float | None = None  # session clock
         self._uploading = False
         self._error: str | None = None
@@ -101,9 +100,12 @@ class RemotePart(SessionPart):
         """Keep the session: the checkpoint part's newest committed checkpoint is watched."""
         self._ctx = ctx
 
+    def _checkpoints(self) -> CheckpointSaving | None:
+        return None if self._ctx is None else self._ctx.extra(SessionAttribute.checkpoints, None)
+
     def _local(self) -> CheckpointInfo | None:
         """The local tier's newest committed checkpoint."""
-        checkpoints = None if self._ctx is None else self._ctx.extra(SessionAttribute.checkpoints, None)
+        checkpoints = self._checkpoints()
         return None if checkpoints is None else checkpoints.last
 
     def services(self, ctx: SessionContext) -> Iterable[Service]:
@@ -116,12 +118,11 @@ class RemotePart(SessionPart):
             services.append(_LeaseService(self.tier, ctx.new_thread("asv-lease")))
         return services
 
-    def _due(self, local: CheckpointInfo, now: float) -> bool:
-        """Whether the local checkpoint ``local`` (new) is to be uploaded now."""
-        if self._seen_step != local.step:
-            self._seen_step = local.step
-            self._skipped += 1
-        if self._last_upload_at is None or self._skipped >= self.upload_every:
+    def _due(self, commits: int, now: float) -> bool:
+        """Whether the newest local checkpoint is to be uploaded now: the first one, each
+        ``upload_every``-th local commit since the last upload, or once
+        ``upload_every_secs`` passed since it."""
+        if self._last_upload_at is None or commits - self._commits_at_upload >= self.upload_every:
             return True
         every = self.upload_every_secs
         return every is not None and now - self._last_upload_at >= every
@@ -139,16 +140,18 @@ class RemotePart(SessionPart):
 
     async def upload_newest(self, ctx: ServiceContext, *, force: bool) -> bool:
         """Upload the newest local checkpoint if due (or ``force``); whether one went up."""
-        local = self._local()
+        checkpoints = self._checkpoints()
+        local = None if checkpoints is None else checkpoints.last
         uploaded = self.tier.uploaded
-        if local is None or (uploaded is not None and uploaded.step >= local.step):
+        if checkpoints is None or local is None or (uploaded is not None and uploaded.step >= local.step):
             return False
-        if not force and not self._due(local, ctx.clock.now()):
+        commits = checkpoints.commits
+        if not force and not self._due(commits, ctx.clock.now()):
             return False
         assert self._thread is not None
         done = await self._thread.submit(self._upload, local).wait(grace_secs=0)
         self._error = None
-        self._skipped = 0
+        self._commits_at_upload = commits
         self._last_upload_at = ctx.clock.now()
         return done is not None
 

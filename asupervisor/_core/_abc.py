@@ -238,6 +238,11 @@ class CheckpointSaving(Protocol):
         """The checkpoint this session started from, or ``None``."""
         ...
 
+    @property
+    def commits(self) -> int:
+        """How many checkpoints this session committed into its logdir so far."""
+        ...
+
     def save_on_step_thread(self, directory: str | None = None, basename: str | None = None) -> str:
         """On the step thread: checkpoint the state now and make it the latest; its path."""
         ...

@@ -303,3 +303,34 @@ async def test_an_owner_whose_lease_was_taken_over_stops(
         async with sv.managed_session():
             _put(s3_env.endpoint, s3_url, f"{LEASE_PREFIX}00000002", json.dumps(other).encode())
             await anyio.sleep_forever()
+
+
+@pytest.mark.anyio
+async def test_upload_every_uploads_every_nth_local_checkpoint_and_the_final_one(tmp_path: Path) -> None:
+    """upload_every=2: the local tier commits checkpoints 1, 2, 3, 4 and the final one, 5;
+    the remote gets the first, the third (the second commit since the last upload) and
+    the final one."""
+    import fsspec
+
+    url = f"memory://cadence-{tmp_path.name}/run"
+    state = _model()
+    policy = asv.AnySavePolicy(asv.EverySteps(1000), asv.OnStop())  # no start-up checkpoint
+    sv = asv.Supervisor(
+        url, local_dir=tmp_path / "a", state=state, save_policy=policy, upload_every=2, handle_signals=False, max_to_keep=None
+    )
+
+    async def uploaded(step: int) -> None:
+        with anyio.fail_after(30):
+            while (remote := sv.status().remote) is None or remote.uploaded_step != step:
+                await anyio.sleep(0.01)  # polling a condition, with a deadline
+
+    async with sv.managed_session() as sess:
+        for step in (1, 2, 3, 4):
+            await sess.run(lambda: _step(state))
+            await sv.save_now()
+            if step in (1, 3):
+                await uploaded(step)
+        await sess.run(lambda: _step(state))
+    fs = fsspec.filesystem("memory")
+    markers = sorted(p.rsplit("/", 1)[1] for p in fs.ls(url[len("memory://") :], detail=False) if p.endswith(".asv-commit"))
+    assert markers == ["model.ckpt-1.asv-commit", "model.ckpt-3.asv-commit", "model.ckpt-5.asv-commit"]
