@@ -38,3 +38,12 @@ def s3_url(s3_env: Server) -> str:
     bucket = f"b-{uuid.uuid4().hex[:12]}"
     make_bucket(s3_env.endpoint, bucket)
     return f"s3://{bucket}/run"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """The remote tier's tests run on asyncio; those marked ``servers.both_backends``
+    (its start-up, uploads, outage and stop: the parts that touch the event loop) on
+    trio too."""
+    return "asyncio"
+

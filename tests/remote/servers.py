@@ -17,6 +17,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
+import pytest
+
+#: a test of the remote tier that runs on both anyio backends (the others: asyncio)
+both_backends = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+
 #: credentials the S3 server accepts (moto takes any)
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",

@@ -16,7 +16,7 @@ import anyio
 import numpy as np
 import pytest
 import tensorflow as tf
-from servers import Server, moto_server, running, s3_client
+from servers import Server, both_backends, moto_server, running, s3_client
 
 import asupervisor as asv
 from asupervisor._checkpoint.store.remote._lease import LEASE_PREFIX
@@ -56,6 +56,7 @@ def _put(endpoint: str, url: str, name: str, body: bytes) -> None:
 
 
 @pytest.mark.anyio
+@both_backends
 async def test_a_fresh_machine_resumes_bitwise_from_s3(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
     """Train 12 steps into s3://; a second training with an empty local working directory
     downloads the newest checkpoint and goes on exactly as one uninterrupted run does."""
@@ -290,6 +291,7 @@ async def test_summaries_reach_the_remote(s3_url: str, s3_env: Server, tmp_path:
 
 
 @pytest.mark.anyio
+@both_backends
 async def test_an_owner_whose_lease_was_taken_over_stops(
     s3_url: str, s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
-from servers import FaultProxy, Server, s3_client
+from servers import FaultProxy, Server, both_backends, s3_client
 
 import asupervisor as asv
 
@@ -158,6 +158,7 @@ def test_sigterm_on_a_slow_network_leaves_the_previous_remote_latest(
 
 
 @pytest.mark.anyio
+@both_backends
 @pytest.mark.timeout(120)
 async def test_an_outage_during_training_is_retried_and_training_goes_on(
     s3_url: str, proxy: FaultProxy, tmp_path: Path
