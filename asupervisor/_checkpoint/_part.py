@@ -224,7 +224,7 @@ class CheckpointPart(SessionPart):
         if self.remote is not None:  # both tiers' newest checkpoint becomes the local latest
             self.logdir.mkdir(parents=True, exist_ok=True)
             self.remote.open()
-            self.remote.pull(checkpointer.store)
+            self.remote.pull(checkpointer.store, agree=self.multi_worker)
         if not self.is_chief and self.multi_worker:
             assert self.cluster is not None
             worker_writer = WorkerTempWriter(

@@ -336,3 +336,32 @@ async def test_upload_every_uploads_every_nth_local_checkpoint_and_the_final_one
     fs = fsspec.filesystem("memory")
     markers = sorted(p.rsplit("/", 1)[1] for p in fs.ls(url[len("memory://") :], detail=False) if p.endswith(".asv-commit"))
     assert markers == ["model.ckpt-1.asv-commit", "model.ckpt-3.asv-commit", "model.ckpt-5.asv-commit"]
+
+
+@pytest.mark.anyio
+async def test_in_a_cluster_local_checkpoints_the_remote_never_got_are_set_aside(tmp_path: Path) -> None:
+    """Multi-worker training: the other workers restore the remote's newest checkpoint, so a
+    chief whose local tier holds a newer one (never uploaded) sets it aside (kept, renamed)
+    and restores the remote's newest too."""
+    from asupervisor._checkpoint._policies import LatestN
+    from asupervisor._checkpoint.store._local import PlainStore
+    from asupervisor._checkpoint.store.remote._tier import RemoteTier
+
+    url = f"memory://agree-{tmp_path.name}/run"
+    local = tmp_path / "chief"
+    await _train(url, local, 5)
+    state = _model()
+    sv = asv.Supervisor(local, state=state, save_model_secs=0, save_model_steps=100, handle_signals=False)
+    async with sv.managed_session() as sess:  # on the local tier alone: never uploaded
+        await sess.run_loop(lambda: _step(state), max_steps=9)
+    assert tf.train.latest_checkpoint(str(local)) == str(local / "model.ckpt-9")
+
+    tier = RemoteTier(url, local, basename="model.ckpt", keep_policy=LatestN(5), owner=False)
+    try:
+        tier.open()
+        assert tier.pull(PlainStore(local), agree=True) is None  # the remote's newest is here already
+    finally:
+        tier.close()
+    assert tf.train.latest_checkpoint(str(local)) == str(local / "model.ckpt-5")
+    kept = sorted(p.name for p in local.glob("model.ckpt-9.not-uploaded-*"))
+    assert len(kept) == 2 and kept[0].endswith(".data-00000-of-00001") and kept[1].endswith(".index"), kept

@@ -224,18 +224,30 @@ class RemoteTier:
         state = _state_file.parse_state_text(text)
         return state, None if state is not None else "not a checkpoint state"
 
-    def pull(self, store: PlainStore) -> str | None:
+    def pull(self, store: PlainStore, *, agree: bool = False) -> str | None:
         """Make the newest committed checkpoint of both tiers the local latest: download
         the remote's newest when it is newer than the local tier's (a fresh machine, or
         another machine trained on), verified against its marker's checksums; a damaged
-        one is skipped for the next older. Returns the name downloaded, or ``None``."""
+        one is skipped for the next older. Returns the name downloaded, or ``None``.
+
+        ``agree`` (multi-worker training): every worker must restore the same step, and
+        the other workers restore the remote's newest; local checkpoints newer than it
+        (never uploaded) are set aside (renamed ``<name>.not-uploaded-<time>.*``, kept),
+        so this worker restores the remote's newest too.
+        """
         assert self.basename is not None, "a training's tier"
         local = store.complete_checkpoints(self.basename)
-        local_step = _names.step_of(local[0]) if local else None
         committed = self.committed()
         if committed:
             newest = committed[0][1]
             self.uploaded = Uploaded(newest.name, newest.step, newest.committed_at)
+        remote_step = committed[0][0].step if committed else None
+        if agree:
+            newer = [n for n in local if remote_step is None or (_names.step_of(n) or 0) > remote_step]
+            if newer:
+                self._set_aside_unuploaded(store, newer)
+                local = [n for n in local if n not in newer]
+        local_step = _names.step_of(local[0]) if local else None
         for ckpt, marker in committed:
             if local_step is not None and ckpt.step <= local_step:
                 if ckpt.step < local_step:
@@ -248,6 +260,28 @@ class RemoteTier:
                 continue
             return ckpt.name
         return None
+
+    def _set_aside_unuploaded(self, store: PlainStore, names: list[str]) -> None:
+        """Rename local checkpoints the remote never got out of the way of a restore, and
+        drop them from the local state file."""
+        tag = f"not-uploaded-{int(self.wall_clock())}"
+        with store.commit_lock:
+            for name in names:
+                store.set_aside(name, tag)
+            state = store.read_state()
+            if state is not None:
+                kept = [(p, t) for p, t in zip(state.paths, state.timestamps) if p not in names]
+                latest = kept[-1][0] if kept else None
+                store.write_state(
+                    _state_file.CheckpointState(latest, [p for p, _ in kept], [t for _, t in kept], state.last_preserved)
+                )
+        log.warning(
+            "remote.local_set_aside",
+            url=self.url,
+            checkpoints=names,
+            tag=tag,
+            why="in multi-worker training every worker restores the remote's newest checkpoint; these never reached it",
+        )
 
     def _download(self, store: PlainStore, marker: Marker) -> None:
         tmp = self.local_dir / f"{marker.name}{_names.TMP_MARKER}dl{uuid.uuid4().hex[:8]}"
