@@ -99,6 +99,10 @@ class Engine(SessionContext, Protocol):
         """The session's parts, by phase."""
         ...
 
+    def sample_metrics(self) -> None:
+        """On the step thread: read the last step's scalars for ``status().metrics``."""
+        ...
+
     @property
     def hooks(self) -> HookCalls:
         """The per-step hooks."""

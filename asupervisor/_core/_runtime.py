@@ -28,7 +28,6 @@ feature: what a feature offers reaches the engine through :mod:`._abc`.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -43,6 +42,7 @@ from .._tf import is_end_of_data, tf
 from ._abc import SessionAttribute, SessionPart
 from ._handoff import LoopHandle
 from ._hooks import HookRunner
+from ._metrics import MetricsSampler
 from ._outputs import scalar_entries
 from ._parts import PartRunner
 from ._services import Service, supervise
@@ -52,7 +52,7 @@ from ._status import Status
 from ._step_errors import StepErrors, recovery_policy, retry_transient
 from ._steps import Steps
 from ._stop import Deadline, StopControl
-from ._threads import DedicatedThread, ThreadClosedError
+from ._threads import DedicatedThread
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -66,8 +66,6 @@ T = TypeVar("T")
 
 log = get_logger(__name__)
 
-#: ``status().metrics`` is read from the step output at most this often (seconds)
-_METRICS_EVERY_SECS = 1.0
 #: once the stop's grace has run out: the most closing the parts and joining the threads
 #: get together (an abandoned save removing its files, event files flushed)
 _WIND_DOWN_SECS = 1.0
@@ -107,6 +105,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
                 *(hook._asv_part() for hook in config.hooks if callable(getattr(hook, "_asv_part", None))),
                 *parts,
                 *(service for service in user_services if isinstance(service, SessionPart)),
+                MetricsSampler(self.sample_metrics),
             ]
         )
         self.step = 0  # steps completed; written only by the step thread
@@ -123,8 +122,6 @@ class Runtime(anyio.AsyncContextManagerMixin):
         # for status(): when the session started, the latest step-output scalars
         self._started: tuple[float, float, int] | None = None  # (time.time(), monotonic, step)
         self._metrics: dict[str, float] = {}
-        self._metrics_at = -math.inf  # time.monotonic() of the last sample
-        self._sampling = False
         self._restarts: dict[str, int] = {}
         self._user_services = user_services
         self._service_states: dict[str, str] = {}
@@ -215,8 +212,6 @@ class Runtime(anyio.AsyncContextManagerMixin):
         eta = None
         if max_steps is not None and rate:
             eta = max(0, max_steps - step) / rate
-        if running:
-            self._refresh_metrics()
         return Status(
             running=running,
             global_step=step,
@@ -233,19 +228,9 @@ class Runtime(anyio.AsyncContextManagerMixin):
             remote=self.extra(SessionAttribute.remote, None),
         )
 
-    def _refresh_metrics(self) -> None:
-        """Ask for a new sample of the step output's scalars, at most once a second (the
-        next ``status()`` shows it): read at a step boundary, never per step."""
-        if self._sampling or time.monotonic() - self._metrics_at < _METRICS_EVERY_SECS:
-            return
-        self._sampling = True
-        try:
-            self.step_thread.submit_at_boundary(self._sample_metrics)
-        except ThreadClosedError:  # the session is closing
-            self._sampling = False
-
-    def _sample_metrics(self) -> None:
-        # On the step thread, at a boundary: one host read of each scalar (not per step).
+    def sample_metrics(self) -> None:
+        """On the step thread, at a boundary: one host read of each scalar of the last
+        step's output, for ``status().metrics`` (:mod:`._metrics`: about once a second)."""
         try:
             metrics: dict[str, float] = {}
             for name, value in scalar_entries(self.last_output).items():
@@ -256,9 +241,6 @@ class Runtime(anyio.AsyncContextManagerMixin):
             self._metrics = metrics
         except Exception as exc:  # never let a status read fail a step
             log.debug("status.metrics_failed", error=describe(exc))
-        finally:
-            self._metrics_at = time.monotonic()
-            self._sampling = False
 
     # -- step thread work ------------------------------------------------------------
 

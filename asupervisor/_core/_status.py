@@ -99,8 +99,9 @@ class Status:
         services: each service's state (``starting``, ``running``, ``backoff``,
             ``failed``, ``finished``, ``stopped``).
         queues: statistics of each queue runner, by name.
-        metrics: the latest scalar values of the step's output (``loss``, ...), read at a
-            step boundary at most once a second, never per step (empty until read).
+        metrics: the latest scalar values of the step's output (``loss``, ...), sampled
+            by the step loop at a step boundary about once a second and when
+            ``run_loop`` returns, never per step (empty before the first step).
         max_steps: the ``max_steps`` of the ``run_loop`` running now, else ``None``.
         started_at: when the session started (``time.time()``), ``None`` before.
         eta_secs: seconds until ``max_steps`` at ``steps_per_sec``, else ``None``.

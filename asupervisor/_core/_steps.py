@@ -163,6 +163,8 @@ class Steps:
             halt.steps_run = n  # read by run_loop when this leg fails and is recovered
             rt.max_steps = None
             rt.sync_global_step()
+            if n:
+                rt.sample_metrics()  # a status read after run_loop shows its last step
             if iterator is not None:
                 rt.spent_iterators.append(iterator)
         halt.finished = True  # ended at a step boundary, without an error

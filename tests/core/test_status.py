@@ -48,10 +48,11 @@ async def test_status_reports_metrics_max_steps_rate_eta_and_is_json(tmp_path: P
 
         async def watch() -> None:
             await release.wait()
-            status = sv.status()  # asks for a sample of the step output
-            while not status.metrics:
-                await anyio.sleep(0.001)
-                status = sv.status()
+            status = sv.status()  # the step loop samples its output about once a second
+            with anyio.fail_after(30):
+                while status.metrics.get("loss", 99.0) > 1.0:  # a sample after step 10
+                    await anyio.sleep(0.001)  # polling a condition, with a deadline
+                    status = sv.status()
             seen["status"] = status
             reader = threading.Thread(target=lambda: seen.update(from_thread=sv.status()))
             reader.start()  # any thread may ask
@@ -94,3 +95,19 @@ async def test_restarts_are_counted() -> None:
     async with sv.managed_session():
         await done.wait()
         assert sv.status().restarts == {"flaky": 2}
+
+
+async def test_metrics_are_the_last_steps_once_run_loop_returns(tmp_path: Path) -> None:
+    """``status().metrics`` is not a poll behind: right after ``run_loop`` returns (here at
+    the end of its data) it holds the last step's values, read once, not per step."""
+    sv = asv.Supervisor(handle_signals=False)
+    steps = 0
+
+    def step(batch: int) -> dict[str, Any]:
+        nonlocal steps
+        steps += 1
+        return {"loss": tf.constant(1.0 / steps)}
+
+    async with sv.managed_session() as sess:
+        await sess.run_loop(step, data=range(300))
+    assert sv.status().metrics == {"loss": pytest.approx(1.0 / 300)}
