@@ -29,10 +29,23 @@ from .._exceptions import CheckpointError
 from .._tf import tf
 from .store.fast import _index
 
-__all__ = ["ITERATOR_ATTR", "iterator_share", "restore_mismatch_error", "serialisation_problem", "untrackable_error"]
+__all__ = [
+    "ITERATOR_ATTR",
+    "PIPELINE_ATTR",
+    "describe_pipeline",
+    "iterator_share",
+    "pipeline_changed_error",
+    "restore_mismatch_error",
+    "serialisation_problem",
+    "untrackable_error",
+]
 
 #: the checkpoint attribute holding ``run_loop``'s iterator (``<attr>/.ATTRIBUTES/ITERATOR_STATE``)
 ITERATOR_ATTR = "asv_data_iterator"
+
+#: the checkpoint attribute holding the description of the pipeline that iterator belongs
+#: to (:func:`describe_pipeline`, a string variable)
+PIPELINE_ATTR = "asv_data_pipeline"
 
 #: an iterator's share of a checkpoint's bytes above which ``checkpoint.iterator_state``
 #: is a warning rather than information (when it is also at least ``DOMINANT_BYTES``:
@@ -76,6 +89,65 @@ def untrackable_error(reason: str) -> CheckpointError:
         "make the pipeline serialisable (tf.data ops only, stateless random ops), set "
         "tf.data.Options().experimental_external_state_policy to IGNORE or WARN, or pass "
         "checkpoint_iterator=None (leave it out, logged) or False (a resumed run restarts the data)"
+    )
+
+
+def describe_pipeline(dataset: Any) -> str:
+    """The shape of a ``tf.data`` pipeline, source first: each stage's kind, a batch's
+    size, what each stage yields, and how many elements the whole yields, e.g.
+    ``TensorSlice -> int32[] | Shuffle | Map -> float32[] | Batch(32) -> float32[?] | 13``.
+
+    What a saved iterator position depends on and TF's restore does not check: another
+    batch size, a transformation added or removed, a source of another length or kind.
+    """
+    stages: list[str] = []
+    node: Any = dataset
+    while node is not None:
+        kind = type(node).__name__.strip("_").removesuffix("Dataset").removesuffix("V2") or type(node).__name__
+        batch = getattr(node, "_batch_size", None)
+        if batch is not None:
+            try:
+                kind += f"({int(batch)})"
+            except (TypeError, ValueError):
+                pass
+        try:
+            spec = _spec_text(node.element_spec)
+        except Exception:  # a stage without a spec of its own
+            spec = "?"
+        stages.append(f"{kind} -> {spec}")
+        try:
+            inputs = node._inputs()
+        except Exception:
+            inputs = []
+        node = inputs[0] if len(inputs) == 1 else None
+    try:
+        size = str(int(dataset.cardinality()))
+    except Exception:
+        size = "?"
+    return " | ".join([*reversed(stages), f"{size} elements"])
+
+
+def _spec_text(spec: Any) -> str:
+    if isinstance(spec, dict):
+        return "{" + ", ".join(f"{k}: {_spec_text(v)}" for k, v in sorted(spec.items())) + "}"
+    if isinstance(spec, (tuple, list)):
+        return "(" + ", ".join(_spec_text(s) for s in spec) + ")"
+    shape = getattr(spec, "shape", None)
+    dtype = getattr(spec, "dtype", None)
+    if shape is None or dtype is None:
+        return type(spec).__name__
+    dims = "" if shape.rank is None else ",".join("?" if d is None else str(d) for d in shape.as_list())
+    return f"{dtype.name}[{dims}]"
+
+
+def pipeline_changed_error(saved: str, now: str, path: str | None) -> CheckpointError:
+    """The error when the pipeline given now is not the one whose position was saved."""
+    where = f" {path}" if path else " the restored checkpoint"
+    return CheckpointError(
+        f"the data pipeline changed since checkpoint{where} was written: it was {saved}; it is {now}. "
+        "Its saved position would be restored into another pipeline. Pass run_loop(..., "
+        "checkpoint_iterator=False) to resume the model with the data from its start, use the "
+        "pipeline that wrote the checkpoint, or train into a new logdir"
     )
 
 

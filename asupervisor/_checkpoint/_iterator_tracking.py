@@ -16,7 +16,7 @@ from typing import Any
 
 from .._logging import describe, get_logger
 from .._tf import tf
-from ._iterator_state import ITERATOR_ATTR
+from ._iterator_state import ITERATOR_ATTR, PIPELINE_ATTR
 
 __all__ = ["IteratorTracker"]
 
@@ -80,6 +80,7 @@ class IteratorTracker:
             track = False
         if track:
             if getattr(self.checkpoint, ITERATOR_ATTR, None) is not iterator:
+                self._check_pipeline(dataset, restored)
                 try:
                     setattr(self.checkpoint, ITERATOR_ATTR, iterator)  # restores a deferred position
                 except tf().errors.OpError as exc:
@@ -91,8 +92,31 @@ class IteratorTracker:
                 self._share_pending = not self._share_logged
         elif getattr(self.checkpoint, ITERATOR_ATTR, None) is not None:
             _untrack(self.checkpoint, ITERATOR_ATTR)  # an earlier run_loop's iterator
+            _untrack(self.checkpoint, PIPELINE_ATTR)
             self._share_pending = False
         return iterator
+
+    def _check_pipeline(self, dataset: Any, restored: str | None) -> None:
+        """Before ``dataset``'s iterator takes a saved position: the pipeline described in
+        the restored checkpoint (if any) must be ``dataset``'s; then ``dataset``'s
+        description goes into the checkpoint with its iterator.
+
+        Raises:
+            CheckpointError: naming both pipelines (:func:`._iterator_state.describe_pipeline`).
+        """
+        from ._iterator_state import describe_pipeline, pipeline_changed_error
+
+        now = describe_pipeline(dataset)
+        held = getattr(self.checkpoint, PIPELINE_ATTR, None)
+        if held is None:  # the first pipeline tracked since the restore (another one later is fine)
+            held = tf().Variable("", dtype=tf().string, trainable=False, name="asv_data_pipeline")
+            setattr(self.checkpoint, PIPELINE_ATTR, held)  # takes a saved description, if restored
+            saved = held.numpy().decode(errors="replace")
+            if saved and saved != now:
+                _untrack(self.checkpoint, PIPELINE_ATTR)
+                self._iterator_source = self._iterator = None
+                raise pipeline_changed_error(saved, now, restored)
+        held.assign(now)
 
     def report_share(self, prefix: str) -> None:
         """On the writer thread, after a commit: log once per session how much of the

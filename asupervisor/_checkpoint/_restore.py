@@ -31,7 +31,7 @@ from .._exceptions import CheckpointError
 from .._logging import describe, get_logger
 from .._tf import tf
 from . import _snapshot
-from ._iterator_state import ITERATOR_ATTR
+from ._iterator_state import ITERATOR_ATTR, PIPELINE_ATTR
 from ._walk_cache import checkpoint_children
 from .store import _names, _state_file
 from .store._options import FastPath, resolve_store
@@ -263,7 +263,7 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True, fast: FastP
     picks); with ``own_restore`` off (the plain store) TF's restore reads every value and
     ``RestoreV2`` checks the deferred ones.
     """
-    allow_missing = (f"{ITERATOR_ATTR}/",)
+    allow_missing = (f"{ITERATOR_ATTR}/", f"{PIPELINE_ATTR}/")
     checked = not strict
     fast = resolve_store() if fast is None else fast
     prefetch = (

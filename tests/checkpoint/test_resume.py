@@ -180,12 +180,14 @@ class _PlainRestore:
         has_iterator = "asv_data_iterator/.ATTRIBUTES/ITERATOR_STATE" in dtypes
         expected = self.tracked_data and not (path.endswith("-0") and not has_iterator)
         assert has_iterator == expected, f"{path} holds {sorted(dtypes)}"
-        extra = {"asv_data_iterator": iterator} if has_iterator else {}
+        pipeline = tf.Variable("", dtype=tf.string)  # the description of the pipeline it belongs to
+        extra = {"asv_data_iterator": iterator, "asv_data_pipeline": pipeline} if has_iterator else {}
         ckpt = tf.train.Checkpoint(**self.state, global_step=self.global_step, **extra)
         ckpt.restore(path).assert_consumed()
+        assert not has_iterator or pipeline.numpy().decode().startswith("TensorSlice"), pipeline
         values = {key: v.numpy() for key, v in self.variables.items()}
         plain = {k for k, dtype in dtypes.items() if dtype != tf.variant}
-        plain -= {"_CHECKPOINTABLE_OBJECT_GRAPH", SAVE_COUNTER}
+        plain -= {"_CHECKPOINTABLE_OBJECT_GRAPH", SAVE_COUNTER, "asv_data_pipeline/.ATTRIBUTES/VARIABLE_VALUE"}
         assert plain == set(values), f"{path} holds {sorted(plain)}"
         for key, value in values.items():
             assert value.shape == self.shapes[key], (path, key, value.shape)

@@ -230,7 +230,7 @@ async def test_a_changed_pipeline_is_a_clear_error_and_false_resumes_it(tmp_path
     with pytest.raises(asv.CheckpointError, match=r"model\.ckpt-2.*checkpoint_iterator=False") as info:
         async with _supervisor(tmp_path, {"v": tf.Variable(0, dtype=tf.int64)}).managed_session() as sess:
             await sess.run_loop(calls.append, data=changed)
-    assert calls == [] and isinstance(info.value.__cause__, tf.errors.OpError)
+    assert calls == [] and "it was Range" in str(info.value) and "Shuffle" in str(info.value)
     seen: list[list[int]] = []
     async with _supervisor(tmp_path, {"v": tf.Variable(0, dtype=tf.int64)}).managed_session() as sess:
         assert sess.global_step == 2
