@@ -37,6 +37,7 @@ bench: venv
 	$(PY) bench/queue_runner.py --backend trio
 	$(PY) bench/embed_latency.py
 	$(PY) bench/embed_latency.py --backend trio
+	$(PY) bench/remote.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache

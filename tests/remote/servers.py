@@ -163,6 +163,8 @@ class FaultProxy:
     def close(self) -> None:
         self._closed = True
         self.cut()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not)
         self._sock.close()
         self._thread.join(timeout=5)
 

@@ -16,7 +16,7 @@ import anyio
 import numpy as np
 import pytest
 import tensorflow as tf
-from servers import Server, both_backends, moto_server, running, s3_client
+from servers import FaultProxy, Server, both_backends, moto_server, running, s3_client
 
 import asupervisor as asv
 from asupervisor._checkpoint.store.remote._lease import LEASE_PREFIX
@@ -365,3 +365,32 @@ async def test_in_a_cluster_local_checkpoints_the_remote_never_got_are_set_aside
     assert tf.train.latest_checkpoint(str(local)) == str(local / "model.ckpt-5")
     kept = sorted(p.name for p in local.glob("model.ckpt-9.not-uploaded-*"))
     assert len(kept) == 2 and kept[0].endswith(".data-00000-of-00001") and kept[1].endswith(".index"), kept
+
+
+def test_an_abandoned_upload_leaves_no_multipart_upload_behind(
+    s3_url: str, s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large file (a multipart upload) abandoned mid-way at the stop's deadline: its
+    multipart upload is aborted, not left stored (and billed) without a name."""
+    from asupervisor._checkpoint.store.remote._io import RemoteFS
+
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(120 << 20))  # over s3fs's single-PUT size: parts
+    proxy = FaultProxy(s3_env.port)
+    proxy.throttle(20 << 20)  # 120 MB at 20 MB/s: six seconds
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    io = RemoteFS(s3_url)
+
+    def check() -> None:
+        if proxy.sent > (8 << 20):  # a part or more on its way
+            raise TimeoutError("abandoned")
+
+    try:
+        with pytest.raises(TimeoutError):
+            io.put_file(str(big), io.path("big.bin"), check)
+    finally:
+        io.close()
+        proxy.close()
+    bucket = s3_url[len("s3://") :].split("/")[0]
+    assert s3_client(s3_env.endpoint).list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []  # type: ignore[attr-defined]
+    assert "big.bin" not in _keys(s3_env.endpoint, s3_url)

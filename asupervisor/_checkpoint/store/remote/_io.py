@@ -78,9 +78,29 @@ class RemoteFS:
                     check()
                 except BaseException:
                     future.cancel()
+                    self._abort_partial(remote)
                     raise
             else:
                 return
+
+    def _abort_partial(self, remote: str) -> None:
+        """After a cancelled upload: abort the multipart upload it left (S3 keeps, and bills,
+        the parts of one that is neither completed nor aborted; s3fs aborts only on an
+        error, not on a cancellation). Best effort, S3 only."""
+        fs, loop = self.fs, self._loop
+        if loop is None or not hasattr(fs, "_list_multipart_uploads") or not hasattr(fs, "_abort_mpu"):
+            return
+
+        async def abort() -> None:
+            bucket, key, _ = fs.split_path(remote)
+            for upload in await fs._list_multipart_uploads(bucket):
+                if upload.get("Key") == key:
+                    await fs._abort_mpu(bucket, key, upload["UploadId"])
+
+        try:
+            asyncio.run_coroutine_threadsafe(abort(), loop).result(timeout=10)
+        except Exception as exc:  # an S3 lifecycle rule is the backstop
+            log.debug("remote.abort_failed", path=remote, error=describe(exc))
 
     def close(self) -> None:
         """Close the HTTP sessions, stop the loop and join its thread (idempotent)."""

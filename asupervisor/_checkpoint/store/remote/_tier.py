@@ -95,6 +95,7 @@ class RemoteTier:
         #: the newest checkpoint committed on the remote (``None``: none yet)
         self.uploaded: Uploaded | None = None
         self._events_sent: dict[str, int] = {}
+        self._markers: dict[str, Marker] = {}  # commit markers read so far (never rewritten)
         self._abandon = False
 
     def __repr__(self) -> str:
@@ -162,6 +163,7 @@ class RemoteTier:
                 log.warning("remote.leftover_removed", url=self.url, checkpoint=ckpt.name, objects=len(ckpt.sizes))
 
     def _delete(self, ckpt: RemoteCheckpoint, *, marker_first: bool = True) -> None:
+        self._markers.pop(ckpt.name, None)
         names = sorted(ckpt.sizes)
         marker = ckpt.name + MARKER_SUFFIX
         if marker_first and marker in names:  # from here on it does not exist for any reader
@@ -177,11 +179,14 @@ class RemoteTier:
             pass
 
     def _marker(self, ckpt: RemoteCheckpoint) -> Marker | None:
-        try:
-            marker = Marker.from_bytes(self.fs.cat_file(self._path(ckpt.name + MARKER_SUFFIX)))
-        except (FileNotFoundError, ValueError) as exc:
-            log.warning("remote.marker_unreadable", url=self.url, checkpoint=ckpt.name, error=describe(exc))
-            return None
+        marker = self._markers.get(ckpt.name)
+        if marker is None:  # a marker is written once and never changed: read each once
+            try:
+                marker = Marker.from_bytes(self.fs.cat_file(self._path(ckpt.name + MARKER_SUFFIX)))
+            except (FileNotFoundError, ValueError) as exc:
+                log.warning("remote.marker_unreadable", url=self.url, checkpoint=ckpt.name, error=describe(exc))
+                return None
+            self._markers[ckpt.name] = marker
         problem = marker_problem(marker, ckpt.sizes)
         if problem is not None:
             log.warning("remote.checkpoint_damaged", url=self.url, checkpoint=ckpt.name, problem=problem)
@@ -350,6 +355,7 @@ class RemoteTier:
         self._check()
         marker = Marker(name, step, sums, committed_at)
         self.fs.pipe_file(self._path(name + MARKER_SUFFIX), marker.to_bytes())
+        self._markers[name] = marker
         uploaded = Uploaded(name, step, committed_at)
         self.uploaded = uploaded
         self._write_state(marker)
