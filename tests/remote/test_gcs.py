@@ -13,9 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import tensorflow as tf
+import training
 from servers import Server, gcs_emulator
 
 import asupervisor as asv
@@ -94,24 +93,7 @@ def _get(endpoint: str, url: str, name: str) -> bytes:
 # -- training ------------------------------------------------------------------------------
 
 
-def _model() -> dict[str, Any]:
-    tf.keras.utils.set_random_seed(1)
-    w = tf.Variable(tf.random.normal([64, 32]), name="w")
-    gen = tf.random.Generator.from_seed(7)
-    return {"w": w, "gen": gen}
-
-
-def _step(state: dict[str, Any]) -> None:
-    state["w"].assign_add(state["gen"].normal([64, 32]))
-
-
-async def _train(url: str, local: Path, steps: int, **kwargs: Any) -> tuple[asv.Supervisor, dict[str, Any]]:
-    state = _model()
-    kwargs.setdefault("save_model_steps", 5)
-    sv = asv.Supervisor(url, local_dir=local, state=state, save_model_secs=0, handle_signals=False, **kwargs)
-    async with sv.managed_session() as sess:
-        await sess.run_loop(lambda: _step(state), max_steps=steps)
-    return sv, state
+_model, _step, _train = training.model, training.step, training.train
 
 
 # -- the tests -----------------------------------------------------------------------------
@@ -121,27 +103,12 @@ async def _train(url: str, local: Path, steps: int, **kwargs: Any) -> tuple[asv.
 async def test_a_fresh_machine_resumes_bitwise_from_gcs(gcs_url: str, gcs_env: Server, tmp_path: Path) -> None:
     """Train 12 steps into gs://; a second training with an empty local working directory
     downloads the newest checkpoint and goes on exactly as one uninterrupted run does."""
-    sv, _ = await _train(gcs_url, tmp_path / "machine-a", 12)
-    remote = sv.status().remote
-    assert remote is not None and remote.uploaded_step == 12 and remote.lag_steps == 0 and remote.error is None
-    assert sv.logdir == gcs_url
-    keys = _keys(gcs_env.endpoint, gcs_url)
-    assert "model.ckpt-12.asv-commit" in keys and "checkpoint" in keys, keys
-    marker = json.loads(_get(gcs_env.endpoint, gcs_url, "model.ckpt-12.asv-commit"))
-    assert marker["step"] == 12 and "model.ckpt-12.index" in marker["files"]
-    assert not [k for k in keys if k.startswith(".asv-probe-")], keys
-
-    sv2, resumed = await _train(gcs_url, tmp_path / "machine-b", 20)
-    assert sv2.status().global_step == 20
-    reference = _model()
-    for _ in range(20):
-        _step(reference)
-    np.testing.assert_array_equal(resumed["w"].numpy(), reference["w"].numpy())
-    assert sorted(p.name for p in (tmp_path / "machine-b").glob("model.ckpt-12.*")) == [
-        "model.ckpt-12.data-00000-of-00001",
-        "model.ckpt-12.index",
-    ]
-    assert "model.ckpt-20.asv-commit" in _keys(gcs_env.endpoint, gcs_url)
+    await training.fresh_machine_resumes_bitwise(
+        gcs_url,
+        tmp_path,
+        lambda: _keys(gcs_env.endpoint, gcs_url),
+        lambda name: _get(gcs_env.endpoint, gcs_url, name),
+    )
 
 
 @pytest.mark.anyio

@@ -16,6 +16,7 @@ import anyio
 import numpy as np
 import pytest
 import tensorflow as tf
+import training
 from servers import FaultProxy, Server, both_backends, moto_server, running, s3_client
 
 import asupervisor as asv
@@ -24,24 +25,7 @@ from asupervisor._checkpoint.store.remote._lease import LEASE_PREFIX
 pytestmark = pytest.mark.usefixtures("no_new_threads")
 
 
-def _model() -> dict[str, Any]:
-    tf.keras.utils.set_random_seed(1)
-    w = tf.Variable(tf.random.normal([64, 32]), name="w")
-    gen = tf.random.Generator.from_seed(7)
-    return {"w": w, "gen": gen}
-
-
-def _step(state: dict[str, Any]) -> None:
-    state["w"].assign_add(state["gen"].normal([64, 32]))
-
-
-async def _train(url: str, local: Path, steps: int, **kwargs: Any) -> tuple[asv.Supervisor, dict[str, Any]]:
-    state = _model()
-    kwargs.setdefault("save_model_steps", 5)
-    sv = asv.Supervisor(url, local_dir=local, state=state, save_model_secs=0, handle_signals=False, **kwargs)
-    async with sv.managed_session() as sess:
-        await sess.run_loop(lambda: _step(state), max_steps=steps)
-    return sv, state
+_model, _step, _train = training.model, training.step, training.train
 
 
 def _keys(endpoint: str, url: str) -> list[str]:
@@ -60,26 +44,13 @@ def _put(endpoint: str, url: str, name: str, body: bytes) -> None:
 async def test_a_fresh_machine_resumes_bitwise_from_s3(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
     """Train 12 steps into s3://; a second training with an empty local working directory
     downloads the newest checkpoint and goes on exactly as one uninterrupted run does."""
-    sv, _ = await _train(s3_url, tmp_path / "machine-a", 12)
-    remote = sv.status().remote
-    assert remote is not None and remote.uploaded_step == 12 and remote.lag_steps == 0 and remote.error is None
-    assert sv.logdir == s3_url
-    keys = _keys(s3_env.endpoint, s3_url)
-    assert "model.ckpt-12.asv-commit" in keys and "checkpoint" in keys, keys
-    marker = json.loads(s3_client(s3_env.endpoint).get_object(  # type: ignore[attr-defined]
-        Bucket=s3_url[5:].split("/")[0], Key="run/model.ckpt-12.asv-commit")["Body"].read())
-    assert marker["step"] == 12 and "model.ckpt-12.index" in marker["files"]
+    bucket = s3_url[len("s3://") :].split("/")[0]
 
-    sv2, resumed = await _train(s3_url, tmp_path / "machine-b", 20)
-    assert sv2.status().global_step == 20
-    reference = _model()
-    for _ in range(20):
-        _step(reference)
-    np.testing.assert_array_equal(resumed["w"].numpy(), reference["w"].numpy())
-    assert sorted(p.name for p in (tmp_path / "machine-b").glob("model.ckpt-12.*")) == [
-        "model.ckpt-12.data-00000-of-00001",
-        "model.ckpt-12.index",
-    ]
+    def read(name: str) -> bytes:
+        body: Any = s3_client(s3_env.endpoint).get_object(Bucket=bucket, Key=f"run/{name}")  # type: ignore[attr-defined]
+        return bytes(body["Body"].read())
+
+    await training.fresh_machine_resumes_bitwise(s3_url, tmp_path, lambda: _keys(s3_env.endpoint, s3_url), read)
 
 
 @pytest.mark.anyio

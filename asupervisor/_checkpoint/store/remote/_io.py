@@ -120,6 +120,7 @@ class RemoteFS:
             session = getattr(fs, "_session", None)  # gcsfs: an aiohttp session
             if session is not None and hasattr(session, "close") and not getattr(session, "closed", True):
                 await session.close()
+            await asyncio.sleep(0.05)  # closed connections finish closing (aiohttp's advice) before the loop stops
             await asyncio.get_running_loop().shutdown_default_executor()  # its DNS lookups' threads
 
         if thread.is_alive():
