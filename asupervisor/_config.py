@@ -78,6 +78,8 @@ class SupervisorConfig:
     #: a live progress display on stderr
     progress: bool = False
     handle_signals: bool = True
+    #: the signals that request a graceful stop (names or numbers; ``signal.Signals`` once checked)
+    stop_signals: Sequence[Any] = ("SIGINT", "SIGTERM")
     queue_runners: Sequence[Any] = ()
     clock: Clock = field(default_factory=MonotonicClock)
     #: the cluster from ``TF_CONFIG`` (``None``: a single worker); see :attr:`multi_worker`
@@ -202,6 +204,9 @@ class SupervisorConfig:
                     f"give save_policy={self.save_policy!r} or save_model_secs / save_model_steps, not both "
                     f"(got save_model_secs={self.save_model_secs!r}, save_model_steps={self.save_model_steps!r})"
                 )
+        from ._core._signals import stop_signals_from
+
+        object.__setattr__(self, "stop_signals", stop_signals_from(self.stop_signals))
         if not isinstance(self.progress, bool):
             raise TypeError(f"progress must be True or False, got {self.progress!r}")
         if not isinstance(self.checkpoint_staging, bool):

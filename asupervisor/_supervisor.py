@@ -93,9 +93,13 @@ class Supervisor:
         progress: a live progress display on stderr: one line updated in place on a
             terminal (step, steps/sec, loss and other scalars, ETA, last checkpoint),
             plain lines every 10 s otherwise.
-        handle_signals: SIGINT and SIGTERM request a graceful stop; a second one abandons
+        handle_signals: the ``stop_signals`` request a graceful stop; a second one abandons
             the final checkpoint; the application's own handler is called too and put back
             at the end (main thread only).
+        stop_signals: which signals those are, by name (``"SIGUSR1"`` or ``"USR1"``) or
+            number; e.g. add ``"SIGUSR1"`` for SLURM's ``--signal=USR1@90``. The exit
+            status after one is ``asv.exit_code``'s: 130 for SIGINT, 143 for SIGTERM,
+            128 + its number for another.
         queue_runners: input queue runners started with the session.
         clock: the time source of timers and services (tests pass a manual clock).
 
@@ -136,6 +140,7 @@ class Supervisor:
         hooks: Sequence[SessionRunHook] = (),
         progress: bool = False,
         handle_signals: bool = True,
+        stop_signals: Sequence[str | int] = ("SIGINT", "SIGTERM"),
         queue_runners: Sequence[QueueRunner] = (),
         clock: Clock | None = None,
     ) -> None:
@@ -167,6 +172,7 @@ class Supervisor:
             hooks=hooks,
             progress=progress,
             handle_signals=handle_signals,
+            stop_signals=stop_signals,
             queue_runners=queue_runners,
             clock=clock or MonotonicClock(),
             cluster=cluster,

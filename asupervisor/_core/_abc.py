@@ -157,6 +157,11 @@ class EngineConfig(Protocol):
         ...
 
     @property
+    def stop_signals(self) -> Sequence[Any]:
+        """The signals that request a graceful stop (``signal.Signals``)."""
+        ...
+
+    @property
     def hooks(self) -> Sequence[Any]:
         """The per-step hooks."""
         ...

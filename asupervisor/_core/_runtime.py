@@ -393,7 +393,9 @@ class Runtime(anyio.AsyncContextManagerMixin):
         self.loop = LoopHandle()
         self.control = StopControl(self.loop, on_stop=self.wake_step_thread)
         if self.config.handle_signals:  # from now on, a signal is a graceful stop
-            self._signals = SignalHandlers(self.loop, self._on_signal, self._on_signal_again)
+            self._signals = SignalHandlers(
+                self.loop, self._on_signal, self._on_signal_again, signals=tuple(self.config.stop_signals)
+            )
             self._signals.install()
         self.session = Session(self)
         self.step_thread = self.new_thread("asv-step")

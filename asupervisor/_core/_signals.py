@@ -46,11 +46,44 @@ from .._logging import get_logger
 if TYPE_CHECKING:
     from ._handoff import LoopHandle
 
-__all__ = ["SignalHandlers"]
+__all__ = ["SIGNALS", "SignalHandlers", "stop_signals_from"]
 
 log = get_logger(__name__)
 
+#: the signals that request a graceful stop unless ``stop_signals`` says otherwise
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: signals no process can catch
+_UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
+
+
+def stop_signals_from(value: object) -> tuple[signal.Signals, ...]:
+    """``Supervisor(stop_signals=...)`` as signals: names (``"SIGUSR1"``, ``"USR1"``),
+    numbers or ``signal.Signals``, in order, without repeats.
+
+    Raises:
+        TypeError: not a sequence of names or numbers.
+        ValueError: naming a signal this platform does not have, or one no process can
+            catch (SIGKILL, SIGSTOP).
+    """
+    if isinstance(value, (str, bytes, int)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"stop_signals must be a sequence of signal names or numbers, got {value!r}")
+    out: list[signal.Signals] = []
+    for item in value:
+        try:
+            if isinstance(item, str):
+                name = item.upper() if item.upper().startswith("SIG") else "SIG" + item.upper()
+                sig = signal.Signals[name]
+            elif isinstance(item, int) and not isinstance(item, bool):
+                sig = signal.Signals(item)
+            else:
+                raise TypeError(f"stop_signals must hold signal names or numbers, got {item!r}")
+        except (KeyError, ValueError):
+            raise ValueError(f"stop_signals: no signal {item!r} on this platform") from None
+        if sig.name in _UNCATCHABLE:
+            raise ValueError(f"stop_signals: {sig.name} cannot be caught by any process, so it cannot stop gracefully")
+        if sig not in out:
+            out.append(sig)
+    return tuple(out)
 #: modules whose handlers are the event loop's own Ctrl-C machinery (not chained)
 _LOOP_MACHINERY = ("asyncio", "trio", "anyio")
 
@@ -125,10 +158,18 @@ class SignalHandlers:
         loop: the session's event loop (handlers schedule their work there).
         on_first: called on the loop with the signal's name at the first signal.
         on_again: called on the loop with the signal's name at each later signal.
+        signals: the signals handled (``Supervisor(stop_signals=...)``).
     """
 
-    def __init__(self, loop: LoopHandle, on_first: Callable[[str], None], on_again: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        loop: LoopHandle,
+        on_first: Callable[[str], None],
+        on_again: Callable[[str], None],
+        signals: tuple[signal.Signals, ...] = SIGNALS,
+    ) -> None:
         self._loop = loop
+        self._signals = signals
         self._on_first = on_first
         self._on_again = on_again
         self._previous: dict[int, Any] = {}
@@ -141,7 +182,7 @@ class SignalHandlers:
         if threading.current_thread() is not threading.main_thread():
             log.info("signals.not_installed", why="the event loop is not on the main thread")
             return False
-        for signum in SIGNALS:
+        for signum in self._signals:
             self._previous[signum] = signal.signal(signum, self._handle)
         if self._loop.backend == "asyncio":
             self._wakeup = _AsyncioWakeup()

@@ -1,4 +1,5 @@
-"""SIGTERM and SIGINT are graceful stops, checked on a real training process."""
+"""SIGTERM and SIGINT (and the other ``stop_signals``) are graceful stops, checked on a
+real training process."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import slowdisk
+
+import asupervisor as asv
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_until_signal.py"
 
@@ -216,3 +219,43 @@ def test_a_signal_delivered_to_another_thread_stops_the_session(tmp_path: Path, 
     assert lines[-1].startswith("stop_reason=signal:SIGTERM latest="), out
     step = int(lines[-2].split()[1])
     assert step >= 20 and lines[-1].endswith(f"latest={logdir / f'model.ckpt-{step}'}")  # the final checkpoint
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_signal_added_to_stop_signals_is_a_graceful_stop(tmp_path: Path, backend: str) -> None:
+    """``stop_signals=("SIGINT", "SIGTERM", "SIGUSR1")`` (SLURM's ``--signal=USR1@90``):
+    SIGUSR1 stops at a step boundary with a final checkpoint, and the process exits with
+    128 + its number, as ``asv.exit_code`` says for another signal."""
+    logdir = tmp_path / "run"
+    with _start(backend, logdir, "--stop-signals", "SIGINT,SIGTERM,USR1") as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().split()[0] == "ready"
+            proc.send_signal(signal.SIGUSR1)
+            out, err = _finish(proc)
+        finally:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGUSR1, out + err
+    lines = out.strip().splitlines()
+    step = int(lines[-2].split()[1])
+    assert lines[-1] == f"stop_reason=signal:SIGUSR1 latest={logdir / f'model.ckpt-{step}'}", lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "match"),
+    [
+        (("SIGINT", "SIGNOPE"), ValueError, r"no signal 'SIGNOPE'"),
+        (("SIGKILL",), ValueError, r"SIGKILL cannot be caught"),
+        ("SIGTERM", TypeError, r"a sequence of signal names or numbers, got 'SIGTERM'"),
+        ((1.5,), TypeError, r"got 1.5"),
+    ],
+)
+def test_bad_stop_signals_are_refused_naming_the_value(value: object, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        asv.Supervisor(stop_signals=value)  # type: ignore[arg-type]
+
+
+def test_stop_signals_take_names_numbers_and_short_names() -> None:
+    sv = asv.Supervisor(stop_signals=("SIGTERM", "usr1", int(signal.SIGUSR2), "SIGTERM"))
+    assert sv.config.stop_signals == (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -99,13 +100,6 @@ def gcs_emulator() -> Server:
     )
 
 
-def make_bucket(endpoint: str, bucket: str) -> None:
-    """Create an S3 bucket on ``endpoint``."""
-    import boto3
-
-    boto3.client("s3", endpoint_url=endpoint, **_boto_credentials()).create_bucket(Bucket=bucket)
-
-
 def _boto_credentials() -> dict[str, str]:
     return {
         "aws_access_key_id": S3_ENV["AWS_ACCESS_KEY_ID"],
@@ -114,11 +108,51 @@ def _boto_credentials() -> dict[str, str]:
     }
 
 
-def s3_client(endpoint: str) -> object:
-    """A boto3 S3 client of ``endpoint`` (for looking behind the product's back)."""
+def s3_call(endpoint: str, method: str, **kwargs: Any) -> Any:
+    """One call of a boto3 S3 client of ``endpoint`` (looking behind the product's back);
+    a ``Body`` comes back read. The client is closed after it: an unclosed one's sockets
+    surface as ResourceWarnings in whatever test runs when they are collected."""
     import boto3
 
-    return boto3.client("s3", endpoint_url=endpoint, **_boto_credentials())
+    client = boto3.client("s3", endpoint_url=endpoint, **_boto_credentials())
+    try:
+        out = getattr(client, method)(**kwargs)
+        body = out.get("Body") if isinstance(out, dict) else None
+        if body is not None:
+            with contextlib.closing(body):
+                out = {**out, "Body": body.read()}
+        return out
+    finally:
+        client.close()
+
+
+def make_bucket(endpoint: str, bucket: str) -> None:
+    """Create an S3 bucket on ``endpoint``."""
+    s3_call(endpoint, "create_bucket", Bucket=bucket)
+
+
+def _split(url: str) -> tuple[str, str]:
+    bucket, _, prefix = url[len("s3://") :].partition("/")
+    return bucket, prefix
+
+
+def s3_keys(endpoint: str, url: str) -> list[str]:
+    """The object names under the logdir ``url``, relative to it, sorted."""
+    bucket, prefix = _split(url)
+    listing = s3_call(endpoint, "list_objects_v2", Bucket=bucket, Prefix=prefix + "/")
+    return sorted(o["Key"][len(prefix) + 1 :] for o in listing.get("Contents", []))
+
+
+def s3_read(endpoint: str, url: str, name: str) -> bytes:
+    """The object ``name`` of the logdir ``url``."""
+    bucket, prefix = _split(url)
+    return bytes(s3_call(endpoint, "get_object", Bucket=bucket, Key=f"{prefix}/{name}")["Body"])
+
+
+def s3_write(endpoint: str, url: str, name: str, body: bytes) -> None:
+    """Put the object ``name`` into the logdir ``url``."""
+    bucket, prefix = _split(url)
+    s3_call(endpoint, "put_object", Bucket=bucket, Key=f"{prefix}/{name}", Body=body)
 
 
 class FaultProxy:
@@ -139,6 +173,7 @@ class FaultProxy:
         self._down = False
         self._rate: float | None = None
         self._conns: set[socket.socket] = set()
+        self._pumps: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
         self.sent = 0  # bytes passed from clients upstream
@@ -167,6 +202,8 @@ class FaultProxy:
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not)
         self._sock.close()
         self._thread.join(timeout=5)
+        for pump in self._pumps:  # each ends at its next read or write of a cut connection
+            pump.join(timeout=5)
 
     def _accept(self) -> None:
         while not self._closed:
@@ -184,8 +221,10 @@ class FaultProxy:
                 continue
             with self._lock:
                 self._conns.update((client, upstream))
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+            for args in ((client, upstream, True), (upstream, client, False)):
+                pump = threading.Thread(target=self._pump, args=args, daemon=True)
+                pump.start()
+                self._pumps.append(pump)
 
     def _pump(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
         try:

@@ -10,14 +10,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import anyio
 import numpy as np
 import pytest
 import tensorflow as tf
 import training
-from servers import FaultProxy, Server, both_backends, moto_server, running, s3_client
+from servers import FaultProxy, Server, both_backends, moto_server, running, s3_call, s3_keys, s3_read, s3_write
 
 import asupervisor as asv
 from asupervisor._checkpoint.store.remote._lease import LEASE_PREFIX
@@ -28,15 +27,7 @@ pytestmark = pytest.mark.usefixtures("no_new_threads")
 _model, _step, _train = training.model, training.step, training.train
 
 
-def _keys(endpoint: str, url: str) -> list[str]:
-    bucket, prefix = url[len("s3://") :].split("/", 1)
-    listing: Any = s3_client(endpoint).list_objects_v2(Bucket=bucket, Prefix=prefix + "/")  # type: ignore[attr-defined]
-    return sorted(o["Key"][len(prefix) + 1 :] for o in listing.get("Contents", []))
-
-
-def _put(endpoint: str, url: str, name: str, body: bytes) -> None:
-    bucket, prefix = url[len("s3://") :].split("/", 1)
-    s3_client(endpoint).put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=body)  # type: ignore[attr-defined]
+_keys, _put = s3_keys, s3_write
 
 
 @pytest.mark.anyio
@@ -44,13 +35,9 @@ def _put(endpoint: str, url: str, name: str, body: bytes) -> None:
 async def test_a_fresh_machine_resumes_bitwise_from_s3(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
     """Train 12 steps into s3://; a second training with an empty local working directory
     downloads the newest checkpoint and goes on exactly as one uninterrupted run does."""
-    bucket = s3_url[len("s3://") :].split("/")[0]
-
-    def read(name: str) -> bytes:
-        body: Any = s3_client(s3_env.endpoint).get_object(Bucket=bucket, Key=f"run/{name}")  # type: ignore[attr-defined]
-        return bytes(body["Body"].read())
-
-    await training.fresh_machine_resumes_bitwise(s3_url, tmp_path, lambda: _keys(s3_env.endpoint, s3_url), read)
+    await training.fresh_machine_resumes_bitwise(
+        s3_url, tmp_path, lambda: s3_keys(s3_env.endpoint, s3_url), lambda name: s3_read(s3_env.endpoint, s3_url, name)
+    )
 
 
 @pytest.mark.anyio
@@ -74,8 +61,7 @@ async def test_a_damaged_state_object_is_rebuilt_from_the_markers(s3_url: str, s
     _put(s3_env.endpoint, s3_url, "checkpoint", b"\x00\xffnot a state\x01")
     sv, _ = await _train(s3_url, tmp_path / "b", 15)
     assert sv.status().global_step == 15
-    bucket = s3_url[5:].split("/")[0]
-    text = s3_client(s3_env.endpoint).get_object(Bucket=bucket, Key="run/checkpoint")["Body"].read().decode()  # type: ignore[attr-defined]
+    text = s3_read(s3_env.endpoint, s3_url, "checkpoint").decode()
     assert 'model_checkpoint_path: "model.ckpt-15"' in text
 
 
@@ -363,5 +349,5 @@ def test_an_abandoned_upload_leaves_no_multipart_upload_behind(
         io.close()
         proxy.close()
     bucket = s3_url[len("s3://") :].split("/")[0]
-    assert s3_client(s3_env.endpoint).list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []  # type: ignore[attr-defined]
+    assert s3_call(s3_env.endpoint, "list_multipart_uploads", Bucket=bucket).get("Uploads", []) == []
     assert "big.bin" not in _keys(s3_env.endpoint, s3_url)

@@ -10,11 +10,10 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from servers import Server, s3_client
+from servers import Server, s3_keys
 
 SCRIPT = Path(__file__).resolve().parents[1] / "checkpoint" / "scripts" / "mw_train.py"
 
@@ -60,10 +59,7 @@ def _run_cluster(tmp_path: Path, url: str, max_steps: int, machine: str) -> list
     return [out.splitlines() for out, _ in results]
 
 
-def _keys(endpoint: str, url: str) -> list[str]:
-    bucket, prefix = url[len("s3://") :].split("/", 1)
-    listing: Any = s3_client(endpoint).list_objects_v2(Bucket=bucket, Prefix=prefix + "/")  # type: ignore[attr-defined]
-    return sorted(o["Key"][len(prefix) + 1 :] for o in listing.get("Contents", []))
+_keys = s3_keys
 
 
 @pytest.mark.timeout(240)

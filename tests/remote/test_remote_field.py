@@ -11,11 +11,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
-from servers import FaultProxy, Server, both_backends, s3_client
+from servers import FaultProxy, Server, both_backends, s3_keys
 
 import asupervisor as asv
 
@@ -38,9 +37,8 @@ def proxy(s3_env: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProx
 
 
 def _markers(endpoint: str, url: str) -> list[int]:
-    bucket, prefix = url[len("s3://") :].split("/", 1)
-    listing: Any = s3_client(endpoint).list_objects_v2(Bucket=bucket, Prefix=prefix + "/")  # type: ignore[attr-defined]
-    keys = [o["Key"].rsplit("/", 1)[1] for o in listing.get("Contents", [])]
+    """The steps of the committed checkpoints (their markers) under ``url``."""
+    keys = s3_keys(endpoint, url)
     return sorted(int(k.split("-")[1].split(".")[0]) for k in keys if k.endswith(".asv-commit"))
 
 

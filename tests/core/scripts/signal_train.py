@@ -1,7 +1,7 @@
 """A training process for the signal tests with checkpoints (tests/core/test_signals.py).
 
     python signal_train.py BACKEND LOGDIR [--mb MB] [--vars N] [--debug] [--slow-init] [--app-handler]
-                           [--signal-from-thread]
+                           [--signal-from-thread] [--stop-signals NAME,NAME...]
 
 The state holds a ``big`` variable of ``MB`` megabytes, so a checkpoint takes a while to
 write. With ``--slow-init`` the state is initialised by an ``init_fn`` that prints
@@ -14,7 +14,7 @@ and exits with ``asv.exit_code``. With ``--signal-from-thread`` the step thread 
 SIGTERM to itself at step 20 (``pthread_kill``): the kernel's choice of a thread other
 than the main one, made deterministic. ``--vars N`` adds N small variables to the state
 (a walk the writer makes a batched read for, seconds of work at thousands); ``--debug``
-logs debug events too.
+logs debug events too. ``--stop-signals`` is the Supervisor's ``stop_signals`` (comma-separated).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ async def main(args: argparse.Namespace) -> int:
         save_model_secs=3600,
         save_summaries_secs=0,
         handle_signals=True,
+        **({"stop_signals": args.stop_signals.split(",")} if args.stop_signals else {}),
     )
 
     def step() -> None:
@@ -92,5 +93,6 @@ if __name__ == "__main__":
     parser.add_argument("--slow-init", action="store_true")
     parser.add_argument("--app-handler", action="store_true")
     parser.add_argument("--signal-from-thread", action="store_true")
+    parser.add_argument("--stop-signals", default="")
     ns = parser.parse_args()
     sys.exit(anyio.run(main, ns, backend=ns.backend))

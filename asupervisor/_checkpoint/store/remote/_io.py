@@ -121,7 +121,15 @@ class RemoteFS:
             if session is not None and hasattr(session, "close") and not getattr(session, "closed", True):
                 await session.close()
             await asyncio.sleep(0.05)  # closed connections finish closing (aiohttp's advice) before the loop stops
-            await asyncio.get_running_loop().shutdown_default_executor()  # its DNS lookups' threads
+            running = asyncio.get_running_loop()
+            # A connection of a cancelled upload may still hold unsent bytes and wait for the
+            # peer to take them: every transport left on this loop (all of them ours) is
+            # aborted, not left to the garbage collector.
+            for transport in list(getattr(running, "_transports", {}).values()):
+                if transport is not None:
+                    transport.abort()
+            await asyncio.sleep(0)  # their connection_lost
+            await running.shutdown_default_executor()  # its DNS lookups' threads
 
         if thread.is_alive():
             try:
