@@ -8,6 +8,9 @@
   directory is missing, a checkpoint does not load or the state file is damaged.
 
 TensorFlow is imported only once a command runs, after its start-up noise is silenced.
+An error of the library (a logdir that cannot be used, a URL nothing serves, a checkpoint
+of another model) ends the command with one line on standard error and status 1;
+``--debug`` shows its traceback instead.
 """
 
 from __future__ import annotations
@@ -25,19 +28,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow loads
     parser = argparse.ArgumentParser(prog="asupervisor", description="asupervisor: supervised TensorFlow 2 training")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = commands.add_parser("demo", help="train a small model, resumably, on built-in data")
-    inspect = commands.add_parser("inspect", help="show the checkpoints and summaries of a log directory")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="on an error, show its traceback, not one line")
+    demo = commands.add_parser("demo", parents=[common], help="train a small model, resumably, on built-in data")
+    inspect = commands.add_parser(
+        "inspect", parents=[common], help="show the checkpoints and summaries of a log directory"
+    )
     inspect.add_argument("logdir", help="the training's log directory")
     inspect.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     _demo_arguments(demo)
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        from . import _demo
+    from ._exceptions import SupervisorError
 
-        return _demo.run(args)
-    from . import _inspect
+    try:
+        if args.command == "demo":
+            from . import _demo
 
-    return _inspect.run(args.logdir, as_json=args.json)
+            return _demo.run(args)
+        from . import _inspect
+
+        return _inspect.run(args.logdir, as_json=args.json)
+    except (SupervisorError, ValueError, OSError) as exc:  # bad input or a logdir that cannot be used
+        if args.debug:
+            raise
+        message = " ".join(str(exc).split()) or "(no message)"
+        print(f"asupervisor {args.command}: {type(exc).__name__}: {message} (--debug shows the traceback)", file=sys.stderr)  # noqa: T201
+        return 1
 
 
 def _secs_or_auto(value: str) -> float | str:

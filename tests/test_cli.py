@@ -74,3 +74,17 @@ def test_help_does_not_need_tensorflow() -> None:
     )
     assert out.returncode == 0 and "inspect" in out.stdout and "demo" in out.stdout
     assert "tensorflow" not in out.stderr
+
+
+def test_an_error_is_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:
+    """A logdir the demo cannot use: status 1 and one line naming the command, the error
+    and the logdir, no traceback; with ``--debug`` the traceback."""
+    bad = tmp_path / "file"
+    bad.write_text("not a directory")
+    out = cli("demo", "--logdir", str(bad / "run"), "--max-steps", "3")
+    assert out.returncode == 1, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("asupervisor demo: CheckpointError: logdir ") and str(bad / "run") in last, last
+    assert "Traceback" not in out.stderr
+    debug = cli("demo", "--logdir", str(bad / "run"), "--max-steps", "3", "--debug")
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr, debug.stderr[-2000:]
