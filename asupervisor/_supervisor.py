@@ -96,6 +96,8 @@ class Supervisor:
         handle_signals: the ``stop_signals`` request a graceful stop; a second one abandons
             the final checkpoint; the application's own handler is called too and put back
             at the end (main thread only).
+        metrics_port: serve ``metrics_text()`` at ``http://127.0.0.1:<port>/metrics``
+            while a session lives (a port already taken fails the start, naming it).
         stop_signals: which signals those are, by name (``"SIGUSR1"`` or ``"USR1"``) or
             number; e.g. add ``"SIGUSR1"`` for SLURM's ``--signal=USR1@90``. The exit
             status after one is ``asv.exit_code``'s: 130 for SIGINT, 143 for SIGTERM,
@@ -141,6 +143,7 @@ class Supervisor:
         progress: bool = False,
         handle_signals: bool = True,
         stop_signals: Sequence[str | int] = ("SIGINT", "SIGTERM"),
+        metrics_port: int | None = None,
         queue_runners: Sequence[QueueRunner] = (),
         clock: Clock | None = None,
     ) -> None:
@@ -173,6 +176,7 @@ class Supervisor:
             progress=progress,
             handle_signals=handle_signals,
             stop_signals=stop_signals,
+            metrics_port=metrics_port,
             queue_runners=queue_runners,
             clock=clock or MonotonicClock(),
             cluster=cluster,
@@ -181,6 +185,10 @@ class Supervisor:
         self._runtime: Runtime | None = None
         for qr in self.config.queue_runners:
             self.add_queue_runner(qr)
+        if self.config.metrics_port is not None:
+            from ._prometheus import MetricsServer
+
+            self._services.append(MetricsServer(self.config.metrics_port, self.status))
 
     @property
     def is_chief(self) -> bool:
@@ -323,6 +331,13 @@ class Supervisor:
             raise RuntimeError("save_now() needs a running managed_session()")
         checkpoints: CheckpointSaving = rt.extra(SessionAttribute.checkpoints)
         return await checkpoints.save_now()
+
+    def metrics_text(self) -> str:
+        """``status()`` as Prometheus text (the exposition format, version 0.0.4), for an
+        application's own ``/metrics`` route; what ``metrics_port`` serves. Any thread."""
+        from ._prometheus import render
+
+        return render(self.status())
 
     def status(self) -> Status:
         """A frozen snapshot: step, steps/sec, last checkpoint, stop reason, services."""

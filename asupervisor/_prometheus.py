@@ -1,0 +1,161 @@
+"""Prometheus text for dashboards: ``Supervisor.metrics_text()`` and ``metrics_port``.
+
+:func:`render` turns a ``Status`` into the Prometheus text exposition format (version
+0.0.4): the step, the rate, the last checkpoint, the step output's scalars, the
+services' states and restarts, the queues, a URL logdir's remote lag. :class:`MetricsServer`
+is a session service serving that text at ``http://127.0.0.1:<port>/metrics`` while the
+session lives (a few lines of HTTP/1.1 on an anyio listener: one request a connection,
+no dependency). A front door; no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import anyio
+from anyio.abc import SocketStream, TaskStatus
+
+from ._core._services import Service, ServiceContext
+from ._core._status import Status
+from ._logging import describe, get_logger
+
+__all__ = ["MetricsServer", "render"]
+
+log = get_logger(__name__)
+
+_PREFIX = "asupervisor"
+_MAX_REQUEST = 8192  # bytes of a request's head read at most
+_READ_SECS = 5.0  # a client that sends no request head in this long is dropped
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def metric(
+        self, name: str, kind: str, doc: str, samples: Iterable[tuple[dict[str, str], float | None]]
+    ) -> None:
+        rows = [(labels, value) for labels, value in samples if value is not None]
+        if not rows:
+            return
+        full = f"{_PREFIX}_{name}"
+        self.lines += [f"# HELP {full} {doc}", f"# TYPE {full} {kind}"]
+        for labels, value in rows:
+            assert value is not None
+            text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            self.lines.append(f"{full}{{{text}}} {_number(value)}" if text else f"{full} {_number(value)}")
+
+
+def render(status: Status) -> str:
+    """``status`` in the Prometheus text format (one metric family per quantity)."""
+    w = _Writer()
+    w.metric("up", "gauge", "Whether a managed session is running.", [({}, 1.0 if status.running else 0.0)])
+    w.metric("global_step", "gauge", "Steps completed, the restored step included.", [({}, status.global_step)])
+    w.metric("steps_per_second", "gauge", "The step rate last measured.", [({}, status.steps_per_sec)])
+    w.metric("max_steps", "gauge", "The max_steps of the run_loop running now.", [({}, status.max_steps)])
+    w.metric("eta_seconds", "gauge", "Seconds until max_steps at the current rate.", [({}, status.eta_secs)])
+    w.metric("started_timestamp_seconds", "gauge", "When the session started.", [({}, status.started_at)])
+    last = status.last_checkpoint
+    w.metric("last_checkpoint_step", "gauge", "The step of the last committed checkpoint.", [({}, None if last is None else last.step)])
+    w.metric(
+        "last_checkpoint_timestamp_seconds",
+        "gauge",
+        "When the last checkpoint was committed.",
+        [({}, None if last is None else last.time)],
+    )
+    w.metric(
+        "metric",
+        "gauge",
+        "The latest scalar values of the step's output.",
+        [({"name": name}, value) for name, value in sorted(status.metrics.items())],
+    )
+    w.metric(
+        "service_state",
+        "gauge",
+        "Each service's state (1 for the state it is in).",
+        [({"service": name, "state": state}, 1.0) for name, state in sorted(status.services.items())],
+    )
+    w.metric(
+        "service_restarts_total",
+        "counter",
+        "How many times each service was restarted after a failure.",
+        [({"service": name}, n) for name, n in sorted(status.restarts.items())],
+    )
+    queues = sorted(status.queues.items())
+    w.metric("queue_size", "gauge", "Items in each queue runner's queue.", [({"queue": n}, q.size) for n, q in queues])
+    w.metric("queue_capacity", "gauge", "Each queue's capacity.", [({"queue": n}, q.capacity) for n, q in queues])
+    w.metric(
+        "queue_consumer_wait_seconds_total",
+        "counter",
+        "Time the step loop waited for each queue.",
+        [({"queue": n}, q.consumer_wait_secs) for n, q in queues],
+    )
+    remote = status.remote
+    if remote is not None:
+        url = {"url": remote.url}
+        w.metric("remote_uploaded_step", "gauge", "The newest step committed on the remote.", [(url, remote.uploaded_step)])
+        w.metric("remote_lag_steps", "gauge", "Steps the remote is behind the local tier.", [(url, remote.lag_steps)])
+        w.metric("remote_lag_seconds", "gauge", "How long the newest local checkpoint has waited.", [(url, remote.lag_secs)])
+        w.metric("remote_error", "gauge", "1 while the last upload failed.", [(url, 0.0 if remote.error is None else 1.0)])
+    return "\n".join(w.lines) + "\n"
+
+
+class MetricsServer(Service):
+    """Serves :func:`render` of ``status()`` at ``http://127.0.0.1:<port>/metrics``.
+
+    Args:
+        port: the TCP port on 127.0.0.1.
+        status: the status source (``Supervisor.status``).
+    """
+
+    name = "metrics"
+    restart = None  # the port taken: the start fails, naming it
+
+    def __init__(self, port: int, status: Callable[[], Status]) -> None:
+        self.port = port
+        self.status = status
+
+    async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
+        """Listen (the start fails if the port is taken), then serve until cancelled."""
+        try:
+            listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=self.port)
+        except OSError as exc:
+            raise OSError(exc.errno, f"metrics_port={self.port}: cannot listen on 127.0.0.1:{self.port}: {exc.strerror}") from exc
+        async with listener:
+            task_status.started()
+            ctx.set_service_state(self.name, "running")
+            log.info("metrics.serving", url=f"http://127.0.0.1:{self.port}/metrics")
+            await listener.serve(self._handle)
+
+    async def _handle(self, stream: SocketStream) -> None:
+        async with stream:
+            try:
+                head = b""
+                with anyio.fail_after(_READ_SECS):
+                    while b"\r\n\r\n" not in head and len(head) < _MAX_REQUEST:
+                        head += await stream.receive(4096)
+                request = head.split(b"\r\n", 1)[0].split()
+                if len(request) >= 2 and request[0] == b"GET" and request[1].split(b"?")[0] == b"/metrics":
+                    body, code = render(self.status()).encode(), b"200 OK"
+                    kind = b"text/plain; version=0.0.4; charset=utf-8"
+                else:
+                    body, code, kind = b"not found: the metrics are at /metrics\n", b"404 Not Found", b"text/plain"
+                await stream.send(
+                    b"HTTP/1.1 " + code + b"\r\nContent-Type: " + kind
+                    + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body
+                )
+            except (anyio.EndOfStream, anyio.BrokenResourceError, TimeoutError, OSError) as exc:
+                log.debug("metrics.request_dropped", error=describe(exc))

@@ -1,0 +1,93 @@
+"""Prometheus text for dashboards: ``sv.metrics_text()`` and ``metrics_port`` serving it
+on 127.0.0.1 while the session lives, read with a real HTTP client."""
+
+from __future__ import annotations
+
+import re
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import tensorflow as tf
+
+import asupervisor as asv
+
+pytestmark = pytest.mark.usefixtures("no_new_threads")
+
+_SAMPLE = re.compile(r'^asupervisor_[a-z_]+(\{([a-z_]+="([^"\\]|\\.)*",?)+\})? (-?[0-9.e+]+|NaN|[+-]Inf)$')
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _well_formed(text: str) -> dict[str, float]:
+    """Every line a comment or a sample; the samples by their name and labels."""
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            continue
+        assert _SAMPLE.match(line), line
+        key, value = line.rsplit(" ", 1)
+        samples[key] = float(value)
+    return samples
+
+
+@pytest.mark.anyio
+async def test_metrics_port_serves_the_status_while_the_session_lives(tmp_path: Path) -> None:
+    port = _free_port()
+    v = tf.Variable(0.0)
+    sv = asv.Supervisor(tmp_path, state={"v": v}, save_model_secs=0, handle_signals=False, metrics_port=port)
+    assert _well_formed(sv.metrics_text())["asupervisor_up"] == 0
+
+    def step() -> dict[str, Any]:
+        v.assign_add(1.0)
+        return {"loss": tf.constant(0.5)}
+
+    async with sv.managed_session() as sess:
+        for _ in range(7):
+            await sess.run(step)
+        await sv.save_now()
+        code, text = await anyio.to_thread.run_sync(_get, f"http://127.0.0.1:{port}/metrics")
+        missing, _ = await anyio.to_thread.run_sync(_get, f"http://127.0.0.1:{port}/other")
+    assert code == 200 and missing == 404
+    samples = _well_formed(text)
+    assert samples["asupervisor_up"] == 1 and samples["asupervisor_global_step"] == 7
+    assert samples['asupervisor_metric{name="loss"}'] == 0.5
+    assert samples["asupervisor_last_checkpoint_step"] == 7
+    assert samples['asupervisor_service_state{service="metrics",state="running"}'] == 1
+    assert _well_formed(sv.metrics_text())["asupervisor_up"] == 0
+    with pytest.raises(OSError):  # the port is closed with the session
+        await anyio.to_thread.run_sync(_get, f"http://127.0.0.1:{port}/metrics")
+
+
+@pytest.mark.anyio
+async def test_a_taken_metrics_port_fails_the_start_naming_it() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = int(taken.getsockname()[1])
+        sv = asv.Supervisor(handle_signals=False, metrics_port=port)
+        with pytest.raises(OSError, match=rf"metrics_port={port}: cannot listen on 127.0.0.1:{port}"):
+            async with sv.managed_session():
+                pytest.fail("the session started")
+
+
+@pytest.mark.parametrize("port", [0, 70000, True, "9100"])
+def test_a_bad_metrics_port_is_a_value_error_naming_it(port: object) -> None:
+    with pytest.raises(ValueError, match="metrics_port must be a TCP port"):
+        asv.Supervisor(metrics_port=port)  # type: ignore[arg-type]
