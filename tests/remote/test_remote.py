@@ -351,3 +351,19 @@ def test_an_abandoned_upload_leaves_no_multipart_upload_behind(
     bucket = s3_url[len("s3://") :].split("/")[0]
     assert s3_call(s3_env.endpoint, "list_multipart_uploads", Bucket=bucket).get("Uploads", []) == []
     assert "big.bin" not in _keys(s3_env.endpoint, s3_url)
+
+
+def test_opening_the_tier_again_keeps_its_own_lease(s3_url: str, tmp_path: Path) -> None:
+    """A start-up retry (a transient error in the restore) opens the tier again: it keeps
+    the lease it holds instead of finding itself "in use by another training"."""
+    from asupervisor._checkpoint._policies import LatestN
+    from asupervisor._checkpoint.store.remote._tier import RemoteTier
+
+    tier = RemoteTier(s3_url, tmp_path / "a", basename="model.ckpt", keep_policy=LatestN(2), owner=True)
+    try:
+        tier.open()
+        held = tier.lease.number if tier.lease is not None else None
+        tier.open()
+        assert tier.lease is not None and tier.lease.number == held == 1
+    finally:
+        tier.close()

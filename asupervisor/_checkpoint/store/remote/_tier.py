@@ -141,7 +141,8 @@ class RemoteTier:
         if self.owner:
             if self.lease is None:
                 self.lease = RemoteLease(self.fs, self.io.root, self.url, self.wall_clock)
-            self.lease.acquire()
+            if self.lease.number is None:  # a start-up retry holds it already
+                self.lease.acquire()
             self._clean_leftovers()
 
     def _listing(self) -> list[dict[str, Any]]:
