@@ -8,17 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from servers import S3_ENV, Server, make_bucket, moto_server
+from servers import S3_ENV, Server, make_bucket, moto_server, running
 
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[Server]:
     """moto's S3 API server on 127.0.0.1, for every test of this worker."""
-    server = moto_server()
-    try:
+    with running(moto_server()) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

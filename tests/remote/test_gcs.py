@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import training
-from servers import Server, gcs_emulator
+from servers import Server, gcs_emulator, running
 
 import asupervisor as asv
 from asupervisor._checkpoint.store.remote._io import RemoteFS
@@ -30,11 +30,8 @@ pytestmark = pytest.mark.usefixtures("no_new_threads")
 @pytest.fixture(scope="session")
 def gcs_server() -> Iterator[Server]:
     """``gcp-storage-emulator`` (in memory) on 127.0.0.1, for every test of this worker."""
-    server = gcs_emulator()
-    try:
+    with running(gcs_emulator()) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

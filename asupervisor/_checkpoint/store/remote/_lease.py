@@ -53,7 +53,10 @@ def describe_lease(body: dict[str, Any], now: float) -> str:
 
 def _pid_dead_here(body: dict[str, Any]) -> bool:
     """Whether the lease ``body`` is held by a process of this host that no longer runs
-    (a SIGKILLed training restarted on the same machine need not wait for the ttl)."""
+    (a SIGKILLed training restarted on the same machine need not wait for the ttl).
+    POSIX only: elsewhere ``os.kill(pid, 0)`` is no probe (on Windows it ends the process)."""
+    if os.name != "posix":
+        return False
     if body.get("host") != socket.gethostname():
         return False
     try:
