@@ -5,6 +5,7 @@ start, one owner per remote logdir, unknown schemes are refused at construction.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -348,6 +349,7 @@ def test_an_abandoned_upload_leaves_no_multipart_upload_behind(
     finally:
         io.close()
         proxy.close()
+    gc.collect()  # a connection left open would be collected here, failing this test (ResourceWarning)
     bucket = s3_url[len("s3://") :].split("/")[0]
     assert s3_call(s3_env.endpoint, "list_multipart_uploads", Bucket=bucket).get("Uploads", []) == []
     assert "big.bin" not in _keys(s3_env.endpoint, s3_url)

@@ -45,7 +45,7 @@ class RemoteFS:
         kwargs: dict[str, Any] = {"skip_instance_cache": True}
         if issubclass(cls, AsyncFileSystem):
             loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="asv-remote-io", daemon=True)
+            thread = threading.Thread(target=_run_loop, args=(loop,), name="asv-remote-io", daemon=True)
             thread.start()
             self._loop, self._thread = loop, thread
             kwargs["loop"] = loop
@@ -111,25 +111,20 @@ class RemoteFS:
         fs = getattr(self, "fs", None)
 
         async def close_sessions() -> None:
-            close_resources = getattr(fs, "_close_resources", None)  # gcsfs's gRPC clients
-            if close_resources is not None:
-                await close_resources()
-            s3 = getattr(fs, "_s3", None)  # s3fs: an aiobotocore client
-            if s3 is not None:
-                await s3.__aexit__(None, None, None)
-            session = getattr(fs, "_session", None)  # gcsfs: an aiohttp session
-            if session is not None and hasattr(session, "close") and not getattr(session, "closed", True):
-                await session.close()
+            # A cancelled upload's task may still be unwinding (and about to open or close a
+            # connection): it ends first, so that nothing opens a connection after the sweep.
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            if others:
+                await asyncio.wait(others, timeout=2)
+            for name, closing in _session_closers(fs):
+                try:
+                    await closing()
+                except Exception as exc:  # the next one still closes, and the sweep still runs
+                    log.debug("remote.close_failed", what=name, error=describe(exc))
             await asyncio.sleep(0.05)  # closed connections finish closing (aiohttp's advice) before the loop stops
-            running = asyncio.get_running_loop()
-            # A connection of a cancelled upload may still hold unsent bytes and wait for the
-            # peer to take them: every transport left on this loop (all of them ours) is
-            # aborted, not left to the garbage collector.
-            for transport in list(getattr(running, "_transports", {}).values()):
-                if transport is not None:
-                    transport.abort()
-            await asyncio.sleep(0)  # their connection_lost
-            await running.shutdown_default_executor()  # its DNS lookups' threads
+            await asyncio.get_running_loop().shutdown_default_executor()  # its DNS lookups' threads
 
         if thread.is_alive():
             try:
@@ -138,6 +133,41 @@ class RemoteFS:
                 log.debug("remote.close_failed", error=describe(exc))
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=10)
-        if not thread.is_alive():
-            with contextlib.suppress(Exception):
-                loop.close()
+
+
+def _session_closers(fs: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """The coroutine functions that close ``fs``'s HTTP clients, whichever it has."""
+    closers: list[tuple[str, Callable[[], Any]]] = []
+    close_resources = getattr(fs, "_close_resources", None)  # gcsfs's gRPC clients
+    if close_resources is not None:
+        closers.append(("resources", close_resources))
+    s3 = getattr(fs, "_s3", None)  # s3fs: an aiobotocore client
+    if s3 is not None:
+        closers.append(("s3 client", lambda: s3.__aexit__(None, None, None)))
+    session = getattr(fs, "_session", None)  # gcsfs: an aiohttp session
+    if session is not None and hasattr(session, "close") and not getattr(session, "closed", True):
+        closers.append(("session", session.close))
+    return closers
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """The ``asv-remote-io`` thread: run ``loop`` until :meth:`RemoteFS.close` stops it,
+    then close it here, on its own thread. A connection left open (one of a cancelled
+    upload may still hold unsent bytes and wait for the peer to take them, or be closed
+    without its last callback having run) is aborted and its socket closed before the
+    loop closes: every transport on this loop is ours, and none is left to the garbage
+    collector."""
+    try:
+        loop.run_forever()
+    finally:
+        try:
+            for transport in list(getattr(loop, "_transports", {}).values()):
+                # One closing with bytes unsent drops them and closes now; aborting one
+                # already closed raises (it has let go of its loop): nothing to do there.
+                with contextlib.suppress(Exception):
+                    transport.abort()
+            loop.run_until_complete(asyncio.sleep(0))  # their connection_lost: sockets closed
+        except Exception as exc:
+            log.debug("remote.close_failed", what="transports", error=describe(exc))
+        finally:
+            loop.close()
