@@ -99,6 +99,12 @@ class SessionContext(ServiceContext, Protocol):
         """The parts' ``scalars`` methods, for the summary writer."""
         ...
 
+    def current_metrics(self) -> dict[str, float]:
+        """On the step thread: the metrics of the state as it is now, for a checkpoint
+        taken at this step boundary: the last step's scalar outputs (one host read each)
+        and the logs of an epoch that ended at this very step (``val_loss``, ...)."""
+        ...
+
     def sync_global_step(self) -> None:
         """On the step thread: make the ``global_step`` variable equal the step count."""
         ...

@@ -78,6 +78,17 @@ def _add_note(exc: BaseException, note: str) -> None:
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
 
 
+def _floats(values: Mapping[str, Any]) -> dict[str, float]:
+    """The entries of ``values`` that convert to ``float`` (one host read each)."""
+    out: dict[str, float] = {}
+    for name, value in values.items():
+        try:
+            out[name] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
 class Runtime(anyio.AsyncContextManagerMixin):
     """One managed session (an async context manager yielding :class:`Session`).
 
@@ -122,6 +133,9 @@ class Runtime(anyio.AsyncContextManagerMixin):
         # for status(): when the session started, the latest step-output scalars
         self._started: tuple[float, float, int] | None = None  # (time.time(), monotonic, step)
         self._metrics: dict[str, float] = {}
+        #: ``(step, logs)``: an epoch's metrics (``sess.fit``: ``loss``, ``val_loss``, ...),
+        #: which describe the state at that step only
+        self.epoch_logs: tuple[int, dict[str, float]] = (-1, {})
         self._restarts: dict[str, int] = {}
         self._user_services = user_services
         self._service_states: dict[str, str] = {}
@@ -228,17 +242,20 @@ class Runtime(anyio.AsyncContextManagerMixin):
             remote=self.extra(SessionAttribute.remote, None),
         )
 
+    def current_metrics(self) -> dict[str, float]:
+        """On the step thread: the last step's scalars and the logs of an epoch that
+        ended at this step (``epoch_logs``), for a checkpoint taken now."""
+        metrics = _floats(scalar_entries(self.last_output))
+        logs_step, logs = self.epoch_logs
+        if logs_step == self.step:
+            metrics.update(logs)
+        return metrics
+
     def sample_metrics(self) -> None:
         """On the step thread, at a boundary: one host read of each scalar of the last
         step's output, for ``status().metrics`` (:mod:`._metrics`: about once a second)."""
         try:
-            metrics: dict[str, float] = {}
-            for name, value in scalar_entries(self.last_output).items():
-                try:
-                    metrics[name] = float(value)
-                except (TypeError, ValueError):
-                    continue
-            self._metrics = metrics
+            self._metrics = _floats(scalar_entries(self.last_output))
         except Exception as exc:  # never let a status read fail a step
             log.debug("status.metrics_failed", error=describe(exc))
 
