@@ -41,6 +41,7 @@ from ._checkpoint._policies import EverySeconds as EverySeconds
 from ._checkpoint._policies import EverySteps as EverySteps
 from ._checkpoint._policies import Keep as Keep
 from ._checkpoint._policies import KeepAll as KeepAll
+from ._checkpoint._policies import KeepBest as KeepBest
 from ._checkpoint._policies import KeepPolicy as KeepPolicy
 from ._checkpoint._policies import LatestN as LatestN
 from ._checkpoint._policies import OnStartup as OnStartup
@@ -100,6 +101,7 @@ __all__ = [
     "GlobalStepWaiterHook",
     "Keep",
     "KeepAll",
+    "KeepBest",
     "KeepPolicy",
     "LatestN",
     "LoggingTensorHook",

@@ -17,14 +17,14 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .._core._status import CheckpointInfo
 from .._exceptions import CheckpointError
 from .._logging import describe, get_logger
-from . import _restore, _snapshot, _write
+from . import _metrics, _restore, _snapshot, _write
 from ._iterator_tracking import IteratorTracker
 from ._policies import AnyKeepPolicy, KeepPolicy, LatestN, keep_policy_for
 from ._walk_cache import WalkCache
@@ -66,6 +66,9 @@ class Checkpointer:
             :data:`~.store._options.PLAIN`: the plain store); ``None``: what
             :func:`.store._options.resolve_store` picks. Every byte of the directory goes
             through :attr:`store`, chosen here once.
+        metrics: on the step thread, the metrics of the state at a snapshot
+            (``SessionContext.current_metrics``), recorded in each checkpoint
+            (:mod:`._metrics`) and offered to the keep policy; ``None``: none.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class Checkpointer:
         wall_clock: Callable[[], float] = time.time,
         staging: bool = True,
         fast_path: FastPath | None = None,
+        metrics: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self.checkpoint = checkpoint
         self.logdir = Path(logdir)
@@ -102,6 +106,10 @@ class Checkpointer:
         self._staging = _snapshot.Staging() if staging else None
         self._staging_logged = 0  # bytes of staging buffers last logged
         self._abandon = threading.Event()  # set by abandon(): writes give up
+        self._metrics_source = metrics
+        #: name → the metrics recorded in that checkpoint (writer thread, under the commit
+        #: lock): filled at each commit, and when first asked for one of an earlier run
+        self._recorded: dict[str, Mapping[str, float]] = {}
 
     # -- step thread ---------------------------------------------------------------
 
@@ -224,7 +232,9 @@ class Checkpointer:
         """Snapshot the state at ``step``; ``None`` if that step is already saved."""
         if step == self.last_snapshot_step:
             return None
-        snap = _snapshot.take_snapshot(self.checkpoint, step, self._walks, self._staging_ready())
+        value, metrics = _metrics.record(self._metrics_source, step)
+        extra = () if value is None else ((_metrics.METRICS_KEY, value),)
+        snap = _snapshot.take_snapshot(self.checkpoint, step, self._walks, self._staging_ready(), extra, metrics)
         self.last_snapshot_step = step
         return snap
 
@@ -370,8 +380,21 @@ class Checkpointer:
         policy = self.keep_policy
         if min_keep > 1:  # another save is in flight: never fewer than min_keep
             policy = AnyKeepPolicy(policy, LatestN(min_keep))
-        state, delete = _commit.select_retention(state, policy=policy, managed=managed)
+        self._recorded[name] = snapshot.metrics
+        state, delete = _commit.select_retention(state, policy=policy, managed=managed, metrics=self._metrics_of)
+        named = set(state.paths)
+        self._recorded = {n: m for n, m in self._recorded.items() if n in named}
         return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), state, delete
+
+
+    def _metrics_of(self, name: str) -> Mapping[str, float]:
+        """The metrics recorded in checkpoint ``name``: those of its snapshot, or (one of
+        an earlier run) read from its files when a policy first looks (unreadable: none)."""
+        recorded = self._recorded.get(name)
+        if recorded is None:
+            prefix = str(self.logdir / name)
+            recorded = self._recorded[name] = _metrics.Recorded(lambda: _metrics.read(prefix))
+        return recorded
 
 
 def _relative_name(logdir: Path, path: str) -> str:
@@ -392,13 +415,15 @@ def write_checkpoint_now(
     keep_checkpoint_every_n_hours: float | None = None,
     keep_policy: KeepPolicy | None = None,
     fast_path: FastPath | None = None,
+    metrics: Callable[[], Mapping[str, float]] | None = None,
 ) -> str:
     """On the step thread: snapshot and commit ``<directory>/<basename>-<step>`` now.
 
     The synchronous save (same files, commit protocol and retention as the checkpoint
     service) for callers that need the checkpoint to be the latest when this returns,
     such as ``CheckpointSaverHook``. Returns the checkpoint's path prefix. ``fast_path``:
-    the store, as :class:`Checkpointer` takes it (a session passes its own choice).
+    the store, as :class:`Checkpointer` takes it (a session passes its own choice);
+    ``metrics``: what the checkpoint records, as :class:`Checkpointer` takes it.
     """
     checkpointer = Checkpointer(
         checkpoint,
@@ -408,6 +433,9 @@ def write_checkpoint_now(
         keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
         keep_policy=keep_policy,
         fast_path=fast_path,
+        metrics=metrics,
     )
     _writeback.make_dirs_durable(checkpointer.logdir)
-    return checkpointer.write(_snapshot.take_snapshot(checkpoint, step)).path
+    value, recorded = _metrics.record(metrics, step)
+    extra = () if value is None else ((_metrics.METRICS_KEY, value),)
+    return checkpointer.write(_snapshot.take_snapshot(checkpoint, step, extra=extra, metrics=recorded)).path

@@ -171,6 +171,7 @@ class CheckpointPart(SessionPart):
             max_to_keep=None,
             keep_policy=self.keep_policy,
             fast_path=self.fast_path,
+            metrics=getattr(ctx, "current_metrics", None),
         )
 
     async def save_now(self) -> CheckpointInfo:
@@ -215,6 +216,7 @@ class CheckpointPart(SessionPart):
             keep_policy=self.keep_policy,
             staging=self.staging,
             fast_path=self.fast_path,
+            metrics=getattr(ctx, "current_metrics", None),  # recorded in each checkpoint
         )
         worker_writer = None
         if self.is_chief:

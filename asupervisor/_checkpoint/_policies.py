@@ -23,6 +23,8 @@ own, oldest first, the latest excluded — it is always kept), it says of each w
 * :class:`LatestN` — keep the newest ``n`` checkpoints (the latest included);
 * :class:`EveryNHours` — of the checkpoints nothing else keeps, keep one per ``hours``
   forever;
+* :class:`KeepBest` — keep the best ``n`` checkpoints by a metric each one records
+  (``val_loss``, ``loss``; see :mod:`._metrics`);
 * :class:`KeepAll` — keep everything (``max_to_keep=None``);
 * :class:`AnyKeepPolicy` — a checkpoint is kept if any of its policies keeps it; of the
   ones none keeps, those any keeps forever are kept forever.
@@ -44,8 +46,8 @@ import math
 import statistics
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from ._multi_worker import AGREED_STOP_REASONS
@@ -59,6 +61,7 @@ __all__ = [
     "EverySteps",
     "Keep",
     "KeepAll",
+    "KeepBest",
     "KeepPolicy",
     "LatestN",
     "OnStartup",
@@ -84,10 +87,14 @@ class CheckpointRecord:
     Attributes:
         path: its name in the state file (``model.ckpt-1200``).
         time: when it was committed (``time.time()``).
+        metrics: the metrics recorded with it (``{"loss": 0.31, "val_loss": 0.4}``;
+            empty when it has none): the last step's scalar outputs, and an epoch's logs
+            when it was taken at the step that epoch ended.
     """
 
     path: str
     time: float
+    metrics: Mapping[str, float] = field(default_factory=dict, hash=False)
 
 
 @runtime_checkable
@@ -159,6 +166,50 @@ class EveryNHours:
             else:
                 decisions.append(Keep.DROP)
         return decisions
+
+
+@dataclass(frozen=True)
+class KeepBest:
+    """Keep the best ``n`` checkpoints by the metric ``metric`` (besides the latest one,
+    which retention always keeps).
+
+    The metric is one a checkpoint records when it is taken
+    (:attr:`CheckpointRecord.metrics`): a scalar the step function returns (``loss``),
+    or an epoch's log (``val_loss``, ``val_accuracy``) for a checkpoint taken at the end
+    of that epoch. A checkpoint without it (or with NaN) is never among the best, and
+    ties go to the newer one. Alone, this policy drops every other checkpoint; to keep
+    the recent ones too, combine it::
+
+        keep_policy=asv.AnyKeepPolicy(asv.LatestN(3), asv.KeepBest("val_loss"))
+
+    Args:
+        metric: the metric's name (``"val_loss"``).
+        mode: ``"min"`` (lower is better) or ``"max"``.
+        n: how many to keep (``>= 1``).
+    """
+
+    metric: str
+    mode: str = "min"
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.metric, str) or not self.metric:
+            raise ValueError(f"KeepBest(metric) must be a metric's name (a non-empty str), got {self.metric!r}")
+        if self.mode not in ("min", "max"):
+            raise ValueError(f"KeepBest(mode) must be 'min' or 'max', got {self.mode!r}")
+        _check_positive("KeepBest(n)", self.n, integer=True)
+
+    def decide(self, checkpoints: Sequence[CheckpointRecord], *, last_forever: float) -> Sequence[Keep]:
+        """``KEEP`` for the best ``n`` that have the metric (ties: the newer), ``DROP``
+        for the rest."""
+        sign = 1.0 if self.mode == "min" else -1.0
+        ranked = []
+        for i, record in enumerate(checkpoints):
+            value = record.metrics.get(self.metric)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
+                ranked.append((sign * float(value), -i))  # ties: the newer (higher i) first
+        best = {-i for _, i in sorted(ranked)[: self.n]}
+        return [Keep.KEEP if i in best else Keep.DROP for i in range(len(checkpoints))]
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,7 @@ class Snapshot:
     tensors: list[Any]
     taken_at: float  # perf_counter when taken
     blocked_secs: float
+    metrics: Mapping[str, float] = field(default_factory=dict)  # recorded with it (:mod:`._metrics`)
 
 
 class Staged:
@@ -297,7 +298,12 @@ def _count_save(counter: Any) -> None:
 
 
 def take_snapshot(
-    checkpoint: Any, step: int, walks: WalkCache | None = None, staging: Staging | None = None
+    checkpoint: Any,
+    step: int,
+    walks: WalkCache | None = None,
+    staging: Staging | None = None,
+    extra: Sequence[tuple[str, Any]] = (),
+    metrics: Mapping[str, float] | None = None,
 ) -> Snapshot:
     """On the step thread: read every value to save.
 
@@ -308,6 +314,9 @@ def take_snapshot(
             next walk while the graph is unchanged (:mod:`._walk_cache`).
         staging: staging buffers to copy the variables into (when free); ``None``: the
             snapshot keeps copy-on-write reads.
+        extra: more ``(key, tensor)`` values, outside the object graph (a checkpoint's
+            metrics, :mod:`._metrics`).
+        metrics: the metrics those values record (:attr:`Snapshot.metrics`).
     """
     t0 = time.perf_counter()
     counter = getattr(checkpoint, "_maybe_create_save_counter", None)
@@ -336,8 +345,12 @@ def take_snapshot(
         if stager is not None:
             stager.staging.end()
         raise
+    if extra:  # new lists: a cached walk's are kept for the next snapshot
+        keys = [*keys, *(k for k, _ in extra)]
+        slices = [*slices, *([""] * len(extra))]
+        tensors = [*tensors, *(t for _, t in extra)]
     t1 = time.perf_counter()
-    snap = Snapshot(step, keys, slices, tensors, t1, t1 - t0)
+    snap = Snapshot(step, keys, slices, tensors, t1, t1 - t0, dict(metrics or {}))
     if stager is not None:
         staging = stager.staging
         if stager.count:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ..._logging import describe, get_logger
@@ -250,6 +250,7 @@ def select_retention(
     *,
     policy: KeepPolicy,
     managed: Callable[[str, float], bool] | None = None,
+    metrics: Callable[[str], Mapping[str, float]] | None = None,
 ) -> tuple[_state_file.CheckpointState, list[str]]:
     """Apply retention to ``state`` (just committed); returns the new state and what to delete.
 
@@ -258,11 +259,17 @@ def select_retention(
     leaves alone what it does not manage. The latest checkpoint is never offered (never
     deleted). A checkpoint the policy keeps ``FOREVER`` is dropped from the state file's
     list but not deleted, and the state remembers when (``last_preserved``).
+    ``metrics(name)``: the metrics recorded with each checkpoint offered
+    (:attr:`CheckpointRecord.metrics`; none by default).
     """
     last_preserved = state.last_preserved
     entries = list(zip(state.paths, state.timestamps))
     ours = [i for i, (p, t) in enumerate(entries) if p != state.latest and (managed is None or managed(p, t))]
-    decisions = list(policy.decide([CheckpointRecord(*entries[i]) for i in ours], last_forever=last_preserved))
+    records = [
+        CheckpointRecord(*entries[i]) if metrics is None else CheckpointRecord(*entries[i], metrics(entries[i][0]))
+        for i in ours
+    ]
+    decisions = list(policy.decide(records, last_forever=last_preserved))
     if len(decisions) != len(ours) or not all(isinstance(d, Keep) for d in decisions):
         raise TypeError(f"{policy!r}.decide() must return one Keep per checkpoint ({len(ours)}), got {decisions!r}")
     dropped: set[int] = set()

@@ -3,7 +3,8 @@
 Object stores have no atomic rename, so a checkpoint is published in three writes::
 
     model.ckpt-<step>.data-*-of-*, .index   the files, under their final names
-    model.ckpt-<step>.asv-commit            its commit marker: each file's size and CRC32C
+    model.ckpt-<step>.asv-commit            its commit marker: each file's size and CRC32C,
+                                            and the metrics the checkpoint records
     checkpoint                              the state object (TF's CheckpointState text)
 
 A checkpoint without its marker does not exist for any reader (TF's own
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,15 @@ class Marker:
         step: its step.
         files: each file name with its size and CRC32C.
         committed_at: when it was committed locally (``time.time()``).
+        metrics: the metrics recorded in the checkpoint (``{"val_loss": 0.4}``), for
+            retention on the remote without a download (older markers: none).
     """
 
     name: str
     step: int
     files: dict[str, tuple[int, str]]
     committed_at: float
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
         """The marker object's content (JSON)."""
@@ -83,6 +87,8 @@ class Marker:
             "committed_at": self.committed_at,
             "files": {n: {"size": s, "crc32c": c} for n, (s, c) in sorted(self.files.items())},
         }
+        if self.metrics:
+            body["metrics"] = dict(sorted(self.metrics.items()))
         return json.dumps(body, indent=1).encode()
 
     @classmethod
@@ -91,7 +97,8 @@ class Marker:
         try:
             body: Any = json.loads(data)
             files = {str(n): (int(v["size"]), str(v["crc32c"])) for n, v in body["files"].items()}
-            return cls(str(body["name"]), int(body["step"]), files, float(body["committed_at"]))
+            metrics = {str(k): float(v) for k, v in (body.get("metrics") or {}).items()}
+            return cls(str(body["name"]), int(body["step"]), files, float(body["committed_at"]), metrics)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a commit marker: {exc}") from None
 

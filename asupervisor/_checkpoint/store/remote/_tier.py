@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...._exceptions import CheckpointError
 from ...._logging import describe, get_logger
+from ... import _metrics
 from .. import _commit, _names, _state_file
 from ._io import RemoteFS
 from ._layout import (
@@ -345,6 +346,7 @@ class RemoteTier:
         if _names.missing_files(prefix) is not None:
             return None
         started = time.monotonic()
+        metrics = _metrics.read(str(prefix))  # for retention on the remote (unreadable: none)
         sums: dict[str, tuple[int, str]] = {}
         data = [f for f in files if not f.name.endswith(".index")]
         index = [f for f in files if f.name.endswith(".index")]
@@ -354,7 +356,7 @@ class RemoteTier:
         except FileNotFoundError:
             return None  # retired locally meanwhile
         self._check()
-        marker = Marker(name, step, sums, committed_at)
+        marker = Marker(name, step, sums, committed_at, metrics)
         self.fs.pipe_file(self._path(name + MARKER_SUFFIX), marker.to_bytes())
         self._markers[name] = marker
         uploaded = Uploaded(name, step, committed_at)
@@ -390,6 +392,7 @@ class RemoteTier:
             state,
             policy=self.keep_policy,
             managed=lambda p, t: p.startswith(prefix) and p[len(prefix) :].isdigit(),
+            metrics=lambda p: marker.metrics if p == marker.name else committed[p].metrics if p in committed else {},
         )
         self.fs.pipe_file(self._path(_names.STATE_FILE), _state_file.state_text(state).encode())
         by_name = {c.name: c for c in self.checkpoints()}
