@@ -2,7 +2,8 @@
 
 For each checkpoint on disk (``<basename>-<step>.index`` with its data files): its step,
 commit time, size, whether plain TensorFlow loads every value of it (TF's own reader,
-which checks the CRCs), whether the state file names it and which one is the latest; the
+which checks the CRCs), the metrics it records (``loss``, ``val_loss``: what
+``KeepBest`` ranks), whether the state file names it and which one is the latest; the
 leftovers of interrupted saves (``*.asv-tmp-*``); a damaged ``checkpoint`` state file;
 the data iterator's share of the latest checkpoint; the last value of each scalar
 summary (TensorBoard's ``EventAccumulator``). Nothing is written. A front door.
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ._checkpoint import _metrics
 from ._checkpoint._iterator_state import iterator_share
 from ._checkpoint.store import _names, _state_file
 from ._exceptions import SupervisorError
@@ -83,9 +85,11 @@ def _inspect_remote(url: str) -> dict[str, Any]:
         for ckpt in [c for c in listed if c.committed]:
             error: str | None = None
             when: float | None = None
+            metrics: dict[str, float] = {}
             try:
                 marker = Marker.from_bytes(tier.fs.cat_file(tier.io.path(ckpt.name + MARKER_SUFFIX)))  # type: ignore[union-attr]
                 when = marker.committed_at
+                metrics = marker.metrics
                 error = marker_problem(marker, ckpt.sizes)
             except (FileNotFoundError, ValueError) as exc:
                 error = f"commit marker unreadable: {exc}"
@@ -97,6 +101,7 @@ def _inspect_remote(url: str) -> dict[str, Any]:
                     "bytes": sum(size for name, size in ckpt.sizes.items() if not name.endswith(MARKER_SUFFIX)),
                     "loads": error is None,
                     "error": error,
+                    "metrics": metrics,
                     "named_in_state_file": state is not None and ckpt.name in state.paths,
                     "latest": state is not None and ckpt.name == state.latest,
                 }
@@ -152,6 +157,7 @@ def inspect_logdir(logdir: str | os.PathLike[str]) -> dict[str, Any]:
                 "bytes": sum(f.stat().st_size for f in files if f.exists()),
                 "loads": error is None,
                 "error": error,
+                "metrics": _metrics.read(str(prefix)) if error is None else {},
                 "named_in_state_file": name in named,
                 "latest": name == latest,
             }
@@ -187,7 +193,8 @@ def _text(report: dict[str, Any]) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["time"])) if c["time"] else "-"
         mark = " latest" if c["latest"] else ("" if c["named_in_state_file"] else " (not in the state file)")
         health = "loads" if c["loads"] else f"DOES NOT LOAD: {c['error']}"
-        lines.append(f"  {c['name']:<28} step {c['step']!s:>8}  {when}  {c['bytes'] / 2**20:9.2f} MiB  {health}{mark}")
+        recorded = "".join(f"  {k}={v:.6g}" for k, v in sorted((c.get("metrics") or {}).items()))
+        lines.append(f"  {c['name']:<28} step {c['step']!s:>8}  {when}  {c['bytes'] / 2**20:9.2f} MiB  {health}{mark}{recorded}")
     for name in report["leftovers"]:
         lines.append(f"  leftover of an interrupted save: {name}")
     if report.get("owner"):
