@@ -40,7 +40,7 @@ class IteratorTracker:
         self._share_pending = False  # an iterator was attached; its share not yet logged
         self._share_logged = False  # once per session
 
-    def track(self, dataset: Any, mode: bool | None = None, restored: str | None = None) -> Any:
+    def track(self, dataset: Any, mode: bool | None = None, restored: str | None = None, *, fresh: bool = False) -> Any:
         """An iterator over ``dataset``, part of the checkpoint as ``mode`` says
         (``restored``: the checkpoint restored, named if its position does not fit).
 
@@ -51,13 +51,17 @@ class IteratorTracker:
         once per new iterator, before its position is restored and before any step.
 
         The iterator of the same dataset object is reused within a session (so a retried
-        or second ``run_loop`` goes on where the last stopped); if the restored checkpoint
-        holds an iterator position, a new tracked iterator resumes from it.
+        or second ``run_loop`` goes on where the last stopped), unless ``fresh`` (a new
+        epoch: a new iterator, which takes the place of the last in the checkpoint); if
+        the restored checkpoint holds an iterator position, the first tracked iterator
+        resumes from it.
         """
         from ._iterator_state import serialisation_problem, untrackable_error
 
-        if self._iterator_source is dataset and self._iterator is not None:
+        if self._iterator_source is dataset and self._iterator is not None and not fresh:
             iterator = self._iterator
+        elif fresh and self._iterator_source is dataset and self._iterator_checked:
+            iterator = self._iterator = iter(dataset)  # the next epoch of a pipeline already checked
         else:
             iterator = iter(dataset)
             self._iterator_source, self._iterator = dataset, iterator

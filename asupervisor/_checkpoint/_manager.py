@@ -254,11 +254,11 @@ class Checkpointer:
             self._staging_logged = staging.nbytes
             log.info("checkpoint.staging", bytes=staging.nbytes, step=snapshot.step)
 
-    def track_iterator(self, dataset: Any, mode: bool | None = None) -> Any:
+    def track_iterator(self, dataset: Any, mode: bool | None = None, *, fresh: bool = False) -> Any:
         """An iterator over ``dataset``, part of the checkpoint as ``mode`` says
         (:meth:`.IteratorTracker.track`; a position that does not fit names the restored
-        checkpoint)."""
-        return self.iterators.track(dataset, mode, self.last.path if self.last else None)
+        checkpoint; ``fresh``: a new pass)."""
+        return self.iterators.track(dataset, mode, self.last.path if self.last else None, fresh=fresh)
 
     # -- any thread ----------------------------------------------------------------
 

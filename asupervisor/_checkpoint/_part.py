@@ -174,6 +174,14 @@ class CheckpointPart(SessionPart):
             metrics=getattr(ctx, "current_metrics", None),
         )
 
+    def save_in_background(self, reason: str) -> int | None:
+        """On the step thread: snapshot the state now and write it in the background
+        (queued behind a write in flight); the step, or ``None`` when there is nothing to
+        save into (no logdir, not the chief) or the snapshot was skipped."""
+        if self.saver is None or self.multi_worker:
+            return None
+        return self.saver._snapshot(reason, force=True)
+
     async def save_now(self) -> CheckpointInfo:
         """``Supervisor.save_now()``: a checkpoint at the next step boundary, committed."""
         if self.multi_worker:
@@ -303,7 +311,9 @@ class CheckpointPart(SessionPart):
             agreed=ctx.control.agreed,
         )
 
-    def iterator_for(self, ctx: SessionContext, data: Any, checkpoint_iterator: bool | None) -> Iterator[Any] | None:
+    def iterator_for(
+        self, ctx: SessionContext, data: Any, checkpoint_iterator: bool | None, *, fresh: bool = False
+    ) -> Iterator[Any] | None:
         """A ``tf.data`` iterator tracked in checkpoints as ``checkpoint_iterator`` says.
 
         Raises:
@@ -317,7 +327,7 @@ class CheckpointPart(SessionPart):
                 raise untrackable_error(f"data is a {type(data).__name__}, not a tf.data.Dataset")
             return None
         if self.checkpointer is not None:
-            iterator: Iterator[Any] = self.checkpointer.track_iterator(data, checkpoint_iterator)
+            iterator: Iterator[Any] = self.checkpointer.track_iterator(data, checkpoint_iterator, fresh=fresh)
             return iterator
         iterator = iter(data)
         if checkpoint_iterator:  # no checkpoints here, but the same pipeline fails with them

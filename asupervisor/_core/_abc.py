@@ -258,6 +258,10 @@ class CheckpointSaving(Protocol):
         """On the step thread: checkpoint the state now and make it the latest; its path."""
         ...
 
+    def save_in_background(self, reason: str) -> int | None:
+        """On the step thread: snapshot now, write in the background; the step or ``None``."""
+        ...
+
     async def save_now(self) -> CheckpointInfo:
         """On the loop: a checkpoint at the next step boundary, once it is committed."""
         ...
@@ -338,9 +342,13 @@ class SessionPart:
         (a cluster-wide agreed stop); otherwise the session stops at the next boundary."""
         return False
 
-    def iterator_for(self, ctx: SessionContext, data: Any, checkpoint_iterator: bool | None) -> Iterator[Any] | None:
+    def iterator_for(
+        self, ctx: SessionContext, data: Any, checkpoint_iterator: bool | None, *, fresh: bool = False
+    ) -> Iterator[Any] | None:
         """On the step thread: an iterator over ``data`` (a ``tf.data.Dataset``) tracked
-        by this part, or ``None`` to leave it to the next part (``iter(data)`` at last)."""
+        by this part, or ``None`` to leave it to the next part (``iter(data)`` at last).
+        ``fresh``: a new pass over ``data`` (an epoch), never the one a last ``run_loop``
+        over the same dataset left off."""
         return None
 
     def before_snapshot(self) -> None:

@@ -16,6 +16,7 @@ from ._abc import SessionContext
 
 if TYPE_CHECKING:
     from ._abc import EngineConfig
+    from ._epochs import EpochCounter
     from ._parts import PartRunner
     from ._stop import StopControl
 
@@ -74,6 +75,8 @@ class StepBodies(Protocol):
         max_steps: int | None,
         halt: Any,
         checkpoint_iterator: bool | None = None,
+        epochs: int | None = None,
+        on_epoch_end: Callable[[int], Any] | None = None,
     ) -> tuple[int, str | None]:
         """On the step thread: ``run_loop``'s loop."""
         ...
@@ -88,6 +91,8 @@ class Engine(SessionContext, Protocol):
     last_output: Any
     max_steps: int | None
     spent_iterators: list[Any]
+    epoch_counter: EpochCounter
+    state: Any
 
     @property
     def config(self) -> EngineConfig:
@@ -123,8 +128,9 @@ class Engine(SessionContext, Protocol):
         """The ``Session`` handed to the body."""
         ...
 
-    def make_iterator(self, data: Iterable[Any], checkpoint_iterator: bool | None = None) -> Any:
-        """On the step thread: an iterator over ``data``."""
+    def make_iterator(self, data: Iterable[Any], checkpoint_iterator: bool | None = None, *, fresh: bool = False) -> Any:
+        """On the step thread: an iterator over ``data`` (``fresh``: a new pass, not the
+        one this session's last ``run_loop`` over ``data`` left off)."""
         ...
 
     def wake_step_thread(self) -> None:

@@ -115,10 +115,12 @@ class PartRunner:
         """On the loop, at the first signal: whether a part took the stop over."""
         return any(part.on_signal(ctx, name) for part in self._signal_takers)
 
-    def iterator_for(self, ctx: SessionContext, data: Any, checkpoint_iterator: bool | None) -> Iterator[Any] | None:
+    def iterator_for(
+        self, ctx: SessionContext, data: Any, checkpoint_iterator: bool | None, *, fresh: bool = False
+    ) -> Iterator[Any] | None:
         """On the step thread: the first part's iterator over ``data``, or ``None``."""
         for part in self._iterators:
-            iterator = part.iterator_for(ctx, data, checkpoint_iterator)
+            iterator = part.iterator_for(ctx, data, checkpoint_iterator, fresh=fresh)
             if iterator is not None:
                 return iterator
         return None

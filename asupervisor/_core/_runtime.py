@@ -40,6 +40,7 @@ import anyio
 from .._logging import describe, get_logger
 from .._tf import is_end_of_data, tf
 from ._abc import SessionAttribute, SessionPart
+from ._epochs import EpochCounter
 from ._handoff import LoopHandle
 from ._hooks import HookRunner
 from ._metrics import MetricsSampler
@@ -107,6 +108,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
         self.cluster = config.cluster
         self.logdir: Path | None = None if config.logdir is None else Path(config.logdir)
         self.hooks = HookRunner(config.hooks)
+        self.epoch_counter = EpochCounter()  # run_loop(epochs=): where the loop is in them
         user_services = list(services)
         # Stock hooks that take part in session phases (NanTensorHook's check before any
         # snapshot, ...) come first, through their ``_asv_part()``; then the features;
@@ -117,6 +119,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
                 *parts,
                 *(service for service in user_services if isinstance(service, SessionPart)),
                 MetricsSampler(self.sample_metrics),
+                self.epoch_counter,
             ]
         )
         self.step = 0  # steps completed; written only by the step thread
@@ -240,7 +243,20 @@ class Runtime(anyio.AsyncContextManagerMixin):
             eta_secs=eta,
             restarts=MappingProxyType(dict(self._restarts)),
             remote=self.extra(SessionAttribute.remote, None),
+            **self._epoch_status(step),
         )
+
+    def _epoch_status(self, step: int) -> dict[str, int | None]:
+        """``status()``'s epoch fields (``None`` unless epochs were counted)."""
+        counter = self.epoch_counter
+        if not counter.active:
+            return {}
+        return {
+            "epoch": counter.epoch,
+            "epochs": counter.epochs,
+            "epoch_step": max(0, step - counter.first_step),
+            "steps_per_epoch": counter.steps_per_epoch,
+        }
 
     def current_metrics(self) -> dict[str, float]:
         """On the step thread: the last step's scalars and the logs of an epoch that
@@ -346,10 +362,11 @@ class Runtime(anyio.AsyncContextManagerMixin):
         """On the step thread: ask every part's ``next_trigger`` again (one's changed)."""
         self.parts.arm(self.step)
 
-    def make_iterator(self, data: Iterable[Any], checkpoint_iterator: bool | None = None) -> Any:
+    def make_iterator(self, data: Iterable[Any], checkpoint_iterator: bool | None = None, *, fresh: bool = False) -> Any:
         """On the step thread: an iterator over ``data``; a part's (the checkpoint part
-        tracks a ``tf.data`` iterator's position) or ``iter(data)``."""
-        iterator = self.parts.iterator_for(self, data, checkpoint_iterator)
+        tracks a ``tf.data`` iterator's position) or ``iter(data)``. ``fresh``: a new
+        pass over ``data`` (an epoch), not the iterator a last ``run_loop`` left off."""
+        iterator = self.parts.iterator_for(self, data, checkpoint_iterator, fresh=fresh)
         return iter(data) if iterator is None else iterator
 
     # -- enter / exit ----------------------------------------------------------------

@@ -9,7 +9,7 @@ requested, the body's next ``await`` is cancelled, and a step in flight still fi
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -139,8 +139,11 @@ class Session:
         *,
         max_steps: int | None = None,
         checkpoint_iterator: bool | None = None,
+        epochs: int | None = None,
+        on_epoch_end: Callable[[int], Any] | None = None,
     ) -> int:
-        """Run steps on the step thread until a stop, ``max_steps`` or the end of ``data``.
+        """Run steps on the step thread until a stop, ``max_steps``, ``epochs`` or the end
+        of ``data``.
 
         Args:
             fn: the step; called as ``fn(batch)`` for each item of ``data``, else ``fn()``.
@@ -156,6 +159,16 @@ class Session:
                 run restarts the data. ``True``: required; such a pipeline (or ``data``
                 that is not a ``tf.data.Dataset``) is a :class:`~asupervisor.CheckpointError`
                 before the first step. ``False``: never; a resumed run restarts the data.
+            epochs: run this many passes over ``data`` (absolute, like ``max_steps``: a
+                resumed run goes on mid-epoch and stops after the same pass); each pass is
+                a new iterator (a ``tf.data`` shuffle reshuffles). The epoch and the
+                position within it are checkpointed and shown as ``status().epoch``.
+                Completing them is a clean stop (``stop_reason`` ``"epochs"``).
+            on_epoch_end: called as ``on_epoch_end(epoch)`` on the step thread after each
+                pass (``epoch``: its 0-based index, as Keras counts), before the next one
+                and before any checkpoint of the step: the place for validation, per-epoch
+                logs or a learning-rate change. What it raises stops the session, as a
+                step's error does; ``sess.request_stop()`` from it ends the loop there.
 
         Returns:
             The number of steps this call ran, whatever ended it at a step boundary (a
@@ -166,7 +179,10 @@ class Session:
 
         Raises:
             TypeError: ``fn`` is not callable or ``data`` is not iterable.
-            ValueError: a bad ``max_steps`` or ``checkpoint_iterator``.
+            ValueError: a bad ``max_steps``, ``checkpoint_iterator`` or ``epochs``, or
+                ``epochs`` without ``data``.
+            TypeError: with ``epochs``, ``data`` that is an iterator (it ends after one
+                pass) or an ``on_epoch_end`` that is not callable.
         """
         if max_steps is not None and (
             isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0
@@ -181,13 +197,16 @@ class Session:
                 f"data must be an iterable (a tf.data.Dataset, a generator, a queue runner, ...) "
                 f"or None, got {type(data).__name__}: {data!r}"
             )
+        _check_epochs(epochs, data, on_epoch_end)
         rt = self._rt
         total = 0  # steps run by the legs before recoveries
         cancelled = anyio.get_cancelled_exc_class()
         while True:  # a new leg after each successful recovery, from the restored step
             await self._check_running()
             halt = Halt(rt.wake_step_thread)
-            waiter = rt.step_thread.submit(rt.steps.run_loop, fn, data, max_steps, halt, checkpoint_iterator)
+            waiter = rt.step_thread.submit(
+                rt.steps.run_loop, fn, data, max_steps, halt, checkpoint_iterator, epochs, on_epoch_end
+            )
             steps: int
             reason: str | None
             try:
@@ -213,6 +232,64 @@ class Session:
             # thread: cancel the scope now, so the body's next await ends the session.
             rt.control.scope.cancel()
         return total + steps
+
+    async def fit(
+        self,
+        model: Any,
+        data: Iterable[Any],
+        *,
+        epochs: int,
+        validation_data: Iterable[Any] | None = None,
+        validation_freq: int = 1,
+        callbacks: Sequence[Any] = (),
+    ) -> dict[str, list[float]]:
+        """Train a compiled Keras model as ``model.fit`` does, with what the supervisor
+        promises (exact resume mid-epoch, preemption saves, a clean stop).
+
+        Uses the model's own compiled ``train_step`` (in a ``tf.function``, as compiled)
+        and ``test_step`` (``model.evaluate`` on ``validation_data``), resets the metrics
+        each epoch, writes ``epoch_<metric>`` scalars to the TensorBoard runs ``train/``
+        and ``validation/`` under the logdir, logs ``fit.epoch`` with the epoch's metrics,
+        and saves a checkpoint at each epoch's end carrying them (for
+        :class:`~asupervisor.KeepBest`). The model must be in the supervisor's state
+        (``state={"model": model}``: its optimizer comes with it).
+
+        Args:
+            model: a compiled ``keras.Model``.
+            data: the training batches, ``(x, y)`` or ``(x, y, sample_weight)``: a
+                ``tf.data.Dataset`` (its position is checkpointed) or a re-iterable.
+            epochs: the number of epochs, absolute: a resumed run goes on from the
+                epoch and the step it had reached (as ``fit(initial_epoch=)`` would).
+            validation_data: evaluated after every ``validation_freq``-th epoch; its
+                metrics are logged with a ``val_`` prefix.
+            validation_freq: validate every this many epochs.
+            callbacks: Keras callbacks, called at Keras's moments (``on_train_begin``,
+                ``on_epoch_begin``/``on_epoch_end``, per batch only when a callback
+                overrides a batch method, ``on_train_end``). ``model.stop_training``
+                (``EarlyStopping``) stops the session cleanly (``stop_reason``
+                ``"stop_training"``). ``BackupAndRestore`` is refused: the supervisor
+                does its job.
+
+        Returns:
+            The metrics of each epoch this call ran, as Keras's ``History.history``
+            (``{"loss": [...], "val_loss": [...], ...}``).
+
+        Raises:
+            TypeError: ``model`` is not a Keras model.
+            ValueError: the model is not compiled or not in the supervisor's state, or
+                a bad ``epochs``/``validation_freq``/callback.
+        """
+        from .._keras import fit
+
+        return await fit(
+            self,
+            model,
+            data,
+            epochs=epochs,
+            validation_data=validation_data,
+            validation_freq=validation_freq,
+            callbacks=callbacks,
+        )
 
     async def run_step_fn(self, step_fn: Callable[[StepContext], Any]) -> Any:
         """Call ``step_fn(step_context)`` on the step thread (MonitoredSession parity).
@@ -299,3 +376,22 @@ def _check_step_fn(step_fn: Callable[..., Any]) -> None:
             f"step_fn={step_fn!r} must take one argument, step_context (or self and step_context "
             f"for a method), to be called as step_fn(step_context); its signature is {signature} ({exc})"
         ) from None
+
+
+def _check_epochs(epochs: Any, data: Any, on_epoch_end: Any) -> None:
+    """``run_loop``'s ``epochs`` and ``on_epoch_end``, checked before anything runs."""
+    if epochs is None:
+        if on_epoch_end is not None:
+            raise ValueError("on_epoch_end needs epochs=N: without epochs, run_loop has no epoch boundaries")
+        return
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+        raise ValueError(f"epochs must be an int >= 0 or None, got {epochs!r}")
+    if data is None:
+        raise ValueError("epochs needs data: an epoch is one pass over data")
+    if isinstance(data, Iterator):
+        raise TypeError(
+            f"epochs needs data that can be iterated again (a tf.data.Dataset, a list, ...); "
+            f"a {type(data).__name__} is an iterator, which ends after one pass"
+        )
+    if on_epoch_end is not None and not callable(on_epoch_end):
+        raise TypeError(f"on_epoch_end must be callable, got {on_epoch_end!r}")

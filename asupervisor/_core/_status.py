@@ -107,6 +107,13 @@ class Status:
         eta_secs: seconds until ``max_steps`` at ``steps_per_sec``, else ``None``.
         restarts: how many times each service was restarted after a failure.
         remote: a URL logdir's remote tier (its lag and errors), else ``None``.
+        epoch: once ``run_loop(..., epochs=)`` ran in this session: the passes over the
+            data completed, which is the 0-based index of the one in progress (as Keras
+            counts); else ``None``.
+        epochs: the ``epochs`` of the ``run_loop`` running now, else ``None``.
+        epoch_step: steps into the epoch in progress (with ``epoch``), else ``None``.
+        steps_per_epoch: steps in one epoch once known (the dataset's cardinality, or
+            counted over a pass), else ``None``.
     """
 
     running: bool
@@ -122,6 +129,10 @@ class Status:
     eta_secs: float | None = None
     restarts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     remote: RemoteStatus | None = None
+    epoch: int | None = None
+    epochs: int | None = None
+    epoch_step: int | None = None
+    steps_per_epoch: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """This status as plain JSON types (``json.dumps`` takes it as it is)."""
@@ -148,7 +159,7 @@ EXIT_INTERRUPTED = 130
 #: non-zero so Kubernetes and SLURM count the job as not finished and run it again
 EXIT_PREEMPTED = 143
 
-_COMPLETED = frozenset({"completed", "max_steps", "end_of_data", "requested", "hook"})
+_COMPLETED = frozenset({"completed", "max_steps", "epochs", "stop_training", "end_of_data", "requested", "hook"})
 
 
 def exit_code(status: Status) -> int:

@@ -102,8 +102,14 @@ class Steps:
         max_steps: int | None,
         halt: Halt,
         checkpoint_iterator: bool | None = None,
+        epochs: int | None = None,
+        on_epoch_end: Callable[[int], Any] | None = None,
     ) -> tuple[int, str | None]:
         """On the step thread: the step loop of ``Session.run_loop``.
+
+        With ``epochs``, the end of ``data`` ends a pass (:mod:`._epochs`): the epoch
+        count goes up, ``on_epoch_end(epoch)`` runs, a new iterator begins the next pass,
+        and the loop ends once ``epochs`` passes are complete (reason ``"epochs"``).
 
         Returns ``(steps run, stop reason or None)``.
         """
@@ -119,6 +125,11 @@ class Steps:
         n = 0
         reason: str | None = None
         iterator = None
+        if epochs is not None:
+            rt.epoch_counter.attach(rt.state, rt.step)
+            if rt.epoch_counter.epoch >= epochs:  # a resumed run that had finished its epochs
+                halt.finished = True
+                return 0, "epochs"
         if data is not None:
             try:
                 iterator = rt.make_iterator(data, checkpoint_iterator)
@@ -129,6 +140,11 @@ class Steps:
                     control.record_error(exc)
                 raise
         rt.max_steps = max_steps
+        counter = rt.epoch_counter
+        fresh = False  # whether the iterator began its pass in this leg
+        if epochs is not None:
+            counter.epochs = epochs
+            counter.learn_size(data)
         try:
             while not (control.stopping or halt.halted):
                 if boundary:
@@ -145,7 +161,17 @@ class Steps:
                         rt.last_output = fn()
                         rt.step += 1
                 else:
-                    batch = next(iterator)
+                    try:
+                        batch = next(iterator)
+                    except Exception as exc:
+                        if epochs is None or data is None or not is_end_of_data(exc):
+                            raise
+                        iterator, fresh, reason = self._end_epoch(
+                            data, iterator, fresh, epochs, on_epoch_end, checkpoint_iterator
+                        )
+                        if reason is not None:
+                            break
+                        continue
                     if per_step:
                         hooks.run_step(control, session, fn, (batch,), {}, count)
                     else:
@@ -162,6 +188,7 @@ class Steps:
         finally:
             halt.steps_run = n  # read by run_loop when this leg fails and is recovered
             rt.max_steps = None
+            counter.epochs = None
             rt.sync_global_step()
             if n:
                 rt.sample_metrics()  # a status read after run_loop shows its last step
@@ -169,3 +196,37 @@ class Steps:
                 rt.spent_iterators.append(iterator)
         halt.finished = True  # ended at a step boundary, without an error
         return n, reason
+
+    def _end_epoch(
+        self,
+        data: Iterable[Any],
+        iterator: Any,
+        fresh: bool,
+        epochs: int,
+        on_epoch_end: Callable[[int], Any] | None,
+        checkpoint_iterator: bool | None,
+    ) -> tuple[Any, bool, str | None]:
+        """On the step thread, when ``iterator`` has ended a pass: begin the next pass with
+        a new iterator (also after the last pass, so that a checkpoint holds the position
+        of the pass to come and a resumed run given more epochs goes on from it), count
+        the epoch, call ``on_epoch_end``. Returns ``(iterator, fresh, reason)``;
+        ``reason`` is ``"epochs"`` once ``epochs`` passes are complete, ``"end_of_data"``
+        when a whole pass yielded nothing."""
+        rt = self._rt
+        counter = rt.epoch_counter
+        done = rt.step - counter.first_step
+        if done == 0 and fresh:  # a new pass yielded nothing: the data cannot be iterated again
+            return iterator, fresh, "end_of_data"
+        # The next pass's iterator comes first, so that a checkpoint ``on_epoch_end`` takes
+        # holds the epoch count and the position (its start) of the pass to come.
+        iterator = rt.make_iterator(data, checkpoint_iterator, fresh=True)
+        if done:  # (a resumed pass may end at once: its position was at the end)
+            if counter.steps_per_epoch is None and fresh:  # a whole pass seen: its length
+                counter.steps_per_epoch = done
+            epoch = counter.epoch
+            counter.begin(epoch + 1, rt.step)
+            if on_epoch_end is not None:
+                on_epoch_end(epoch)
+        else:
+            counter.begin(counter.epoch, rt.step)
+        return iterator, True, ("epochs" if counter.epoch >= epochs else None)

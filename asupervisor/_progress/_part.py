@@ -45,6 +45,11 @@ def render(status: Status) -> str:
     """The progress line of ``status`` (no newline)."""
     step = f"step {status.global_step}" + (f"/{status.max_steps}" if status.max_steps is not None else "")
     parts = [step]
+    if status.epoch is not None:  # as Keras shows it: the pass in progress, 1-based
+        shown = status.epoch + 1 if status.epochs is None else min(status.epoch + 1, status.epochs)
+        parts.insert(0, f"epoch {shown}" + (f"/{status.epochs}" if status.epochs is not None else ""))
+        if status.epoch_step is not None and status.steps_per_epoch:
+            parts.append(f"({status.epoch_step}/{status.steps_per_epoch})")
     if status.steps_per_sec:
         parts.append(f"{status.steps_per_sec:.1f} steps/s")
     for name, value in sorted(status.metrics.items())[:4]:

@@ -1,0 +1,91 @@
+"""Epochs: ``run_loop(fn, data=dataset, epochs=N)`` and where the loop is within them.
+
+:class:`EpochCounter` holds the epoch position of a session: how many passes over the
+data are complete (``epoch``, which is also the 0-based index of the pass in progress, as
+Keras counts) and the global step at which the pass in progress began. Both change only
+at an epoch boundary, so they live in one ``int64[2]`` variable attached to the state's
+checkpoint (``asv_epoch``) and are assigned there, at the boundary, on the step thread:
+a checkpoint holds them consistent with the step count and the data iterator's position,
+and a restore (at start-up, or after a recovered step error) brings them back with the
+rest of the state, so a resumed run goes on mid-epoch exactly. The steps into the
+current pass are ``global_step - first_step``: nothing is counted per step.
+
+Python mirrors of the two numbers serve ``status()`` and the summary writer, which must
+not read TensorFlow variables off the step thread; they are refreshed from the variable
+whenever a ``run_loop`` leg starts (after any restore).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .._tf import tf
+from ._abc import SessionPart
+
+__all__ = ["EPOCH_ATTR", "EpochCounter"]
+
+#: the attribute of the state's ``tf.train.Checkpoint`` holding ``[epoch, start step]``
+EPOCH_ATTR = "asv_epoch"
+
+
+class EpochCounter(SessionPart):
+    """The session's epoch position (see the module docstring).
+
+    Attributes:
+        epoch: passes completed; the 0-based index of the pass in progress.
+        first_step: the global step at which the pass in progress began.
+        epochs: the ``epochs`` of the ``run_loop`` running now (``None``: none).
+        steps_per_epoch: steps in one pass, once known (the dataset's cardinality, or
+            counted over a whole pass).
+        active: whether a ``run_loop`` with ``epochs`` ran in this session.
+    """
+
+    name = "epochs"
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.first_step = 0
+        self.epochs: int | None = None
+        self.steps_per_epoch: int | None = None
+        self.active = False
+        self._var: Any = None
+
+    def attach(self, state: Any, step: int) -> None:
+        """On the step thread, as a ``run_loop`` with epochs starts: the variable made
+        part of ``state`` (a checkpoint restored earlier gives it its saved value) and
+        the mirrors read from it."""
+        if self._var is None:
+            tf_ = tf()
+            var = tf_.Variable([0, 0], dtype=tf_.int64, trainable=False, name=EPOCH_ATTR)
+            if state is not None:
+                setattr(state, EPOCH_ATTR, var)  # takes a deferred saved value, if any
+            self._var = var
+        epoch, start = (int(v) for v in self._var.numpy())
+        self.epoch, self.first_step = epoch, min(start, step)
+        self.active = True
+
+    def begin(self, epoch: int, step: int) -> None:
+        """On the step thread, at an epoch boundary: pass ``epoch`` begins at ``step``."""
+        self.epoch, self.first_step = epoch, step
+        if self._var is not None:
+            self._var.assign([epoch, step])
+
+    def learn_size(self, dataset: Any) -> None:
+        """The steps per epoch from ``dataset``'s cardinality, when TensorFlow knows it."""
+        try:
+            n = int(dataset.cardinality())
+        except Exception:  # not a tf.data.Dataset, or no cardinality
+            try:
+                n = len(dataset)
+            except TypeError:
+                return
+        if n > 0:
+            self.steps_per_epoch = n
+
+    def scalars(self) -> Mapping[str, float]:
+        """``epoch`` for the summary writer, once epochs are counted: passes completed,
+        with the fraction of the current one when its length is known."""
+        if not self.active:
+            return {}
+        return {"epoch": float(self.epoch)}
