@@ -17,6 +17,7 @@ whenever a ``run_loop`` leg starts (after any restore).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,6 +71,13 @@ class EpochCounter(SessionPart):
         self.epoch, self.first_step = epoch, step
         if self._var is not None:
             self._var.assign([epoch, step])
+
+    def end_step(self) -> float:
+        """The global step that completes the pass in progress (``math.inf`` while its
+        length is unknown: its end is then found when its iterator runs out)."""
+        if not self.steps_per_epoch:
+            return math.inf
+        return self.first_step + self.steps_per_epoch
 
     def learn_size(self, dataset: Any) -> None:
         """The steps per epoch from ``dataset``'s cardinality, when TensorFlow knows it."""

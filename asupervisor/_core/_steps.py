@@ -16,6 +16,7 @@ This module must never touch the event loop nor block it: it runs on the step th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -142,9 +143,11 @@ class Steps:
         rt.max_steps = max_steps
         counter = rt.epoch_counter
         fresh = False  # whether the iterator began its pass in this leg
+        epoch_end = math.inf  # the step that completes the pass, when its length is known
         if epochs is not None:
             counter.epochs = epochs
             counter.learn_size(data)
+            epoch_end = counter.end_step()
         try:
             while not (control.stopping or halt.halted):
                 if boundary:
@@ -166,9 +169,12 @@ class Steps:
                     except Exception as exc:
                         if epochs is None or data is None or not is_end_of_data(exc):
                             raise
+                        # A pass of unknown length ends here, at the boundary after its
+                        # last step (after a checkpoint that step may have had).
                         iterator, fresh, reason = self._end_epoch(
                             data, iterator, fresh, epochs, on_epoch_end, checkpoint_iterator
                         )
+                        epoch_end = counter.end_step()
                         if reason is not None:
                             break
                         continue
@@ -178,8 +184,18 @@ class Steps:
                         rt.last_output = fn(batch)
                         rt.step += 1
                 n += 1
+                if rt.step >= epoch_end:
+                    # A pass of known length ends with its last step, before the parts'
+                    # trigger: a checkpoint of this step holds the epoch's end (its
+                    # on_epoch_end done), and a resumed run does not do it again.
+                    iterator, fresh, reason = self._end_epoch(
+                        data, iterator, fresh, epochs, on_epoch_end, checkpoint_iterator  # type: ignore[arg-type]
+                    )
+                    epoch_end = counter.end_step()
                 if rt.step >= parts.next_trigger_step:
                     parts.fire(rt, rt.step)
+                if reason is not None:
+                    break
         except Exception as exc:
             if not is_end_of_data(exc):
                 rt.errors.note(exc)
