@@ -67,7 +67,7 @@ async def test_epochs_are_passes_over_the_data_and_completing_them_is_a_clean_st
 
 async def test_without_a_logdir_epochs_still_count(tmp_path: Path) -> None:
     seen, ends, sv = await _train(None, 2)
-    assert len(seen) == 8 and [e for e, _ in ends] == [0, 1]
+    assert len(seen) == 8 and [e for e, _ in ends] == [0, 1] and sv.status().epoch == 2
 
 
 @pytest.mark.parametrize("first_steps", [2, 4, 5, 8])
