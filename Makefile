@@ -38,6 +38,7 @@ bench: venv
 	$(PY) bench/embed_latency.py
 	$(PY) bench/embed_latency.py --backend trio
 	$(PY) bench/remote.py
+	$(PY) bench/keras_fit.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache
