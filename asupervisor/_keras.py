@@ -10,8 +10,9 @@ session embedded in an application. Per epoch, on the step thread (:mod:`._core.
 (its compiled ``test_step``), Keras callbacks' ``on_epoch_end`` (``EarlyStopping`` and
 ``ReduceLROnPlateau`` work as with ``fit``), TensorBoard scalars ``epoch_<metric>`` in the
 runs ``train/`` and ``validation/`` (the chief only, as Keras's ``TensorBoard`` callback
-writes them), a log line ``fit.epoch``, the metrics reset, and a checkpoint carrying the
-epoch's metrics (``val_loss``, ... for :class:`~asupervisor.KeepBest`).
+writes them), a log line ``fit.epoch``, the metrics reset, and (after a validation, by
+default) a checkpoint carrying the epoch's metrics (``val_loss``, ... for
+:class:`~asupervisor.KeepBest` and ``export(best=)``).
 """
 
 from __future__ import annotations
@@ -45,13 +46,16 @@ async def fit(
     validation_data: Iterable[Any] | None = None,
     validation_freq: int = 1,
     callbacks: Sequence[Any] = (),
+    save_each_epoch: bool | None = None,
 ) -> dict[str, list[float]]:
     """See :meth:`asupervisor.Session.fit`."""
     _check_arguments(model, data, epochs, validation_freq, callbacks)
+    if save_each_epoch is not None and not isinstance(save_each_epoch, bool):
+        raise ValueError(f"save_each_epoch must be None, True or False, got {save_each_epoch!r}")
     rt = sess._rt
     keras_callbacks = _callback_list(model, callbacks, epochs)
     history: dict[str, list[float]] = {}
-    trainer = _Trainer(rt, model, validation_data, validation_freq, keras_callbacks, history)
+    trainer = _Trainer(rt, model, validation_data, validation_freq, keras_callbacks, history, save_each_epoch)
     await rt.step_thread.call(trainer.begin, data)
     try:
         await sess.run_loop(trainer.step, data=data, epochs=epochs, on_epoch_end=trainer.epoch_end)
@@ -110,6 +114,7 @@ class _Trainer:
         validation_freq: int,
         callbacks: Any,
         history: dict[str, list[float]],
+        save_each_epoch: bool | None = None,
     ) -> None:
         self.rt = rt
         self.model = model
@@ -117,6 +122,7 @@ class _Trainer:
         self.validation_freq = validation_freq
         self.callbacks = callbacks
         self.history = history
+        self.save_each_epoch = save_each_epoch
         self.step: Callable[[Any], Any] = self._train
         self._train_fn: Callable[[Any], Any] | None = None
         self._writers: dict[str, Any] = {}
@@ -165,7 +171,8 @@ class _Trainer:
         metrics reset, and a checkpoint carrying the epoch's logs."""
         rt, model = self.rt, self.model
         logs = _floats(model.get_metrics_result())
-        if self.validation_data is not None and (epoch + 1) % self.validation_freq == 0:
+        validated = self.validation_data is not None and (epoch + 1) % self.validation_freq == 0
+        if validated:
             val = model.evaluate(self.validation_data, verbose=0, return_dict=True)
             logs.update({f"val_{name}": value for name, value in _floats(val).items()})
         rt.epoch_logs = (rt.step, dict(logs))
@@ -180,7 +187,7 @@ class _Trainer:
         if getattr(model, "stop_training", False):  # EarlyStopping, or the user's callback
             rt.request_stop(reason="stop_training")
         checkpoints = rt.extra(_checkpoints_attribute(), None)
-        if checkpoints is not None:
+        if checkpoints is not None and (self.save_each_epoch or (self.save_each_epoch is None and validated)):
             checkpoints.save_in_background("epoch")
         counter = rt.epoch_counter
         if self.callbacks is not None and not rt.control.stopping and (

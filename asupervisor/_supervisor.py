@@ -332,6 +332,38 @@ class Supervisor:
         checkpoints: CheckpointSaving = rt.extra(SessionAttribute.checkpoints)
         return await checkpoints.save_now()
 
+    async def export(
+        self, model: Any, path: str | os.PathLike[str], *, best: str | None = None, mode: str = "min"
+    ) -> str | None:
+        """Export a trained Keras model once the session has ended: ``path`` ending in
+        ``.keras`` gets Keras's format (``keras.models.load_model`` reads it), any other
+        path a SavedModel directory (``tf.saved_model.load``, TF Serving). Written beside
+        its final name and renamed into place once complete and synced, so a crash never
+        leaves a torn export; a URL ``path`` is uploaded (a SavedModel's
+        ``saved_model.pb`` last). Only the chief exports.
+
+        Args:
+            model: the Keras model (in this supervisor's ``state`` when ``best`` is given).
+            path: a file or directory path, or a URL (``s3://bucket/model.keras``).
+            best: export the logdir's committed checkpoint with the best recorded value of
+                this metric (``"val_loss"``: see :class:`~asupervisor.KeepBest`) instead of
+                the model's current weights, which are put back afterwards.
+            mode: ``"min"`` or ``"max"``: which value of ``best`` is best.
+
+        Returns:
+            What was written (``path``, a URL normalised), or ``None`` when this process
+            is not the chief.
+
+        Raises:
+            RuntimeError: the session is still running.
+            ValueError: an HDF5 path, a bad ``mode``/``best``, or no checkpoint recorded
+                ``best``.
+            TypeError: ``model`` is not a Keras model, or ``path`` is not a path.
+        """
+        from ._export import export
+
+        return await export(self, model, path, best=best, mode=mode)
+
     def metrics_text(self) -> str:
         """``status()`` as Prometheus text (the exposition format, version 0.0.4), for an
         application's own ``/metrics`` route; what ``metrics_port`` serves. Any thread."""

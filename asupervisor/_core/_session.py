@@ -242,6 +242,7 @@ class Session:
         validation_data: Iterable[Any] | None = None,
         validation_freq: int = 1,
         callbacks: Sequence[Any] = (),
+        save_each_epoch: bool | None = None,
     ) -> dict[str, list[float]]:
         """Train a compiled Keras model as ``model.fit`` does, with what the supervisor
         promises (exact resume mid-epoch, preemption saves, a clean stop).
@@ -250,8 +251,8 @@ class Session:
         and ``test_step`` (``model.evaluate`` on ``validation_data``), resets the metrics
         each epoch, writes ``epoch_<metric>`` scalars to the TensorBoard runs ``train/``
         and ``validation/`` under the logdir, logs ``fit.epoch`` with the epoch's metrics,
-        and saves a checkpoint at each epoch's end carrying them (for
-        :class:`~asupervisor.KeepBest`). The model must be in the supervisor's state
+        and saves a checkpoint at the end of each epoch that was validated, carrying its
+        metrics (for :class:`~asupervisor.KeepBest` and ``Supervisor.export(best=)``). The model must be in the supervisor's state
         (``state={"model": model}``: its optimizer comes with it).
 
         Args:
@@ -269,6 +270,11 @@ class Session:
                 (``EarlyStopping``) stops the session cleanly (``stop_reason``
                 ``"stop_training"``). ``BackupAndRestore`` is refused: the supervisor
                 does its job.
+            save_each_epoch: save a checkpoint at every epoch's end (``True``), never
+                besides the supervisor's own cadence (``False``), or at the end of each
+                epoch that was validated (``None``, the default: a checkpoint then
+                carries ``val_*`` metrics, and short epochs without validation are not
+                slowed by a save each).
 
         Returns:
             The metrics of each epoch this call ran, as Keras's ``History.history``
@@ -289,6 +295,7 @@ class Session:
             validation_data=validation_data,
             validation_freq=validation_freq,
             callbacks=callbacks,
+            save_each_epoch=save_each_epoch,
         )
 
     async def run_step_fn(self, step_fn: Callable[[StepContext], Any]) -> Any:
