@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import tensorflow as tf
+from eventfiles import read_events
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -85,3 +87,22 @@ def test_tf1_port_runs_the_monitored_session_loop(tmp_path: Path, backend: str) 
     out = run("tf1_port", "--logdir", str(tmp_path), "--steps", "120", backend=backend)
     assert f"latest checkpoint {tmp_path / 'model.ckpt-120'}" in out and "w 3.0000" in out
     assert (tmp_path / "model.ckpt-100.index").exists()
+
+
+def test_keras_fit_trains_validates_and_writes_keras_runs(tmp_path: Path) -> None:
+    """``keras_fit.py``: two epochs exit 0 and print the validation accuracy (better than
+    chance on ten classes); the logdir holds the TensorBoard runs ``train/`` and
+    ``validation/`` with an ``epoch_<metric>`` point per epoch, and a checkpoint at the
+    last step; a second run to the same epoch has nothing left to train."""
+    out = run("keras_fit", "--logdir", str(tmp_path), "--epochs", "2")
+    found = re.search(r"^done: epoch 2/2, val accuracy (\d\.\d+), stop reason epochs$", out, re.M)
+    assert found, out
+    assert float(found[1]) > 0.3, out
+    for name in ("train", "validation"):
+        assert list((tmp_path / name).glob("events.out.tfevents.*")), f"no event file in {name}/"
+        events = read_events(tmp_path / name)
+        for tag in ("epoch_loss", "epoch_accuracy"):
+            assert [step for step, _ in events.get(tag, [])] == [0, 1], (name, tag, sorted(events))
+    assert (tmp_path / "model.ckpt-48.index").exists()  # 1500 examples / 64 = 24 steps an epoch
+    again = run("keras_fit", "--logdir", str(tmp_path), "--epochs", "2", backend="trio")
+    assert "done: epoch 2/2, nothing to train, stop reason epochs" in again, again
