@@ -74,6 +74,7 @@ from ._exceptions import DeadlineExceededError as DeadlineExceededError
 from ._exceptions import NanLossDuringTrainingError as NanLossDuringTrainingError
 from ._exceptions import ServiceError as ServiceError
 from ._exceptions import SupervisorError as SupervisorError
+from ._gce import GcePreemptionNotice as GcePreemptionNotice
 from ._input._queue_runner import QueueRunner as QueueRunner
 from ._logging import configure_logging as configure_logging
 from ._monitored_session import MonitoredTrainingSession as MonitoredTrainingSession
@@ -98,6 +99,7 @@ __all__ = [
     "EverySeconds",
     "EverySteps",
     "FinalOpsHook",
+    "GcePreemptionNotice",
     "GlobalStepWaiterHook",
     "Keep",
     "KeepAll",

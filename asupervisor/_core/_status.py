@@ -155,7 +155,8 @@ EXIT_ERROR = 1
 #: interrupted by the user: SIGINT (Ctrl-C), or the application cancelled the session
 #: (128 + SIGINT, what a shell reports for a Ctrl-C'd program)
 EXIT_INTERRUPTED = 130
-#: preempted: SIGTERM or another termination signal from a scheduler (128 + SIGTERM);
+#: preempted: SIGTERM or another termination signal from a scheduler (128 + SIGTERM), or
+#: a preemption notice that is not a signal (stop reason ``preempted:<source>``);
 #: non-zero so Kubernetes and SLURM count the job as not finished and run it again
 EXIT_PREEMPTED = 143
 
@@ -168,8 +169,9 @@ def exit_code(status: Status) -> int:
     ``0`` when training completed (``max_steps``, end of data, the body returned, a stop
     requested by the program or a hook); ``130`` when interrupted (SIGINT, or the
     application cancelled the session); ``143`` when preempted (SIGTERM; another signal
-    ``128 + its number``), so a scheduler runs the job again and it resumes from its last
-    checkpoint; ``1`` on an error (``error:<Type>``, a failed service). See
+    ``128 + its number``; a notice that is not a signal, ``preempted:<source>`` such as
+    ``GcePreemptionNotice``'s ``preempted:gce``), so a scheduler runs the job again and it
+    resumes from its last checkpoint; ``1`` on an error (``error:<Type>``, a failed service). See
     ``docs/sessions.md`` ("Exit status") for how Kubernetes and SLURM treat them.
 
     Args:
@@ -188,6 +190,8 @@ def exit_code(status: Status) -> int:
         return EXIT_OK
     if reason == "cancelled" or reason == "signal:SIGINT":
         return EXIT_INTERRUPTED
+    if reason.startswith("preempted:"):  # a notice that is not a signal (GCE's metadata server)
+        return EXIT_PREEMPTED
     if reason.startswith("signal:"):
         import signal
 
