@@ -27,13 +27,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._logging import get_logger
 from ._tf import tf
-
-if TYPE_CHECKING:
-    from ._supervisor import Supervisor
 
 __all__ = ["export"]
 
@@ -42,8 +39,8 @@ log = get_logger(__name__)
 _MODES = ("min", "max")
 
 
-async def export(sv: Supervisor, model: Any, path: str | os.PathLike[str], *, best: str | None, mode: str) -> str | None:
-    """See :meth:`asupervisor.Supervisor.export`."""
+async def export(sv: Any, model: Any, path: str | os.PathLike[str], *, best: str | None, mode: str) -> str | None:
+    """See :meth:`asupervisor.Supervisor.export` (``sv``: the supervisor)."""
     from ._checkpoint.store.remote._url import check_url, is_url
     from ._core._handoff import LoopHandle
     from ._core._threads import DedicatedThread
@@ -77,7 +74,7 @@ async def export(sv: Supervisor, model: Any, path: str | os.PathLike[str], *, be
     return written
 
 
-def _export(sv: Supervisor, model: Any, target: str, best: str | None, mode: str) -> str:
+def _export(sv: Any, model: Any, target: str, best: str | None, mode: str) -> str:
     """On the export thread: the weights chosen, written, put back."""
     from ._checkpoint.store.remote._url import is_url
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._core._epochs import EPOCH_ATTR
+from .._core._keras import KERAS_ATTR
 from .._exceptions import CheckpointError
 from .._logging import describe, get_logger
 from .._tf import tf
@@ -263,7 +265,10 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True, fast: FastP
     picks); with ``own_restore`` off (the plain store) TF's restore reads every value and
     ``RestoreV2`` checks the deferred ones.
     """
-    allow_missing = (f"{ITERATOR_ATTR}/", f"{PIPELINE_ATTR}/")
+    # what the session attaches to the state after start-up (a checkpoint taken before, the
+    # start-up one included, lacks them): the data iterator, its pipeline, the epoch
+    # position, Keras's random and metric state
+    allow_missing = (f"{ITERATOR_ATTR}/", f"{PIPELINE_ATTR}/", f"{EPOCH_ATTR}/", f"{KERAS_ATTR}/")
     checked = not strict
     fast = resolve_store() if fast is None else fast
     prefetch = (

@@ -51,11 +51,15 @@ class EpochCounter(SessionPart):
         self.steps_per_epoch: int | None = None
         self.active = False
         self._var: Any = None
+        self._restart_pending = False
 
-    def attach(self, state: Any, step: int) -> None:
+    def attach(self, state: Any, step: int, *, consume: bool = True) -> bool:
         """On the step thread, as a ``run_loop`` with epochs starts: the variable made
         part of ``state`` (a checkpoint restored earlier gives it its saved value) and
-        the mirrors read from it."""
+        the mirrors read from it. Returns whether the position went back to the start
+        (a restore to a checkpoint without it): the data must then begin a new pass.
+        ``consume=False`` (a look before ``run_loop``'s own): that answer is kept for the
+        next call."""
         if self._var is None:
             tf_ = tf()
             var = tf_.Variable([0, 0], dtype=tf_.int64, trainable=False, name=EPOCH_ATTR)
@@ -63,8 +67,16 @@ class EpochCounter(SessionPart):
                 setattr(state, EPOCH_ATTR, var)  # takes a deferred saved value, if any
             self._var = var
         epoch, start = (int(v) for v in self._var.numpy())
-        self.epoch, self.first_step = epoch, min(start, step)
+        restarted = start > step or self._restart_pending
+        self._restart_pending = restarted and not consume
+        if start > step:
+            # A restore went back before the pass began, to a checkpoint without an epoch
+            # position (one taken before epochs were counted: the start-up one): from the start.
+            epoch, start = 0, 0
+            self._var.assign([0, 0])
+        self.epoch, self.first_step = epoch, start
         self.active = True
+        return restarted
 
     def begin(self, epoch: int, step: int) -> None:
         """On the step thread, at an epoch boundary: pass ``epoch`` begins at ``step``."""

@@ -285,7 +285,7 @@ class Session:
             ValueError: the model is not compiled or not in the supervisor's state, or
                 a bad ``epochs``/``validation_freq``/callback.
         """
-        from .._keras import fit
+        from ._keras import fit
 
         return await fit(
             self,

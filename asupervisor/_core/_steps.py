@@ -126,14 +126,15 @@ class Steps:
         n = 0
         reason: str | None = None
         iterator = None
+        restarted = False  # the epoch position went back to the start: a new pass
         if epochs is not None:
-            rt.epoch_counter.attach(rt.state, rt.step)
+            restarted = rt.epoch_counter.attach(rt.state, rt.step)
             if rt.epoch_counter.epoch >= epochs:  # a resumed run that had finished its epochs
                 halt.finished = True
                 return 0, "epochs"
         if data is not None:
             try:
-                iterator = rt.make_iterator(data, checkpoint_iterator)
+                iterator = rt.make_iterator(data, checkpoint_iterator, fresh=restarted)
             except Exception as exc:
                 # No step ran: the state is sound (the final checkpoint is still taken),
                 # but the error stops the session.

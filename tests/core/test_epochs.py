@@ -162,3 +162,35 @@ async def test_bad_epoch_arguments_are_refused_before_anything_runs(
             await sess.run_loop(lambda batch: None, **kwargs)
         assert sv.global_step == 0 and not sess.should_stop()
         await anyio.lowlevel.checkpoint()
+
+
+async def test_an_aborted_step_recovers_from_a_checkpoint_older_than_the_epoch_state(tmp_path: Path) -> None:
+    """The start-up checkpoint is taken before run_loop attaches the epoch position: a
+    recovery restore of it (an AbortedError) is not "another model", and the epochs
+    complete from the restored step."""
+    failed: list[int] = []
+    v = tf.Variable(0, dtype=tf.int64)
+    sv = _supervisor(tmp_path, {"v": v}, save_model_steps=1000)
+
+    def step(batch: tf.Tensor) -> None:
+        if sv.global_step == 5 and not failed:
+            failed.append(sv.global_step)
+            raise tf.errors.AbortedError(None, None, "a peer restarted")
+        v.assign_add(tf.reduce_sum(batch))
+
+    async with sv.managed_session() as sess:
+        await sess.run_loop(step, data=_dataset(), epochs=2)
+    assert failed == [5]
+    assert (sv.status().stop_reason, sv.global_step, sv.status().epoch) == ("epochs", 8, 2)
+    assert int(v.numpy()) == 2 * 45
+
+
+async def test_summaries_carry_the_epoch(tmp_path: Path) -> None:
+    """The summary writer's last tick at the stop writes ``epoch`` (passes completed)."""
+    from eventfiles import read_events
+
+    sv = _supervisor(tmp_path, {"v": tf.Variable(0)}, save_summaries_secs=3600)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda batch: {"size": tf.size(batch)}, data=_dataset(), epochs=2)
+    events = read_events(tmp_path)
+    assert events["epoch"] == [(8, 2.0)]

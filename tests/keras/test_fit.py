@@ -50,6 +50,7 @@ def _supervisor(logdir: Path, model: keras.Model, **kwargs: Any) -> asv.Supervis
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_fit_trains_with_the_compiled_steps_and_returns_keras_history(tmp_path: Path) -> None:
     model = _model()
     train, val = _data()

@@ -19,15 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
-from ._logging import describe, get_logger
-from ._tf import tf
-
-if TYPE_CHECKING:
-    from ._core._session import Session
+from .._logging import describe, get_logger
+from .._tf import tf
+from ._abc import SessionAttribute
 
 __all__ = ["fit"]
 
@@ -38,7 +36,7 @@ _BATCH_METHODS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin"
 
 
 async def fit(
-    sess: Session,
+    sess: Any,
     model: Any,
     data: Iterable[Any],
     *,
@@ -48,7 +46,7 @@ async def fit(
     callbacks: Sequence[Any] = (),
     save_each_epoch: bool | None = None,
 ) -> dict[str, list[float]]:
-    """See :meth:`asupervisor.Session.fit`."""
+    """See :meth:`asupervisor.Session.fit` (``sess``: the session handle)."""
     _check_arguments(model, data, epochs, validation_freq, callbacks)
     if save_each_epoch is not None and not isinstance(save_each_epoch, bool):
         raise ValueError(f"save_each_epoch must be None, True or False, got {save_each_epoch!r}")
@@ -147,7 +145,7 @@ class _Trainer:
             fn = tf().function(fn, reduce_retracing=True, jit_compile=bool(model.jit_compile))
         self._train_fn = fn
         counter = rt.epoch_counter
-        counter.attach(rt.state, rt.step)
+        counter.attach(rt.state, rt.step, consume=False)  # run_loop's attach begins a new pass if need be
         if rt.step == counter.first_step:  # at an epoch's start: the metrics count from here
             model.reset_metrics()
         if self.callbacks is not None:
@@ -186,7 +184,7 @@ class _Trainer:
         model.reset_metrics()
         if getattr(model, "stop_training", False):  # EarlyStopping, or the user's callback
             rt.request_stop(reason="stop_training")
-        checkpoints = rt.extra(_checkpoints_attribute(), None)
+        checkpoints = rt.extra(SessionAttribute.checkpoints, None)
         if checkpoints is not None and (self.save_each_epoch or (self.save_each_epoch is None and validated)):
             checkpoints.save_in_background("epoch")
         counter = rt.epoch_counter
@@ -233,12 +231,6 @@ class _Trainer:
                 writer.flush()
         except Exception as exc:  # summaries never fail training
             log.warning("fit.summary_failed", error=describe(exc))
-
-
-def _checkpoints_attribute() -> Any:
-    from ._core._abc import SessionAttribute
-
-    return SessionAttribute.checkpoints
 
 
 def _build(model: Any, data: Any) -> None:
