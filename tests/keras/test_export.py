@@ -37,7 +37,9 @@ async def test_keras_and_saved_model_exports_load_back_with_the_same_predictions
     model, sv = await _trained(tmp_path)
     expected = model(X).numpy()
     assert await sv.export(model, tmp_path / "out" / "model.keras") == str(tmp_path / "out" / "model.keras")
-    np.testing.assert_allclose(keras.models.load_model(tmp_path / "out" / "model.keras")(X).numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        keras.models.load_model(tmp_path / "out" / "model.keras")(X).numpy(), expected, rtol=1e-6
+    )
     for _ in range(2):  # the second replaces the first
         await sv.export(model, tmp_path / "out" / "saved")
     loaded = tf.saved_model.load(str(tmp_path / "out" / "saved"))
@@ -46,14 +48,18 @@ async def test_keras_and_saved_model_exports_load_back_with_the_same_predictions
 
 
 @pytest.mark.anyio
-async def test_best_exports_the_checkpoint_with_the_best_recorded_metric_and_puts_the_weights_back(tmp_path: Path) -> None:
+async def test_best_exports_the_checkpoint_with_the_best_recorded_metric_and_puts_the_weights_back(
+    tmp_path: Path,
+) -> None:
     model, sv = await _trained(tmp_path)
     expected = model(X).numpy()
     await sv.export(model, tmp_path / "best.keras", best="val_loss", mode="max")
     np.testing.assert_array_equal(model(X).numpy(), expected)  # the model in memory is untouched
     first_epoch = _model()  # the highest val_loss: after the first epoch (8 steps)
     tf.train.Checkpoint(model=first_epoch).read(str(tmp_path / "model.ckpt-8")).expect_partial()
-    np.testing.assert_allclose(keras.models.load_model(tmp_path / "best.keras")(X).numpy(), first_epoch(X).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(
+        keras.models.load_model(tmp_path / "best.keras")(X).numpy(), first_epoch(X).numpy(), rtol=1e-6
+    )
 
 
 @pytest.mark.anyio
@@ -77,11 +83,12 @@ async def test_bad_exports_are_refused_naming_the_value(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["model.keras", "saved"])
 def test_a_sigkill_during_an_export_leaves_the_previous_or_the_new_one(tmp_path: Path, name: str) -> None:
-    """An exporter SIGKILLed at seeded random moments (twice): the target always loads,
-    with one of the two sets of weights it alternates."""
+    """An exporter SIGKILLed at seeded random moments (twice for a SavedModel, once for a
+    ``.keras`` file): the target always loads, with one of the two sets of weights it
+    alternates."""
     target = tmp_path / name
     rng = random.Random(7)
-    for _ in range(2):
+    for _ in range(2 if name == "saved" else 1):  # the directory's swap is the harder case
         wanted = rng.randrange(1, 4)
         with subprocess.Popen([sys.executable, str(SCRIPT), str(target)], stdout=subprocess.PIPE, text=True) as proc:
             assert proc.stdout is not None

@@ -50,7 +50,6 @@ def _supervisor(logdir: Path, model: keras.Model, **kwargs: Any) -> asv.Supervis
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_fit_trains_with_the_compiled_steps_and_returns_keras_history(tmp_path: Path) -> None:
     model = _model()
     train, val = _data()
@@ -147,28 +146,25 @@ def _load(out: Path) -> tuple[list[np.ndarray], dict[str, list[float]]]:
         return [data[k] for k in data.files if k != "history"], history
 
 
-def test_a_fit_killed_at_random_moments_resumes_bitwise(tmp_path: Path) -> None:
-    """SIGKILL at 4 seeded random steps of a 4-epoch Dropout model (24 steps per epoch,
-    checkpoints every 5 steps and at each epoch's end): the final weights equal an
-    uninterrupted run's bit for bit, and so do the last epoch's metrics."""
-    epochs = ("--epochs", "4")
-    done = _run(tmp_path / "a", tmp_path / "a.npz", *epochs)
+def test_a_fit_killed_at_random_moments_resumes_bitwise_and_matches_keras(tmp_path: Path) -> None:
+    """SIGKILL at 2 seeded random steps of a 3-epoch Dropout model (24 steps per epoch,
+    checkpoints every 5 steps and at each validated epoch's end): the final weights equal
+    an uninterrupted run's bit for bit, and so do the last epoch's metrics. The
+    uninterrupted run reaches the validation accuracy of Keras's own ``fit`` with
+    ``BackupAndRestore`` on the same data (within noise)."""
+    done = _run(tmp_path / "a", tmp_path / "a.npz")
     assert done.returncode == 0, done.stderr[-3000:]
-    kills = sorted(random.Random(1234).sample(range(2, 96), 4))
+    kills = sorted(random.Random(1234).sample(range(2, 72), 2))
     for step in kills:
-        killed = _run(tmp_path / "b", tmp_path / "b.npz", *epochs, "--kill-at", str(step))
+        killed = _run(tmp_path / "b", tmp_path / "b.npz", "--kill-at", str(step))
         assert killed.returncode == -9, (step, killed.stderr[-3000:])
-    resumed = _run(tmp_path / "b", tmp_path / "b.npz", *epochs)
+    resumed = _run(tmp_path / "b", tmp_path / "b.npz")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     (a, history_a), (b, history_b) = _load(tmp_path / "a.npz"), _load(tmp_path / "b.npz")
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True)), f"kills at {kills}"
     assert {k: v[-1] for k, v in history_b.items()} == {k: v[-1] for k, v in history_a.items()}
-
-
-def test_the_same_accuracy_as_keras_fit_with_backup_and_restore(tmp_path: Path) -> None:
-    ours = _run(tmp_path / "a", tmp_path / "a.npz")
     theirs = _run(tmp_path / "k", tmp_path / "k.npz", "--keras")
-    assert ours.returncode == 0 and theirs.returncode == 0, (ours.stderr[-2000:], theirs.stderr[-2000:])
-    (_, ours_history), (_, keras_history) = _load(tmp_path / "a.npz"), _load(tmp_path / "k.npz")
-    assert abs(ours_history["val_accuracy"][-1] - keras_history["val_accuracy"][-1]) < 0.05
-    assert len(ours_history["loss"]) == len(keras_history["loss"]) == 3
+    assert theirs.returncode == 0, theirs.stderr[-3000:]
+    _, keras_history = _load(tmp_path / "k.npz")
+    assert len(history_a["loss"]) == len(keras_history["loss"]) == 3
+    assert abs(history_a["val_accuracy"][-1] - keras_history["val_accuracy"][-1]) < 0.05
