@@ -24,7 +24,7 @@ test: venv
 	  if grep -q tensorflow .importtime.log; then echo "importing asupervisor imported tensorflow"; rm -f .importtime.log; exit 1; fi; rm -f .importtime.log
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m pytest -q -n auto --maxprocesses=4
+	$(PY) -m pytest -q -n auto --maxprocesses=4 --dist worksteal
 
 bench: venv
 	$(PY) bench/step_overhead.py

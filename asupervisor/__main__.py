@@ -45,6 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from . import _demo
 
             return _demo.run(args)
+        if not args.debug:
+            _import_tensorflow_quietly()
         from . import _inspect
 
         return _inspect.run(args.logdir, as_json=args.json)
@@ -54,6 +56,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(exc).split()) or "(no message)"
         print(f"asupervisor {args.command}: {type(exc).__name__}: {message} (--debug shows the traceback)", file=sys.stderr)  # noqa: T201
         return 1
+
+
+def _import_tensorflow_quietly() -> None:
+    """Import TensorFlow with file descriptor 2 pointed at ``/dev/null``: its native
+    start-up lines (absl's "All log messages before absl::InitializeLog()", CUDA's probing
+    on a machine without a GPU) are written there before any log level applies, and a
+    report has no use for them. An import error still raises, once stderr is back."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to save: nothing to hide either
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            sys.stderr.flush()
+            os.dup2(null.fileno(), 2)
+            try:
+                import tensorflow  # noqa: F401
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
 
 
 def _secs_or_auto(value: str) -> float | str:

@@ -30,9 +30,11 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_inspect_shows_checkpoints_and_scalars(trained: Path) -> None:
     """``inspect`` lists each checkpoint (step, loads, the latest), the scalars' last
-    values and the iterator's share, in text and in JSON, and exits 0."""
+    values and the iterator's share, in text and in JSON, and exits 0, printing nothing
+    of TensorFlow's native start-up lines (absl's, CUDA's probing)."""
     text = cli("inspect", str(trained))
     assert text.returncode == 0, text.stdout + text.stderr
+    assert text.stderr == "", text.stderr
     assert "model.ckpt-60" in text.stdout and "loads latest" in text.stdout and "loss =" in text.stdout
     report = json.loads(cli("inspect", str(trained), "--json").stdout)
     assert report["ok"] and report["state_file"] == {"latest": "model.ckpt-60", "problem": None}

@@ -140,7 +140,7 @@ class StepErrors:
         try:
             retry = await self._recover(exc)
         except Exception as err:
-            _add_note(exc, f"asupervisor: recovery failed: {err!r}")
+            _add_note(exc, f"asupervisor: recovery failed: {describe(err)}")
             retry = False
         if not retry:
             self.recovering = False

@@ -338,7 +338,7 @@ def test_cluster_killed_at_a_random_moment_resumes_to_the_weights_of_an_uninterr
     whole time sees every committed checkpoint exactly once, in order, and each loads."""
     seed = int(os.environ.get("ASV_TEST_SEED") or random.SystemRandom().randrange(1 << 30))
     why = f"ASV_TEST_SEED={seed}"
-    final, every = 300, 10
+    final, every = 200, 10
     # a state of Keras variables only (SyncOnRead ones included; the other multi-worker
     # tests have a tf.Variable counter): snapshots from the remembered walk either way
     reference = _run_cluster(tmp_path / "reference", tmp_path / "reference" / "logdir", final, every, "asyncio", "keras-counter")
