@@ -1,8 +1,9 @@
 """Prometheus text for dashboards: ``Supervisor.metrics_text()`` and ``metrics_port``.
 
 :func:`render` turns a ``Status`` into the Prometheus text exposition format (version
-0.0.4): the step, the rate, the last checkpoint, the step output's scalars, the
-services' states and restarts, the queues, a URL logdir's remote lag. :class:`MetricsServer`
+0.0.4): the step, the rate, the epoch, the last checkpoint, the step output's scalars,
+the services' states and restarts, the queues, a URL logdir's remote lag, the stop
+reason. :class:`MetricsServer`
 is a session service serving that text at ``http://127.0.0.1:<port>/metrics`` while the
 session lives (a few lines of HTTP/1.1 on an anyio listener: one request a connection,
 no dependency). A front door; no TensorFlow.
@@ -68,6 +69,15 @@ def render(status: Status) -> str:
     w.metric("max_steps", "gauge", "The max_steps of the run_loop running now.", [({}, status.max_steps)])
     w.metric("eta_seconds", "gauge", "Seconds until max_steps at the current rate.", [({}, status.eta_secs)])
     w.metric("started_timestamp_seconds", "gauge", "When the session started.", [({}, status.started_at)])
+    w.metric("epoch", "gauge", "Epochs completed (run_loop(epochs=) or fit).", [({}, status.epoch)])
+    w.metric("epochs", "gauge", "The epochs of the run_loop running now.", [({}, status.epochs)])
+    w.metric("epoch_step", "gauge", "Steps into the epoch in progress.", [({}, status.epoch_step)])
+    w.metric(
+        "stop_reason",
+        "gauge",
+        "Why the session stopped or is stopping (1 for the reason), once it does.",
+        [({"reason": status.stop_reason}, 1.0)] if status.stop_reason else [],
+    )
     last = status.last_checkpoint
     w.metric("last_checkpoint_step", "gauge", "The step of the last committed checkpoint.", [({}, None if last is None else last.step)])
     w.metric(

@@ -76,6 +76,24 @@ async def test_metrics_port_serves_the_status_while_the_session_lives(tmp_path: 
 
 
 @pytest.mark.anyio
+async def test_the_epoch_and_the_stop_reason_are_exposed(tmp_path: Path) -> None:
+    sv = asv.Supervisor(tmp_path, state={"v": tf.Variable(0)}, save_model_secs=0, handle_signals=False)
+    seen: list[dict[str, float]] = []
+    data = tf.data.Dataset.range(6).batch(2)  # 3 steps an epoch
+
+    def step(batch: tf.Tensor) -> None:
+        if sv.global_step == 4:  # the second step of the second epoch
+            seen.append(_well_formed(sv.metrics_text()))
+
+    async with sv.managed_session() as sess:
+        await sess.run_loop(step, data=data, epochs=2)
+    assert (seen[0]["asupervisor_epoch"], seen[0]["asupervisor_epochs"], seen[0]["asupervisor_epoch_step"]) == (1, 2, 1)
+    assert "asupervisor_stop_reason" not in " ".join(seen[0])
+    after = _well_formed(sv.metrics_text())
+    assert after['asupervisor_stop_reason{reason="epochs"}'] == 1 and after["asupervisor_epoch"] == 2
+
+
+@pytest.mark.anyio
 async def test_a_taken_metrics_port_fails_the_start_naming_it() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
