@@ -26,6 +26,7 @@ import anyio
 from .._logging import describe, get_logger
 from .._tf import tf
 from ._abc import SessionAttribute
+from ._outputs import float_entries
 
 __all__ = ["fit"]
 
@@ -168,11 +169,11 @@ class _Trainer:
         """After each epoch: metrics, validation, callbacks, summaries, a log line, the
         metrics reset, and a checkpoint carrying the epoch's logs."""
         rt, model = self.rt, self.model
-        logs = _floats(model.get_metrics_result())
+        logs = float_entries(model.get_metrics_result() or {})
         validated = self.validation_data is not None and (epoch + 1) % self.validation_freq == 0
         if validated:
             val = model.evaluate(self.validation_data, verbose=0, return_dict=True)
-            logs.update({f"val_{name}": value for name, value in _floats(val).items()})
+            logs.update({f"val_{name}": value for name, value in float_entries(val or {}).items()})
         rt.epoch_logs = (rt.step, dict(logs))
         for name, value in logs.items():
             self.history.setdefault(name, []).append(value)
@@ -282,15 +283,3 @@ def _overrides_batch(callback: Any) -> bool:
 
     base = keras.callbacks.Callback
     return any(getattr(type(callback), name, None) is not getattr(base, name, None) for name in _BATCH_METHODS)
-
-
-def _floats(values: Any) -> dict[str, float]:
-    """A Keras logs mapping as plain floats (what is not a scalar is left out)."""
-    out: dict[str, float] = {}
-    for name, value in dict(values or {}).items():
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            continue
-        out[str(name)] = number
-    return out

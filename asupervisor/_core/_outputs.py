@@ -1,8 +1,9 @@
 """What a step returned: the scalar entries of its output, as references (no device sync).
 
 Read by the summary service (each tick) and the stock hooks. Never imports TensorFlow at
-import time, never reads a device value: tensors are kept as references and read later
-on the thread that writes them.
+import time; :func:`scalar_entries` reads no device value (tensors are kept as
+references and read later on the thread that writes them); :func:`float_entries` is that
+later read, one host read per entry.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from .._tf import tf
 
-__all__ = ["is_variable", "scalar_entries"]
+__all__ = ["float_entries", "is_variable", "scalar_entries"]
 
 
 def is_variable(value: Any) -> bool:
@@ -48,3 +49,16 @@ def scalar_entries(output: Any) -> dict[str, Any]:
                 continue
         scalars[name] = value.read_value() if is_variable(value) else value
     return scalars
+
+
+def float_entries(values: Mapping[str, Any]) -> dict[str, float]:
+    """The entries of ``values`` that convert to ``float`` (one host read each), by name
+    as a string; the others are left out. For ``status().metrics``, a checkpoint's
+    metrics and Keras's epoch logs."""
+    out: dict[str, float] = {}
+    for name, value in values.items():
+        try:
+            out[str(name)] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out

@@ -44,7 +44,7 @@ from ._epochs import EpochCounter
 from ._handoff import LoopHandle
 from ._hooks import HookRunner
 from ._metrics import MetricsSampler
-from ._outputs import scalar_entries
+from ._outputs import float_entries, scalar_entries
 from ._parts import PartRunner
 from ._services import Service, supervise
 from ._session import Session
@@ -77,17 +77,6 @@ def _add_note(exc: BaseException, note: str) -> None:
         exc.add_note(note)
     else:  # Python 3.10
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
-
-
-def _floats(values: Mapping[str, Any]) -> dict[str, float]:
-    """The entries of ``values`` that convert to ``float`` (one host read each)."""
-    out: dict[str, float] = {}
-    for name, value in values.items():
-        try:
-            out[name] = float(value)
-        except (TypeError, ValueError):
-            continue
-    return out
 
 
 class Runtime(anyio.AsyncContextManagerMixin):
@@ -261,7 +250,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
     def current_metrics(self) -> dict[str, float]:
         """On the step thread: the last step's scalars and the logs of an epoch that
         ended at this step (``epoch_logs``), for a checkpoint taken now."""
-        metrics = _floats(scalar_entries(self.last_output))
+        metrics = float_entries(scalar_entries(self.last_output))
         logs_step, logs = self.epoch_logs
         if logs_step == self.step:
             metrics.update(logs)
@@ -271,7 +260,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
         """On the step thread, at a boundary: one host read of each scalar of the last
         step's output, for ``status().metrics`` (:mod:`._metrics`: about once a second)."""
         try:
-            self._metrics = _floats(scalar_entries(self.last_output))
+            self._metrics = float_entries(scalar_entries(self.last_output))
         except Exception as exc:  # never let a status read fail a step
             log.debug("status.metrics_failed", error=describe(exc))
 

@@ -193,10 +193,12 @@ class Steps:
                         data, iterator, fresh, epochs, on_epoch_end, checkpoint_iterator  # type: ignore[arg-type]
                     )
                     epoch_end = counter.end_step()
-                if rt.step >= parts.next_trigger_step:
+                    if rt.step >= parts.next_trigger_step:
+                        parts.fire(rt, rt.step)
+                    if reason is not None:
+                        break
+                elif rt.step >= parts.next_trigger_step:  # the per-step path: one comparison more
                     parts.fire(rt, rt.step)
-                if reason is not None:
-                    break
         except Exception as exc:
             if not is_end_of_data(exc):
                 rt.errors.note(exc)
