@@ -19,12 +19,17 @@ And there is no import circle between modules, type-only imports included.
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import asupervisor
+
+# Parsing is a second's work, but on 2 cores busy with the suite's child processes a
+# worker can wait far longer for a CPU: a stuck checker is still caught, later.
+pytestmark = pytest.mark.timeout(240)
 
 PACKAGE = Path(asupervisor.__file__).resolve().parent
 LEAVES = {"_exceptions", "_tf", "_cluster", "_logging"}
@@ -49,8 +54,10 @@ def _resolve(root: Path, name: str) -> str:
     return name
 
 
-def imports_of(root: Path, package: str = "asupervisor") -> list[Import]:
-    """Every import of the package by its own modules."""
+@functools.cache
+def imports_of(root: Path, package: str = "asupervisor") -> tuple[Import, ...]:
+    """Every import of the package by its own modules (parsed once per root: the tests
+    below share one parse, so none of them pays it again on a loaded machine)."""
     found: list[Import] = []
     for path in sorted(root.rglob("*.py")):
         mod = module_name(root, path)
@@ -80,7 +87,7 @@ def imports_of(root: Path, package: str = "asupervisor") -> list[Import]:
                         targets.append(alias.name[len(package) + 1 :])
             for target in dict.fromkeys(targets):
                 found.append(Import(mod, _resolve(root, target), node.lineno))
-    return found
+    return tuple(found)
 
 
 def layer_of(module: str) -> str:
