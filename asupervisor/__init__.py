@@ -65,6 +65,7 @@ from ._core._services import ServiceContext as ServiceContext
 from ._core._session import Session as Session
 from ._core._session import StepContext as StepContext
 from ._core._status import CheckpointInfo as CheckpointInfo
+from ._core._status import Histogram as Histogram
 from ._core._status import QueueStatistics as QueueStatistics
 from ._core._status import RemoteStatus as RemoteStatus
 from ._core._status import Status as Status
@@ -101,6 +102,7 @@ __all__ = [
     "FinalOpsHook",
     "GcePreemptionNotice",
     "GlobalStepWaiterHook",
+    "Histogram",
     "Keep",
     "KeepAll",
     "KeepBest",

@@ -2,8 +2,8 @@
 
 :func:`render` turns a ``Status`` into the Prometheus text exposition format (version
 0.0.4): the step, the rate, the epoch, the last checkpoint, the step output's scalars,
-the services' states and restarts, the queues, a URL logdir's remote lag, the stop
-reason. :class:`MetricsServer`
+the services' states and restarts, the queues, each checkpoint phase's seconds
+(histograms), a URL logdir's remote lag, the stop reason. :class:`MetricsServer`
 is a session service serving that text at ``http://127.0.0.1:<port>/metrics`` while the
 session lives (a few lines of HTTP/1.1 on an anyio listener: one request a connection,
 no dependency). A front door; no TensorFlow.
@@ -12,13 +12,13 @@ no dependency). A front door; no TensorFlow.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import anyio
 from anyio.abc import SocketStream, TaskStatus
 
 from ._core._services import Service, ServiceContext
-from ._core._status import Status
+from ._core._status import Histogram, Status
 from ._logging import describe, get_logger
 
 __all__ = ["MetricsServer", "render"]
@@ -58,6 +58,21 @@ class _Writer:
             assert value is not None
             text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
             self.lines.append(f"{full}{{{text}}} {_number(value)}" if text else f"{full} {_number(value)}")
+
+
+    def histogram(self, name: str, doc: str, label: str, histograms: Mapping[str, Histogram]) -> None:
+        """One histogram family: a ``label`` value per histogram, cumulative ``le`` buckets."""
+        if not histograms:
+            return
+        full = f"{_PREFIX}_{name}"
+        self.lines += [f"# HELP {full} {doc}", f"# TYPE {full} histogram"]
+        for key, h in histograms.items():
+            own = f'{label}="{_escape(key)}"'
+            running = 0
+            for bound, n in zip((*h.bounds, math.inf), h.counts):
+                running += n
+                self.lines.append(f'{full}_bucket{{{own},le="{_number(bound)}"}} {running}')
+            self.lines += [f"{full}_sum{{{own}}} {_number(h.sum)}", f"{full}_count{{{own}}} {h.count}"]
 
 
 def render(status: Status) -> str:
@@ -112,6 +127,12 @@ def render(status: Status) -> str:
         "counter",
         "Time the step loop waited for each queue.",
         [({"queue": n}, q.consumer_wait_secs) for n, q in queues],
+    )
+    w.histogram(
+        "checkpoint_seconds",
+        "What each checkpoint cost, by phase: blocked (the step thread), write, commit, upload.",
+        "phase",
+        status.save_seconds,
     )
     remote = status.remote
     if remote is not None:

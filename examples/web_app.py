@@ -8,7 +8,9 @@ loop) and serves:
 * ``POST /checkpoint`` — returns once a checkpoint is committed, with its path and step
   (409 when no training is running);
 * ``POST /stop`` — stops the training gracefully and returns once the final checkpoint is
-  committed.
+  committed;
+* ``GET /metrics`` — ``sv.metrics_text()``, the Prometheus text a scraper reads (step,
+  steps/sec, loss, each checkpoint phase's seconds, ...).
 
 A failed training is reported by ``/status``; the server keeps serving. Ctrl-C (or
 SIGTERM) stops the training with a final checkpoint *and* shuts the server down: the
@@ -38,7 +40,7 @@ import tensorflow as tf
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 import asupervisor as asv
@@ -133,8 +135,12 @@ def create_app(logdir: str, *, fail_at: int | None = None, trainer: Trainer | No
             {"stop_reason": final.stop_reason, "step": final.global_step, "checkpoint": last.path if last else None}
         )
 
+    async def metrics(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(trainer.sv.metrics_text(), media_type="text/plain; version=0.0.4")
+
     routes = [
         Route("/status", status),
+        Route("/metrics", metrics),
         Route("/checkpoint", checkpoint, methods=["POST"]),
         Route("/stop", stop, methods=["POST"]),
     ]

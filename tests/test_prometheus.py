@@ -109,3 +109,36 @@ async def test_a_taken_metrics_port_fails_the_start_naming_it() -> None:
 def test_a_bad_metrics_port_is_a_value_error_naming_it(port: object) -> None:
     with pytest.raises(ValueError, match="metrics_port must be a TCP port"):
         asv.Supervisor(metrics_port=port)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_each_checkpoint_phase_is_a_histogram_the_prometheus_parser_reads(tmp_path: Path) -> None:
+    """Three saves: the scrape, parsed by Prometheus's own text parser, has a histogram
+    per phase (blocked, write, commit) with three observations each, cumulative
+    buckets ending in +Inf, and ``status().save_seconds`` says the same."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = _free_port()
+    v = tf.Variable(tf.zeros([1000]))
+    sv = asv.Supervisor(tmp_path, state={"v": v}, save_model_secs=0, handle_signals=False, metrics_port=port)
+    async with sv.managed_session() as sess:
+        for _ in range(3):
+            await sess.run(lambda: v.assign_add(tf.ones([1000])))
+            await sv.save_now()
+        _, text = await anyio.to_thread.run_sync(_get, f"http://127.0.0.1:{port}/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    hist = families["asupervisor_checkpoint_seconds"]
+    assert hist.type == "histogram"
+    by_phase: dict[str, dict[str, float]] = {}
+    for sample in hist.samples:
+        key = sample.name.rsplit("_", 1)[1] + sample.labels.get("le", "")
+        by_phase.setdefault(sample.labels["phase"], {})[key] = sample.value
+    assert set(by_phase) == {"blocked", "write", "commit"}
+    for phase, rows in by_phase.items():
+        assert rows["count"] == 3 and rows["bucket+Inf"] == 3, phase
+        buckets = [value for key, value in rows.items() if key.startswith("bucket")]
+        assert buckets == sorted(buckets), phase  # cumulative
+        assert rows["sum"] > 0, phase
+    status = sv.status().save_seconds
+    assert {p: h.count for p, h in status.items()} == {"blocked": 3, "commit": 3, "write": 3}
+    assert all(len(h.counts) == len(h.bounds) + 1 and sum(h.counts) == h.count for h in status.values())

@@ -97,6 +97,7 @@ class Checkpointer:
         #: checkpoints this checkpointer committed (the remote tier's upload cadence counts them)
         self.commits = 0
         self.last_commit_secs: float | None = None  # snapshot handed over → named in the state file
+        self.last_phase_secs: dict[str, float] = {}  # the last write's: files written; made the latest
         self.last_snapshot_step: int | None = None  # step thread only
         #: ``run_loop``'s data iterator in the checkpoint (step thread; its share reported once)
         self.iterators = IteratorTracker(checkpoint)
@@ -304,6 +305,7 @@ class Checkpointer:
         store = self.store
         try:
             store.write(snapshot, tmp, check, io)  # files written and on disk, abandonable
+            written = time.perf_counter()
             with store.commit_lock:
                 check()  # the last point where the save can be given up
                 info, state, delete = self._plan(name, snapshot, min_keep)
@@ -316,7 +318,9 @@ class Checkpointer:
                 raise error from exc
             raise
         # durable and named in the state file: retention's deletions come after
-        self.last_commit_secs = time.perf_counter() - t0
+        committed = time.perf_counter()
+        self.last_commit_secs = committed - t0
+        self.last_phase_secs = {"write": written - t0, "commit": committed - written}
         for old in delete:
             try:
                 store.retire(self.logdir / old, io)

@@ -133,10 +133,14 @@ class RemotePart(SessionPart):
         if uploaded is not None and uploaded.step >= local.step:
             return uploaded
         self._uploading = True
+        started = time.perf_counter()
         try:
-            return self.tier.upload(Path(local.path), local.step, local.time)
+            done = self.tier.upload(Path(local.path), local.step, local.time)
         finally:
             self._uploading = False
+        if done is not None and self._ctx is not None:
+            self._ctx.observe_save_secs("upload", time.perf_counter() - started)
+        return done
 
     async def upload_newest(self, ctx: ServiceContext, *, force: bool) -> bool:
         """Upload the newest local checkpoint if due (or ``force``); whether one went up."""

@@ -277,6 +277,7 @@ class CheckpointSaver:
         try:
             # never fewer than 2 checkpoints while another save is in flight
             info = self._write_fn(snap, min_keep=2 if others > 0 else 1, io=self._io)
+            self._observe_phases(snap)
         except SaveAbandoned as exc:  # the stop's deadline: not an error of the save
             log.warning("checkpoint.abandoned", step=snap.step, why=str(exc))
             return None
@@ -295,6 +296,14 @@ class CheckpointSaver:
         if not control.stopping:
             self.checkpointer.prepare_next(snap, lambda: control.stopping)
         return info  # None: a non-chief's temporary save
+
+    def _observe_phases(self, snap: Snapshot) -> None:
+        """After a write: its phases' durations for ``status().save_seconds``."""
+        observe = self.ctx.observe_save_secs
+        observe("blocked", snap.blocked_secs)
+        for phase, secs in self.checkpointer.last_phase_secs.items():
+            observe(phase, secs)
+        self.checkpointer.last_phase_secs = {}
 
     def sample_baseline(self) -> None:
         """Mark now as the start of the step-rate baseline of the next save's cost."""

@@ -4,7 +4,10 @@ Features (checkpoints, summaries, input, the stock hooks) are written against th
 types, never against the engine's ``Runtime``:
 
 * :class:`~._services.ServiceContext` — what a running :class:`~asupervisor.Service` may
-  use (public); :class:`SessionContext` extends it.
+  use (public, public types only); the engine hands each service one over
+  :class:`~._services.EngineContext` (the engine's own threads and stop control), which
+  the stock services reach with :func:`~._services.engine_context` and
+  :class:`SessionContext` extends.
 * :class:`SessionContext` — what a session part may use: the step count, the clock, the
   step thread, stop requests, dedicated threads, the other parts' capabilities
   (:meth:`SessionContext.extra`).
@@ -25,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from anyio import TypedAttributeSet, typed_attribute
 
-from ._services import ServiceContext
+from ._services import EngineContext
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -49,10 +52,10 @@ T = TypeVar("T")
 D = TypeVar("D")
 
 
-class SessionContext(ServiceContext, Protocol):
+class SessionContext(EngineContext, Protocol):
     """What session parts (and the stock hooks, through ``context_of(session)``) may use.
 
-    Everything a :class:`ServiceContext` offers, and:
+    Everything an :class:`~._services.EngineContext` offers, and:
     """
 
     #: whether this process writes checkpoints and summaries
@@ -103,6 +106,11 @@ class SessionContext(ServiceContext, Protocol):
         """On the step thread: the metrics of the state as it is now, for a checkpoint
         taken at this step boundary: the last step's scalar outputs (one host read each)
         and the logs of an epoch that ended at this very step (``val_loss``, ...)."""
+        ...
+
+    def observe_save_secs(self, phase: str, secs: float) -> None:
+        """Any thread: count one checkpoint phase's duration (``blocked``, ``write``,
+        ``commit``, ``upload``) in ``status().save_seconds``."""
         ...
 
     def sync_global_step(self) -> None:

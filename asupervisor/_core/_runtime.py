@@ -54,6 +54,7 @@ from ._step_errors import StepErrors, recovery_policy, retry_transient
 from ._steps import Steps
 from ._stop import Deadline, StopControl
 from ._threads import DedicatedThread
+from ._timings import Timings
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -129,6 +130,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
         #: which describe the state at that step only
         self.epoch_logs: tuple[int, dict[str, float]] = (-1, {})
         self._restarts: dict[str, int] = {}
+        self._save_secs = Timings()
         self._user_services = user_services
         self._service_states: dict[str, str] = {}
         self._extras: dict[Any, Callable[[], Any]] = {}
@@ -232,6 +234,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
             eta_secs=eta,
             restarts=MappingProxyType(dict(self._restarts)),
             remote=self.extra(SessionAttribute.remote, None),
+            save_seconds=self._save_secs.snapshot(),
             **self._epoch_status(step),
         )
 
@@ -246,6 +249,10 @@ class Runtime(anyio.AsyncContextManagerMixin):
             "epoch_step": max(0, step - counter.first_step),
             "steps_per_epoch": counter.steps_per_epoch,
         }
+
+    def observe_save_secs(self, phase: str, secs: float) -> None:
+        """Count one checkpoint phase's duration for ``status().save_seconds``; any thread."""
+        self._save_secs.observe(phase, secs)
 
     def current_metrics(self) -> dict[str, float]:
         """On the step thread: the last step's scalars and the logs of an epoch that

@@ -13,6 +13,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PREEMPTED",
     "CheckpointInfo",
+    "Histogram",
     "QueueStatistics",
     "RemoteStatus",
     "Status",
@@ -33,6 +34,25 @@ class CheckpointInfo:
     path: str
     step: int
     time: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Histogram:
+    """Durations observed in this session, bucketed as Prometheus does (``Status.save_seconds``).
+
+    Attributes:
+        bounds: each bucket's upper bound in seconds, ascending (the last bucket, above
+            them all, is implied: ``+Inf``).
+        counts: observations in each bucket, one more entry than ``bounds`` (the last is
+            the ``+Inf`` bucket's); not cumulative.
+        count: all observations.
+        sum: their total in seconds.
+    """
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    count: int
+    sum: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +134,10 @@ class Status:
         epoch_step: steps into the epoch in progress (with ``epoch``), else ``None``.
         steps_per_epoch: steps in one epoch once known (the dataset's cardinality, or
             counted over a pass), else ``None``.
+        save_seconds: what this session's checkpoints cost, by phase: ``blocked`` (the
+            step thread held while a snapshot is taken), ``write`` (its files written and
+            synced, in the background), ``commit`` (made the latest: renames and the
+            state file) and, for a URL logdir, ``upload``; a phase appears once observed.
     """
 
     running: bool
@@ -133,6 +157,7 @@ class Status:
     epochs: int | None = None
     epoch_step: int | None = None
     steps_per_epoch: int | None = None
+    save_seconds: Mapping[str, Histogram] = field(default_factory=lambda: MappingProxyType({}))
 
     def to_dict(self) -> dict[str, Any]:
         """This status as plain JSON types (``json.dumps`` takes it as it is)."""

@@ -294,6 +294,8 @@ async def test_upload_every_uploads_every_nth_local_checkpoint_and_the_final_one
     fs = fsspec.filesystem("memory")
     markers = sorted(p.rsplit("/", 1)[1] for p in fs.ls(url[len("memory://") :], detail=False) if p.endswith(".asv-commit"))
     assert markers == ["model.ckpt-1.asv-commit", "model.ckpt-3.asv-commit", "model.ckpt-5.asv-commit"]
+    assert sv.status().save_seconds["upload"].count == 3  # what metrics_text exposes per upload
+    assert sv.status().save_seconds["commit"].count == 5
 
 
 @pytest.mark.anyio
