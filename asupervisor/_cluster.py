@@ -8,10 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["ClusterInfo", "cluster_info"]
+__all__ = ["ClusterInfo", "cluster_info", "lost_peers"]
+
+_TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
+# what TensorFlow's errors say when a peer is gone (its coordination service's heartbeat
+# check, a collective aborted by it, a channel to it that broke)
+_LOSS = re.compile(
+    r"unhealthy|stopped sending heartbeats|heartbeat timeout|collective ops is aborted|"
+    r"failed to connect to all addresses|connection reset|socket closed|task has crashed|tasks have crashed",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,3 +81,30 @@ def cluster_info(environ: Mapping[str, str] | None = None) -> ClusterInfo:
     return ClusterInfo(
         task_type=task_type, task_index=task_index, num_workers=max(num_workers, 1), is_chief=is_chief, workers=workers
     )
+
+
+def lost_peers(message: str, own: ClusterInfo) -> tuple[str, ...] | None:
+    """The peers a multi-worker step error says are lost, as ``"type:index"``, from the
+    error's ``message``; ``()`` when it says a peer is lost without naming one; ``None``
+    when it is not about a lost peer.
+
+    TensorFlow names a dead task in its errors (``/job:worker/replica:0/task:1``) once
+    its coordination service misses the task's heartbeats, or a collective fails on the
+    broken channel to it. Where the message lists the unhealthy tasks, those are the
+    lost ones; else every task it names. This task itself and tasks outside the
+    cluster's workers are left out.
+    """
+    if not _LOSS.search(message):
+        return None
+    named: list[str] = []
+    lines = message.splitlines()
+    marked = [i for i, line in enumerate(lines) if "unhealthy" in line.lower()]
+    if marked:  # the list of unhealthy tasks, one a line (the task reporting it is not one)
+        listed = lines[marked[0] + 1 :]
+        lines = listed[: next((i for i, line in enumerate(listed) if not _TASK.search(line)), len(listed))]
+    for line in lines:
+        for job, index in _TASK.findall(line):
+            task = f"{'chief' if job == 'master' else job}:{int(index)}"
+            if task != own.task_id and (not own.workers or task in own.workers) and task not in named:
+                named.append(task)
+    return tuple(named)

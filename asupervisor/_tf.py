@@ -13,7 +13,7 @@ from typing import Any
 
 from ._exceptions import EndOfData
 
-__all__ = ["is_end_of_data", "is_recoverable", "tf"]
+__all__ = ["is_end_of_data", "is_recoverable", "is_tf_error", "tf"]
 
 
 def tf() -> ModuleType:
@@ -37,6 +37,12 @@ def is_end_of_data(exc: BaseException) -> bool:
         return True
     errors = _tf_errors()
     return errors is not None and isinstance(exc, errors.OutOfRangeError)
+
+
+def is_tf_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a TensorFlow runtime error (``tf.errors.OpError``)."""
+    errors = _tf_errors()
+    return errors is not None and isinstance(exc, errors.OpError)
 
 
 def is_recoverable(exc: BaseException) -> bool:

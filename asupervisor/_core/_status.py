@@ -11,6 +11,7 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "EXIT_PEER_LOST",
     "EXIT_PREEMPTED",
     "CheckpointInfo",
     "Histogram",
@@ -185,6 +186,11 @@ EXIT_INTERRUPTED = 130
 #: non-zero so Kubernetes and SLURM count the job as not finished and run it again
 EXIT_PREEMPTED = 143
 
+#: a peer of a multi-worker training was lost (stop reason ``peer_lost:<task>``): every
+#: task must be restarted, and resumes from the last checkpoint (sysexits' EX_TEMPFAIL,
+#: "a temporary failure: try again")
+EXIT_PEER_LOST = 75
+
 _COMPLETED = frozenset({"completed", "max_steps", "epochs", "stop_training", "end_of_data", "requested", "hook"})
 
 
@@ -196,7 +202,8 @@ def exit_code(status: Status) -> int:
     application cancelled the session); ``143`` when preempted (SIGTERM; another signal
     ``128 + its number``; a notice that is not a signal, ``preempted:<source>`` such as
     ``GcePreemptionNotice``'s ``preempted:gce``), so a scheduler runs the job again and it
-    resumes from its last checkpoint; ``1`` on an error (``error:<Type>``, a failed service). See
+    resumes from its last checkpoint; ``75`` when a peer of a multi-worker training was
+    lost (``peer_lost:<task>``: restart every task of the job); ``1`` on an error (``error:<Type>``, a failed service). See
     ``docs/sessions.md`` ("Exit status") for how Kubernetes and SLURM treat them.
 
     Args:
@@ -215,6 +222,8 @@ def exit_code(status: Status) -> int:
         return EXIT_OK
     if reason == "cancelled" or reason == "signal:SIGINT":
         return EXIT_INTERRUPTED
+    if reason == "peer_lost" or reason.startswith("peer_lost:"):
+        return EXIT_PEER_LOST
     if reason.startswith("preempted:"):  # a notice that is not a signal (GCE's metadata server)
         return EXIT_PREEMPTED
     if reason.startswith("signal:"):

@@ -6,7 +6,8 @@ retry helper.
 moment a step raises it: the end of the data is a clean stop; ``AbortedError`` /
 ``UnavailableError`` mark the session as recovering (when a part can restore); any other
 error is kept (never lost), the state marked suspect (no final checkpoint of a
-half-updated state) and the stop flag raised. On the event loop, the awaiting task then
+half-updated state) and the stop flag raised. In a multi-worker training an error that
+says a peer is gone stops the session with ``peer_lost:<task>`` instead of recovering. On the event loop, the awaiting task then
 calls :meth:`StepErrors.recover` (restore and retry?) and, if not,
 :meth:`StepErrors.step_failed` (stop).
 
@@ -32,9 +33,12 @@ from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 
+from .._cluster import lost_peers
 from .._logging import describe, get_logger
-from .._tf import is_end_of_data, is_recoverable
+from .._tf import is_end_of_data, is_recoverable, is_tf_error
+from ._abc import SessionAttribute
 from ._services import FailureWindow, RestartPolicy
+from ._status import EXIT_PEER_LOST
 
 if TYPE_CHECKING:
     from ._clock import Clock
@@ -113,11 +117,42 @@ class StepErrors:
             return
         rt = self._rt
         control = rt.control
+        if self._peer_lost(exc):
+            return
         if recoverable and rt.parts.can_restore and is_recoverable(exc) and not control.stopping:
             self.recovering = True  # the awaiting task calls recover(): restore and retry, or give up
             return
         control.state_suspect = True
         control.record_error(exc)
+
+    def _peer_lost(self, exc: BaseException) -> bool:
+        """On the step thread: whether ``exc`` says a peer of this multi-worker training is
+        gone. If so the session stops with ``peer_lost:<task>`` (no recovery: TensorFlow
+        aborts every collective of this process after a peer's loss, so only a restart of
+        the whole job helps, from the last checkpoint), and ``exc`` gets a note naming the
+        lost task and the last committed step."""
+        rt = self._rt
+        if not rt.multi_worker or rt.cluster is None or not is_tf_error(exc):
+            return False
+        peers = lost_peers(str(exc), rt.cluster)
+        if peers is None:
+            return False
+        checkpoints = rt.extra(SessionAttribute.checkpoints, None)
+        last = None if checkpoints is None else checkpoints.last
+        who = ", ".join(peers) if peers else "a peer"
+        if last is not None:
+            saved = f"step {last.step} ({last.path})"
+        else:
+            saved = "none" if rt.is_chief else "the chief's latest (this task commits none)"
+        rt.control.state_suspect = True  # a final checkpoint would need the lost peer
+        rt.control.record_error(exc, reason=f"peer_lost:{','.join(peers)}" if peers else "peer_lost")
+        log.error("cluster.peer_lost", lost=who, step=rt.step, last_checkpoint_step=None if last is None else last.step)
+        _add_note(
+            exc,
+            f"asupervisor: lost {who} of the cluster at step {rt.step}; the last committed checkpoint: {saved}. "
+            f"Restart every task of the job to resume from it (exit status {EXIT_PEER_LOST}).",
+        )
+        return True
 
     def step_fn_failed(self, exc: BaseException) -> None:
         """On the step thread: a ``run_step_fn`` step function raised ``exc`` itself.

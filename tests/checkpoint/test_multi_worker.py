@@ -324,6 +324,44 @@ def test_sigterm_to_one_worker_stops_the_cluster_at_one_step_with_a_final_checkp
     assert chief[-1] == worker[-1] == f"DONE {stopped + 2} max_steps"
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("lost", "backend"), [("worker", "asyncio"), ("chief", "trio")])
+def test_a_lost_peer_stops_the_survivor_with_its_own_exit_status_naming_the_task_and_step(
+    tmp_path: Path, lost: str, backend: str
+) -> None:
+    """One task of a running chief + worker is SIGKILLed (a node gone): the survivor does
+    not try to recover (TensorFlow aborted its collectives), stops with
+    ``peer_lost:<task>`` and exits 75, and its error says which task was lost and, on the
+    chief, the last committed checkpoint, the one a restarted job resumes from."""
+    logdir = tmp_path / "logdir"
+    procs = _start_cluster(tmp_path, logdir, 1_000_000, 10, backend, "signals")
+    victim, survivor = (procs[1], procs[0]) if lost == "worker" else (procs[0], procs[1])
+    try:
+        assert victim.stdout is not None
+        while "RUNNING" not in (line := victim.stdout.readline()):  # 20 steps: checkpoint 10 was taken
+            assert line, "the task ended before it ran 20 steps"
+        deadline = time.monotonic() + 30
+        while tf.train.latest_checkpoint(str(logdir)) is None:  # polling a condition, with a deadline
+            assert time.monotonic() < deadline, "checkpoint 10 was never committed"
+            time.sleep(0.05)
+        victim.kill()
+        out, err = survivor.communicate(timeout=90)  # TF notices a missing peer within seconds
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+    lost_task = "worker:0" if lost == "worker" else "chief:0"
+    assert survivor.returncode == 75, err[-3000:]
+    assert out.splitlines()[-1] == f"FAILED peer_lost:{lost_task}", out
+    assert f"asupervisor: lost {lost_task} of the cluster at step " in err
+    latest = tf.train.latest_checkpoint(str(logdir))
+    assert latest is not None  # what a restarted job resumes from
+    if lost == "worker":  # the chief commits: its message names the checkpoint
+        assert f"the last committed checkpoint: step {latest.rsplit('-', 1)[1]} ({latest})" in err
+    else:
+        assert "the last committed checkpoint: the chief's latest" in err
+
+
 EVAL_SCRIPT = HERE / "scripts" / "mw_eval.py"
 
 

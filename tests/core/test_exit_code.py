@@ -77,3 +77,24 @@ def test_signal_reasons_map_to_128_plus_the_signal() -> None:
         asv.exit_code(asv.Status(running=True, global_step=5))
     with pytest.raises(TypeError, match="takes a Status"):
         asv.exit_code("completed")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("reason", ["peer_lost:worker:1", "peer_lost:chief:0,worker:2", "peer_lost"])
+def test_a_lost_peer_exits_75(reason: str) -> None:
+    """A multi-worker training that lost a peer: 75, "restart the whole job" (the real
+    cluster case is in tests/checkpoint/test_multi_worker.py)."""
+    assert asv.exit_code(asv.Status(running=False, global_step=3, stop_reason=reason)) == 75
+
+
+async def test_outside_a_cluster_a_message_about_unhealthy_tasks_is_an_error_like_any() -> None:
+    """Only a multi-worker session reads a step error as a lost peer."""
+    sv = make_sv()
+
+    def bad() -> None:
+        raise tf.errors.UnavailableError(None, None, "The following tasks are unhealthy:\n/job:worker/replica:0/task:1")
+
+    with pytest.raises(tf.errors.UnavailableError):
+        async with sv.managed_session() as sess:
+            await sess.run(bad)
+    assert sv.status().stop_reason == "error:UnavailableError"
+    assert asv.exit_code(sv.status()) == 1

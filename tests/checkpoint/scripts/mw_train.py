@@ -12,7 +12,8 @@ Each worker trains on its own data; gradients are all-reduced.
 Prints, one line each: ``RESTORED <step> <path>``, then for every save this process took
 part in ``SAVED <step>`` (the chief's commit) or ``WORKER_SAVED <step> <tmp dir>`` (a
 non-chief's temporary save), then ``DONE <global step> <stop reason>``. The final
-weights, metric and counter go to OUT.npz.
+weights, metric and counter go to OUT.npz. A session that raised prints its error on
+stderr and ``FAILED <stop reason>``, and exits with ``asv.exit_code``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -89,9 +91,14 @@ async def main(
 
     logging.getLogger("asupervisor").addHandler(Collect())
     logging.getLogger("asupervisor").setLevel(logging.DEBUG)
-    async with sv.managed_session() as sess:
-        print(f"RESTORED {sv.global_step} {sv.status().last_checkpoint}", flush=True)
-        await sess.run_loop(step, max_steps=max_steps)
+    try:
+        async with sv.managed_session() as sess:
+            print(f"RESTORED {sv.global_step} {sv.status().last_checkpoint}", flush=True)
+            await sess.run_loop(step, max_steps=max_steps)
+    except Exception as exc:  # as a cluster's training script ends: the error, then the status
+        traceback.print_exception(exc)
+        print(f"FAILED {sv.status().stop_reason}", flush=True)
+        return asv.exit_code(sv.status())  # no collective reads: a peer may be gone
     for event in events:
         if event["event"] == "checkpoint.saved":
             print(f"SAVED {event['step']}", flush=True)
