@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from .._core._abc import SessionAttribute, SessionPart
+from .._core._abc import SaveReason, SessionAttribute, SessionPart
 from .._logging import get_logger
 from .._tf import tf
 from ._manager import Checkpointer, write_checkpoint_now
@@ -174,7 +174,7 @@ class CheckpointPart(SessionPart):
             metrics=getattr(ctx, "current_metrics", None),
         )
 
-    def save_in_background(self, reason: str) -> int | None:
+    def save_in_background(self, reason: SaveReason) -> int | None:
         """On the step thread: snapshot the state now and write it in the background
         (queued behind a write in flight); the step, or ``None`` when there is nothing to
         save into (no logdir, not the chief) or the snapshot was skipped."""

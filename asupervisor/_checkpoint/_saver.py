@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._core._abc import SaveReason
 from .._core._clock import interval_ticks
 from .._core._services import FailureWindow, RestartPolicy, Service
 from .._core._threads import ThreadClosedError
@@ -206,7 +207,7 @@ class CheckpointSaver:
             return
         self._snapshot("steps", force=self.multi_worker)
 
-    def _retry(self, error: BaseException, reason: str) -> bool:
+    def _retry(self, error: BaseException, reason: SaveReason) -> bool:
         """Whether this save may retry after the failed one (``SAVE_RETRY``); counted."""
         failed = self._failures.record(time.monotonic())  # the step thread: not the loop's clock
         if failed > SAVE_RETRY.max_restarts:
@@ -232,7 +233,7 @@ class CheckpointSaver:
         with self._lock:
             self._idle.notify_all()
 
-    def _snapshot(self, reason: str, *, force: bool, keep: _Launched | None = None) -> int | None:
+    def _snapshot(self, reason: SaveReason, *, force: bool, keep: _Launched | None = None) -> int | None:
         """Snapshot now and hand it to the writer; returns the step, ``None`` if skipped.
 
         The hand-off to the writer happens here, whatever becomes of the caller (a
@@ -405,7 +406,7 @@ class CheckpointSaver:
             else:
                 await done.wait()
 
-    async def save(self, reason: str, *, force: bool = False, wait: bool = False) -> CheckpointInfo | None:
+    async def save(self, reason: SaveReason, *, force: bool = False, wait: bool = False) -> CheckpointInfo | None:
         """Snapshot at the next step boundary and write it in the background.
 
         Args:

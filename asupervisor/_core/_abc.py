@@ -24,7 +24,7 @@ This module must not import TensorFlow nor any feature.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
 from anyio import TypedAttributeSet, typed_attribute
 
@@ -244,6 +244,13 @@ class SummarySink(Protocol):
         ...
 
 
+#: why a checkpoint of the logdir is taken (the ``reason`` of its log lines): at start-up,
+#: every ``save_model_steps``, a tick of ``save_model_secs``, ``save_now()``, the end of a
+#: ``fit`` epoch, the stop. Whether one is due is the save policy's decision alone
+#: (:class:`~asupervisor.SaveMoment`); the reason says which moment asked.
+SaveReason = Literal["startup", "steps", "timer", "save_now", "epoch", "final"]
+
+
 class CheckpointSaving(Protocol):
     """Checkpoint saving, as the front doors and ``CheckpointSaverHook`` use it."""
 
@@ -266,7 +273,7 @@ class CheckpointSaving(Protocol):
         """On the step thread: checkpoint the state now and make it the latest; its path."""
         ...
 
-    def save_in_background(self, reason: str) -> int | None:
+    def save_in_background(self, reason: SaveReason) -> int | None:
         """On the step thread: snapshot now, write in the background; the step or ``None``."""
         ...
 
