@@ -10,7 +10,8 @@ Only committed checkpoints are seen: the watcher reads the ``checkpoint`` state 
 which names a checkpoint only after its files are complete and synced. A URL logdir
 (``s3://``, ``gs://``, ...) is watched through its commit markers: each new committed
 checkpoint is downloaded (verified against its marker) into a local directory, and its
-local path is yielded. The file is read
+local path is yielded; its files are deleted at the first poll after the evaluator asked
+for the next one, so a day-long watch keeps a few checkpoints on its disk, not all. The file is read
 on a short-lived dedicated thread per poll (never on the event loop, and nothing is left
 running when the loop over it is left early); time comes from an injectable clock.
 """
@@ -25,8 +26,8 @@ from types import TracebackType
 from .._core._clock import Clock, MonotonicClock
 from .._core._handoff import LoopHandle
 from .._core._threads import DedicatedThread
-from .._logging import get_logger
-from .store._names import step_of
+from .._logging import describe, get_logger
+from .store._names import checkpoint_files, step_of
 from .store._state_file import read_state
 
 __all__ = ["CheckpointWatcher", "watch_checkpoints"]
@@ -34,12 +35,24 @@ __all__ = ["CheckpointWatcher", "watch_checkpoints"]
 log = get_logger(__name__)
 
 
-def _committed_remote(url: str, local: Path, after_step: int) -> list[str]:
+def _prune(done: list[str]) -> None:
+    """Delete the files of downloaded checkpoints the evaluator is done with."""
+    for prefix in done:
+        for path in checkpoint_files(Path(prefix)):
+            try:
+                path.unlink()
+            except OSError as exc:  # kept: the next poll does not retry, the disk keeps it
+                log.warning("watch.prune_failed", path=str(path), error=describe(exc))
+
+
+def _committed_remote(url: str, local: Path, after_step: int, done: list[str]) -> list[str]:
     """The remote's committed checkpoints newer than ``after_step``, oldest first, each
-    downloaded into ``local``; their local paths."""
+    downloaded into ``local``; their local paths. The downloads in ``done`` (yielded
+    before the evaluator asked for the next one) are deleted first."""
     from .store._local import PlainStore
     from .store.remote._tier import RemoteTier
 
+    _prune(done)
     tier = RemoteTier(url, local, basename=None, keep_policy=None, owner=False)
     try:
         tier.open()
@@ -87,6 +100,8 @@ class CheckpointWatcher:
         self._seen_step = -1
         self._seen: set[str] = set()
         self._pending: list[str] = []
+        self._done: list[str] = []  # a URL logdir's downloads yielded before the last one
+        self._yielded: str | None = None
 
     def __aiter__(self) -> CheckpointWatcher:
         return self
@@ -104,7 +119,10 @@ class CheckpointWatcher:
         thread.start()
         try:
             if self.local_dir is not None:  # a URL logdir
-                remote: list[str] = await thread.call(_committed_remote, str(self.logdir), self.local_dir, self._seen_step)
+                done, self._done = self._done, []
+                remote: list[str] = await thread.call(
+                    _committed_remote, str(self.logdir), self.local_dir, self._seen_step, done
+                )
                 return remote
             committed: list[str] = await thread.call(_committed, self.logdir)
             return committed
@@ -133,6 +151,9 @@ class CheckpointWatcher:
                 raise StopAsyncIteration
             await clock.sleep_until(min(deadline, now + self.interval_secs))
         path = self._pending.pop(0)
+        if self.local_dir is not None and self._yielded is not None:
+            self._done.append(self._yielded)  # asking for the next one: done with the last
+        self._yielded = path
         self._seen.add(path)
         step = step_of(os.path.basename(path))
         if step is not None:
@@ -161,7 +182,8 @@ def watch_checkpoints(
         interval_secs: seconds between checks of the state file.
         clock: time source (tests pass a manual clock).
         local_dir: for a URL logdir, where its checkpoints are downloaded (default:
-            under ``$XDG_CACHE_HOME/asupervisor``, apart from a training's own).
+            under ``$XDG_CACHE_HOME/asupervisor``, apart from a training's own). A
+            yielded checkpoint's files stay until the one after it is asked for.
 
     Returns:
         An async iterator of checkpoint path prefixes, each restorable with

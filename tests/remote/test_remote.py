@@ -189,7 +189,8 @@ def test_the_default_local_dir_is_under_the_user_cache(tmp_path: Path, monkeypat
 @pytest.mark.anyio
 async def test_watch_checkpoints_follows_a_url_logdir(s3_url: str, tmp_path: Path) -> None:
     """An evaluator watching a URL logdir gets each committed checkpoint once, downloaded
-    and verified into its own directory, restorable by plain TensorFlow."""
+    and verified into its own directory, restorable by plain TensorFlow; a checkpoint it
+    moved on from is deleted there, the last one it got stays."""
     await _train(s3_url, tmp_path / "train", 5)
     await _train(s3_url, tmp_path / "train", 10)  # two runs: two final uploads (5, 10)
     seen = []
@@ -198,6 +199,10 @@ async def test_watch_checkpoints_follows_a_url_logdir(s3_url: str, tmp_path: Pat
             seen.append(path)
     assert [Path(p).name for p in seen] == ["model.ckpt-5", "model.ckpt-10"]
     assert all(Path(p).parent == tmp_path / "eval" for p in seen)
+    assert sorted(p.name.split(".data")[0] for p in (tmp_path / "eval").glob("model.ckpt-*")) == [
+        "model.ckpt-10",
+        "model.ckpt-10.index",
+    ]
     w = tf.Variable(tf.zeros([64, 32]))
     tf.train.Checkpoint(w=w).restore(seen[-1]).expect_partial()
     reference = _model()
