@@ -62,6 +62,7 @@ from ._core._services import LoopedService as LoopedService
 from ._core._services import RestartPolicy as RestartPolicy
 from ._core._services import Service as Service
 from ._core._services import ServiceContext as ServiceContext
+from ._core._services import WorkerThread as WorkerThread
 from ._core._session import Session as Session
 from ._core._session import StepContext as StepContext
 from ._core._status import CheckpointInfo as CheckpointInfo
@@ -79,6 +80,9 @@ from ._gce import GcePreemptionNotice as GcePreemptionNotice
 from ._input._queue_runner import QueueRunner as QueueRunner
 from ._logging import configure_logging as configure_logging
 from ._monitored_session import MonitoredTrainingSession as MonitoredTrainingSession
+from ._options import CheckpointOptions as CheckpointOptions
+from ._options import StopOptions as StopOptions
+from ._options import SummaryOptions as SummaryOptions
 from ._session_manager import SessionManager as SessionManager
 from ._supervisor import Supervisor as Supervisor
 
@@ -89,6 +93,7 @@ __all__ = [
     "AnySavePolicy",
     "CheckpointError",
     "CheckpointInfo",
+    "CheckpointOptions",
     "CheckpointRecord",
     "CheckpointSaverHook",
     "CheckpointSaverListener",
@@ -137,9 +142,12 @@ __all__ = [
     "StepContext",
     "StepCounterHook",
     "StopAtStepHook",
+    "StopOptions",
+    "SummaryOptions",
     "SummarySaverHook",
     "Supervisor",
     "SupervisorError",
+    "WorkerThread",
     "cluster_info",
     "configure_logging",
     "exit_code",

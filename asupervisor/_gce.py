@@ -29,7 +29,7 @@ from urllib.parse import quote
 import anyio
 from anyio.abc import TaskStatus
 
-from ._core._services import Service, ServiceContext
+from ._core._services import EngineContext, Service, ServiceContext, engine_context
 from ._core._threads import DedicatedThread
 from ._logging import describe, get_logger
 
@@ -168,6 +168,9 @@ class GcePreemptionNotice(Service):
     async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
         """Probe the metadata server, then watch its keys until a notice or the stop."""
         task_status.started()  # the session never waits for the network
+        await self._run(engine_context(ctx))
+
+    async def _run(self, ctx: EngineContext) -> None:
         self._noticed = False
         thread = ctx.new_thread("asv-gce-preempted")
         try:
@@ -188,7 +191,7 @@ class GcePreemptionNotice(Service):
         finally:
             await thread.aclose_within(ctx.stop_grace_secs)
 
-    async def _watch_maintenance(self, ctx: ServiceContext, scope: anyio.CancelScope) -> None:
+    async def _watch_maintenance(self, ctx: EngineContext, scope: anyio.CancelScope) -> None:
         thread = ctx.new_thread("asv-gce-maintenance")
         try:
             await self._watch(ctx, thread, _MAINTENANCE, None, scope)
@@ -196,7 +199,7 @@ class GcePreemptionNotice(Service):
             await thread.aclose_within(ctx.stop_grace_secs)
 
     async def _watch(
-        self, ctx: ServiceContext, thread: DedicatedThread, key: str, answer: _Answer | None, scope: anyio.CancelScope
+        self, ctx: EngineContext, thread: DedicatedThread, key: str, answer: _Answer | None, scope: anyio.CancelScope
     ) -> None:
         """Follow ``key`` (``answer``: its value known already); ends at a notice."""
         failures = 0
@@ -231,14 +234,14 @@ class GcePreemptionNotice(Service):
             return "preempted" if value.upper() == "TRUE" else None
         return value if value and value.upper() != "NONE" else None
 
-    def _notice(self, ctx: ServiceContext, event: str, scope: anyio.CancelScope) -> None:
+    def _notice(self, ctx: EngineContext, event: str, scope: anyio.CancelScope) -> None:
         if not self._noticed:
             self._noticed = True
             log.warning("preemption.notice", source="gce", notice=event)
             ctx.control.request_stop(reason=STOP_REASON)
         scope.cancel()  # the other key's watch ends too
 
-    async def _back_off(self, ctx: ServiceContext, key: str, error: str, failures: int) -> None:
+    async def _back_off(self, ctx: EngineContext, key: str, error: str, failures: int) -> None:
         secs = min(self.max_backoff_secs, self.backoff_secs * 2 ** min(failures - 1, 30))
         if failures == 1:
             log.warning("preemption.poll_failed", source="gce", key=key, error=error, retry_in_secs=secs)
@@ -247,7 +250,7 @@ class GcePreemptionNotice(Service):
         await ctx.clock.sleep_until(ctx.clock.now() + secs)
 
     async def _get(
-        self, ctx: ServiceContext, thread: DedicatedThread, key: str, *, etag: str | None, wait: bool = False
+        self, ctx: EngineContext, thread: DedicatedThread, key: str, *, etag: str | None, wait: bool = False
     ) -> _Answer:
         path = f"/computeMetadata/v1/{key}"
         if wait:

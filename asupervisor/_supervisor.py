@@ -8,6 +8,8 @@ This module must not import TensorFlow.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -23,17 +25,39 @@ from ._core._runtime import Runtime
 from ._core._services import LoopedService, RestartPolicy, Service
 from ._core._status import CheckpointInfo, Status
 from ._input._queue_runner import QueueRunner
+from ._options import CheckpointOptions, StopOptions, SummaryOptions, merge_options
 
 __all__ = ["Supervisor"]
+
+
+@functools.cache
+def _keyword_defaults() -> dict[str, Any]:
+    """``Supervisor``'s keywords with a default, and that default."""
+    params = inspect.signature(Supervisor.__init__).parameters.values()
+    return {p.name: p.default for p in params if p.default is not p.empty}
 
 
 class Supervisor:
     """Runs a training: restore or init, services beside the step loop, clean stops.
 
+    Settings come as keywords, or grouped: ``checkpoint=asv.CheckpointOptions(...)``,
+    ``summaries=asv.SummaryOptions(...)``, ``stop=asv.StopOptions(...)``. A flat keyword
+    left at its default yields to its group's field; both given with different values
+    (``save_model_secs=60`` and ``checkpoint=asv.CheckpointOptions(save_secs=300)``) is
+    a ``ValueError`` naming both.
+
     Args:
         logdir: where checkpoints and summaries go: a directory, or a URL of object
             storage (``s3://bucket/run``, ``gs://bucket/run``, any fsspec URL; see
             ``docs/storage.md``); ``None`` disables both services.
+        checkpoint: the checkpoint settings as one ``asv.CheckpointOptions`` (``save_secs``,
+            ``max_to_keep``, ...), instead of the flat keywords it names
+            (``save_model_secs``, ``max_to_keep``, ...), which keep working.
+        summaries: the summary settings as one ``asv.SummaryOptions`` (``save_secs``:
+            ``save_summaries_secs``).
+        stop: the stop settings as one ``asv.StopOptions`` (``grace_secs``, ``signals``,
+            ``handle_signals``: ``stop_grace_secs``, ``stop_signals``,
+            ``handle_signals``).
         local_dir: a URL logdir's local working directory, where checkpoints commit
             before they are uploaded (default: under ``$XDG_CACHE_HOME/asupervisor``).
         upload_every: a URL logdir gets every this-many-th local checkpoint (the final
@@ -110,13 +134,16 @@ class Supervisor:
             and is not a directory, ``logdir`` is a URL nothing serves (an unknown
             scheme, or its library not installed), ``TF_CONFIG`` is malformed, or ``TF_CONFIG`` names
             several workers and saving is enabled by ``save_model_secs`` alone.
-        TypeError: a setting has the wrong type.
+        TypeError: a setting has the wrong type, or a group is not its options type.
     """
 
     def __init__(
         self,
         logdir: str | os.PathLike[str] | None = None,
         *,
+        checkpoint: CheckpointOptions | None = None,
+        summaries: SummaryOptions | None = None,
+        stop: StopOptions | None = None,
         local_dir: str | os.PathLike[str] | None = None,
         upload_every: int = 1,
         upload_every_secs: float | None = None,
@@ -147,39 +174,46 @@ class Supervisor:
         queue_runners: Sequence[QueueRunner] = (),
         clock: Clock | None = None,
     ) -> None:
+        settings: dict[str, Any] = {
+            "local_dir": local_dir,
+            "upload_every": upload_every,
+            "upload_every_secs": upload_every_secs,
+            "checkpoint_basename": checkpoint_basename,
+            "save_model_secs": save_model_secs,
+            "save_model_steps": save_model_steps,
+            "save_policy": save_policy,
+            "max_to_keep": max_to_keep,
+            "keep_checkpoint_every_n_hours": keep_checkpoint_every_n_hours,
+            "keep_policy": keep_policy,
+            "save_summaries_secs": save_summaries_secs,
+            "stop_grace_secs": stop_grace_secs,
+            "checkpoint_when_busy": checkpoint_when_busy,
+            "checkpoint_staging": checkpoint_staging,
+            "checkpoint_store": checkpoint_store,
+            "handle_signals": handle_signals,
+            "stop_signals": stop_signals,
+        }
+        if checkpoint is not None or summaries is not None or stop is not None:
+            settings = merge_options(
+                settings, _keyword_defaults(), checkpoint=checkpoint, summaries=summaries, stop=stop
+            )
         cluster = cluster_info()
         self.config = SupervisorConfig(
             logdir=logdir,  # type: ignore[arg-type]  # normalised to a Path
-            local_dir=local_dir,
-            upload_every=upload_every,
-            upload_every_secs=upload_every_secs,
             state=state,
             global_step=global_step,
             is_chief=cluster.is_chief if is_chief is None else is_chief,
             init_fn=init_fn,
             local_init_fn=local_init_fn,
             ready_fn=ready_fn,
-            checkpoint_basename=checkpoint_basename,
-            save_model_secs=save_model_secs,
-            save_model_steps=save_model_steps,
-            save_policy=save_policy,
-            max_to_keep=max_to_keep,
-            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-            keep_policy=keep_policy,
-            save_summaries_secs=save_summaries_secs,
             recovery_wait_secs=recovery_wait_secs,
-            stop_grace_secs=stop_grace_secs,
-            checkpoint_when_busy=checkpoint_when_busy,
-            checkpoint_staging=checkpoint_staging,
-            checkpoint_store=checkpoint_store,
             hooks=hooks,
             progress=progress,
-            handle_signals=handle_signals,
-            stop_signals=stop_signals,
             metrics_port=metrics_port,
             queue_runners=queue_runners,
             clock=clock or MonotonicClock(),
             cluster=cluster,
+            **settings,
         )
         self._services: list[Service] = []
         self._runtime: Runtime | None = None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._core._abc import SessionAttribute, SessionPart
-from .._core._services import Service
+from .._core._services import Service, engine_context
 from .._core._status import RemoteStatus
 from .._exceptions import CheckpointError
 from .._logging import describe, get_logger
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from anyio.abc import TaskStatus
 
     from .._core._abc import CheckpointSaving, SessionContext
-    from .._core._services import ServiceContext
+    from .._core._services import EngineContext, ServiceContext
     from .._core._status import CheckpointInfo
     from .._core._threads import DedicatedThread
 
@@ -142,7 +142,7 @@ class RemotePart(SessionPart):
             self._ctx.observe_save_secs("upload", time.perf_counter() - started)
         return done
 
-    async def upload_newest(self, ctx: ServiceContext, *, force: bool) -> bool:
+    async def upload_newest(self, ctx: EngineContext, *, force: bool) -> bool:
         """Upload the newest local checkpoint if due (or ``force``); whether one went up."""
         checkpoints = self._checkpoints()
         local = None if checkpoints is None else checkpoints.last
@@ -213,7 +213,7 @@ class _UploadService(Service):
         failures = 0
         while True:
             try:
-                await self.part.upload_newest(ctx, force=False)
+                await self.part.upload_newest(engine_context(ctx), force=False)
                 failures = 0
             except Exception as exc:
                 failures += 1

@@ -13,6 +13,11 @@ that it escalates with :class:`~asupervisor.ServiceError` (the last failure chai
 Services never raise into the task group (so errors keep their own type instead of being
 wrapped in an ``ExceptionGroup``); they report to the session's stop control. They never
 block the event loop: blocking work goes to a dedicated thread.
+
+What a service sees is :class:`ServiceContext` (public, public types only: its threads are
+:class:`WorkerThread`); :func:`supervise` hands each service a :class:`ServiceContextImpl`
+over the engine's :class:`EngineContext`, which the stock services reach with
+:func:`engine_context` for the engine's own threads and stop control.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import anyio
 import structlog
@@ -31,15 +36,26 @@ from anyio.abc import TaskStatus
 
 from .._exceptions import ServiceError
 from .._logging import describe, get_logger
-from ._clock import interval_ticks
+from ._clock import Clock, interval_ticks
 
 if TYPE_CHECKING:
-    from ._clock import Clock
     from ._handoff import LoopHandle
     from ._stop import StopControl
     from ._threads import DedicatedThread
 
-__all__ = ["FailureWindow", "LoopedService", "RestartPolicy", "Service", "ServiceContext"]
+__all__ = [
+    "EngineContext",
+    "FailureWindow",
+    "LoopedService",
+    "RestartPolicy",
+    "Service",
+    "ServiceContext",
+    "ServiceContextImpl",
+    "WorkerThread",
+    "engine_context",
+]
+
+T = TypeVar("T")
 
 log = get_logger(__name__)
 
@@ -90,8 +106,99 @@ class FailureWindow:
         return len(times)
 
 
+class WorkerThread(Protocol):
+    """A thread of a service's own for blocking work (:meth:`ServiceContext.new_thread`).
+
+    Jobs run one at a time, in the order they were queued. The session joins the thread
+    when it ends (bounded by ``stop_grace_secs``); :meth:`aclose` joins it sooner.
+    """
+
+    @property
+    def name(self) -> str:
+        """The thread's name (shown by debuggers and in ``thread.*`` log events)."""
+        ...
+
+    async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
+        """Run ``fn(*args)`` on this thread and return its result (or raise its exception).
+
+        A cancelled caller (the session stopping) does not interrupt ``fn``: the wait goes
+        on for up to ``stop_grace_secs``, then ``fn`` is left to finish on its own
+        (``thread.overrun`` is logged) and the cancellation propagates.
+        """
+        ...
+
+    def submit_nowait(self, fn: Callable[..., object], /, *args: Any) -> None:
+        """Queue ``fn(*args)`` and return at once (any thread). An exception ``fn`` raises
+        stops the session and comes out of ``managed_session()`` as itself."""
+        ...
+
+    async def aclose(self) -> None:
+        """Finish the queued jobs and join the thread, waiting at most ``stop_grace_secs``."""
+        ...
+
+
 class ServiceContext(Protocol):
-    """What the supervisor offers a running service."""
+    """What the supervisor offers a running service (the ``ctx`` of :meth:`Service.run`).
+
+    Every member is safe on the event loop, where ``run`` is; ``should_stop``,
+    ``stop_reason``, ``request_stop`` and ``global_step`` from any thread.
+    """
+
+    @property
+    def clock(self) -> Clock:
+        """The session's time source (``Supervisor(clock=...)``): sleep with
+        ``await ctx.clock.sleep_until(ctx.clock.now() + secs)`` so tests control time."""
+        ...
+
+    @property
+    def stop_grace_secs(self) -> float:
+        """How long the whole stop may take (``Supervisor(stop_grace_secs=...)``)."""
+        ...
+
+    @property
+    def global_step(self) -> int:
+        """The number of steps completed so far (a Python int, no device sync)."""
+        ...
+
+    def should_stop(self) -> bool:
+        """Whether the session was asked to stop."""
+        ...
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the session is stopping (``"requested"``, ``"signal:SIGTERM"``, ...), or ``None``."""
+        ...
+
+    def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
+        """Stop the session at the next step boundary; any thread, any number of times.
+
+        Args:
+            exc: an error to raise out of ``managed_session()`` (the first one wins).
+            reason: the ``stop_reason``; ``"preempted:<source>"`` makes ``exit_code``
+                143. Derived from ``exc`` by default, else ``"requested"``.
+        """
+        ...
+
+    async def run_on_step_thread(self, fn: Callable[..., T], /, *args: Any) -> T:
+        """Run ``fn(*args)`` on the step thread at the next step boundary (between two
+        steps, or at once when no step runs) and return its result: the only place to
+        read or write model state. Keep ``fn`` short: the next step waits for it. A
+        cancelled caller waits for ``fn`` as :meth:`WorkerThread.run` does."""
+        ...
+
+    def new_thread(self, name: str) -> WorkerThread:
+        """A started :class:`WorkerThread` for blocking work, joined at session end."""
+        ...
+
+    def set_service_state(self, name: str, state: str) -> None:
+        """Show ``state`` (``"running"``, ``"waiting"``, ...) as ``Supervisor.status()
+        .services[name]``; the supervisor itself sets ``"starting"``, ``"stopped"``, ..."""
+        ...
+
+
+class EngineContext(Protocol):
+    """What the engine (``Runtime``) offers the stock services and parts: the public
+    :class:`ServiceContext`'s data, and the engine's own types."""
 
     clock: Clock
     loop: LoopHandle
@@ -111,6 +218,88 @@ class ServiceContext(Protocol):
     def set_service_state(self, name: str, state: str) -> None:
         """Record a service's state for ``Supervisor.status()``."""
         ...
+
+
+class _WorkerThread:
+    """A :class:`WorkerThread` over one of the engine's dedicated threads."""
+
+    __slots__ = ("_engine", "_owner", "_thread")
+
+    def __init__(self, thread: DedicatedThread, engine: EngineContext, owner: str) -> None:
+        self._thread = thread
+        self._engine = engine
+        self._owner = owner
+
+    @property
+    def name(self) -> str:
+        return self._thread.name
+
+    async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
+        result: T = await self._thread.submit(fn, *args).wait(grace_secs=self._engine.stop_grace_secs)
+        return result
+
+    def _guarded(self, fn: Callable[..., object], args: tuple[Any, ...]) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:
+            self._engine.control.request_stop(exc, reason=f"service:{self._owner}")
+
+    def submit_nowait(self, fn: Callable[..., object], /, *args: Any) -> None:
+        self._thread.submit_nowait(self._guarded, fn, args)
+
+    async def aclose(self) -> None:
+        await self._thread.aclose_within(self._engine.stop_grace_secs)
+
+
+class ServiceContextImpl:
+    """The :class:`ServiceContext` a service's ``run`` gets: the engine behind public types."""
+
+    __slots__ = ("_engine", "_owner")
+
+    def __init__(self, engine: EngineContext, owner: str) -> None:
+        self._engine = engine
+        self._owner = owner
+
+    @property
+    def clock(self) -> Clock:
+        return self._engine.clock
+
+    @property
+    def stop_grace_secs(self) -> float:
+        return self._engine.stop_grace_secs
+
+    @property
+    def global_step(self) -> int:
+        return self._engine.global_step
+
+    def should_stop(self) -> bool:
+        return self._engine.control.should_stop()
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self._engine.control.reason
+
+    def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
+        self._engine.control.request_stop(exc, reason=reason)
+
+    async def run_on_step_thread(self, fn: Callable[..., T], /, *args: Any) -> T:
+        waiter = self._engine.step_thread.submit_at_boundary(fn, *args)
+        result: T = await waiter.wait(grace_secs=self._engine.stop_grace_secs)
+        return result
+
+    def new_thread(self, name: str) -> WorkerThread:
+        return _WorkerThread(self._engine.new_thread(name), self._engine, self._owner)
+
+    def set_service_state(self, name: str, state: str) -> None:
+        self._engine.set_service_state(name, state)
+
+
+def engine_context(ctx: ServiceContext) -> EngineContext:
+    """The engine behind a service's ``ctx``: for the stock services, which work with the
+    engine's own threads and stop control (a test's stand-in context is itself)."""
+    if isinstance(ctx, ServiceContextImpl):
+        return ctx._engine
+    return cast("EngineContext", ctx)
 
 
 class Service:
@@ -143,17 +332,18 @@ class _StartedFlag:
 
 
 async def supervise(
-    service: Service, ctx: ServiceContext, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    service: Service, ctx: EngineContext, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
 ) -> None:
     """Run ``service`` under its failure policy (the task the supervisor starts for it)."""
     started = _StartedFlag(task_status)
     window = FailureWindow(service.restart) if service.restart is not None else None
     name = service.name
+    public = ServiceContextImpl(ctx, name)
     with structlog.contextvars.bound_contextvars(service=name):
         while True:
             ctx.set_service_state(name, "starting" if not started.called else "restarting")
             try:
-                await service.run(ctx, task_status=started)
+                await service.run(public, task_status=started)
             except Exception as exc:
                 policy = service.restart
                 failed = window.record(ctx.clock.now()) if window is not None else 1
@@ -241,13 +431,14 @@ class LoopedService(Service):
                 ctx.set_service_state(self.name, "running")
                 await self.target(*self.args, **self.kwargs)
             return
-        thread = ctx.new_thread(f"asv-{self.name}")
+        engine = engine_context(ctx)
+        thread = engine.new_thread(f"asv-{self.name}")
         task_status.started()
         waiter = None
         try:
             async for _ in interval_ticks(ctx.clock, self.interval_secs):
                 ctx.set_service_state(self.name, "running")
-                waiter = thread.submit(self._call_sync, ctx.control)
+                waiter = thread.submit(self._call_sync, engine.control)
                 await waiter.wait(grace_secs=ctx.stop_grace_secs)
         finally:
             # A call that already overran its grace is not waited for a second time.

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._core._abc import SessionPart
-from .._core._services import Service, ServiceContext
+from .._core._services import EngineContext, Service, ServiceContext, engine_context
 from .._core._status import QueueStatistics
 from .._logging import describe, get_logger
 from .._tf import is_end_of_data, tf
@@ -247,6 +247,9 @@ class _QueueRunnerService(Service, SessionPart):
 
     async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
         """Start the producers, report ready, and wait for them to finish."""
+        await self._run(engine_context(ctx), task_status)
+
+    async def _run(self, ctx: EngineContext, task_status: TaskStatus[None]) -> None:
         qr = self.qr
         if qr._queue is not None and not qr._queue.closed:
             raise RuntimeError(
@@ -268,7 +271,7 @@ class _QueueRunnerService(Service, SessionPart):
 
     # -- sync sources: producer threads ----------------------------------------------
 
-    async def _run_threads(self, ctx: ServiceContext, q: BoundedQueue, task_status: TaskStatus[None]) -> None:
+    async def _run_threads(self, ctx: EngineContext, q: BoundedQueue, task_status: TaskStatus[None]) -> None:
         qr = self.qr
         threads: list[DedicatedThread] = []
         try:
@@ -295,7 +298,7 @@ class _QueueRunnerService(Service, SessionPart):
                 await thread.aclose_within(ctx.stop_grace_secs)
 
     def _produce(
-        self, ctx: ServiceContext, q: BoundedQueue, shared: Any, lock: threading.Lock | None
+        self, ctx: EngineContext, q: BoundedQueue, shared: Any, lock: threading.Lock | None
     ) -> None:
         """On a producer thread: pull items and put them until the end, an error or close."""
         put = q.put
@@ -327,7 +330,7 @@ class _QueueRunnerService(Service, SessionPart):
                 raise
         q.producer_done()
 
-    def _failed(self, ctx: ServiceContext, q: BoundedQueue, exc: Exception) -> None:
+    def _failed(self, ctx: EngineContext, q: BoundedQueue, exc: Exception) -> None:
         # Record the cause before the consumer is released, so the session's stop
         # reason is this error and not the end of data the consumer then sees.
         log.error(
@@ -341,7 +344,7 @@ class _QueueRunnerService(Service, SessionPart):
 
     # -- async sources: producer tasks -------------------------------------------------
 
-    async def _run_async(self, ctx: ServiceContext, q: BoundedQueue, task_status: TaskStatus[None]) -> None:
+    async def _run_async(self, ctx: EngineContext, q: BoundedQueue, task_status: TaskStatus[None]) -> None:
         qr = self.qr
         shared = None if qr._factory else qr.source.__aiter__()
         lock = anyio.Lock() if shared is not None and qr.threads > 1 else None
@@ -359,7 +362,7 @@ class _QueueRunnerService(Service, SessionPart):
 
     async def _pump(
         self,
-        ctx: ServiceContext,
+        ctx: EngineContext,
         q: BoundedQueue,
         shared: Any,
         lock: anyio.Lock | None,

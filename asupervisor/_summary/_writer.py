@@ -293,9 +293,7 @@ class SummaryService(Service):
         self.writer.last_step_written = session.global_step
         first = ctx.clock.now() + self.interval_secs
         async for _ in interval_ticks(ctx.clock, self.interval_secs, first_at=first):
-            step, scalars = await ctx.step_thread.submit_at_boundary(_snapshot, session).wait(
-                grace_secs=ctx.stop_grace_secs
-            )
+            step, scalars = await ctx.run_on_step_thread(_snapshot, session)
             if step == last_written:  # no step since the last tick: the same values again
                 scalars = {}
             sources = session.scalar_sources()

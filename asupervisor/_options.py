@@ -1,0 +1,244 @@
+"""``Supervisor``'s grouped settings: small frozen objects, one per concern.
+
+``Supervisor(checkpoint=CheckpointOptions(...), summaries=SummaryOptions(...),
+stop=StopOptions(...))`` says what the flat keywords (``save_model_secs=``,
+``stop_grace_secs=``, ...) say, which keep working. A new stock service adds a field to a
+group, not a keyword to ``Supervisor``. Each field names the flat keyword it stands for
+(``metadata["flat"]``); :func:`merge_options` folds the groups into the flat keywords,
+which :class:`~asupervisor._config.SupervisorConfig` then checks as a whole.
+
+This module must not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ._checkpoint._policies import KeepPolicy, SavePolicy
+
+__all__ = ["CheckpointOptions", "StopOptions", "SummaryOptions", "merge_options"]
+
+
+def _number(
+    where: str, value: object, *, allow_none: bool = False, allow_inf: bool = False, unit: str = "seconds"
+) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{where} must be a number of {unit}{' or None' if allow_none else ''}, got {value!r}")
+    if math.isnan(value) or value < 0 or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"{where} must be a number of {unit} >= 0, got {value!r}")
+
+
+def _bool(where: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{where} must be True or False, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointOptions:
+    """When checkpoints are saved, which are kept, and how they are written.
+
+    ``Supervisor(checkpoint=asv.CheckpointOptions(save_steps=1000, max_to_keep=3))`` is
+    ``Supervisor(save_model_steps=1000, max_to_keep=3)``; each field's flat keyword is
+    named below, and its meaning is the keyword's (see :class:`Supervisor`).
+
+    Attributes:
+        save_secs: seconds between checkpoints, 0 for none, or ``"auto"``
+            (``save_model_secs``).
+        save_steps: steps between checkpoints, or ``None`` (``save_model_steps``).
+        save_policy: when to save as a ``SavePolicy`` object, instead of ``save_secs``
+            and ``save_steps`` (``save_policy``).
+        max_to_keep: the newest checkpoints kept; ``None`` keeps all (``max_to_keep``).
+        keep_every_n_hours: also keep one checkpoint per this many hours
+            (``keep_checkpoint_every_n_hours``).
+        keep_policy: retention as a ``KeepPolicy`` object, instead of ``max_to_keep``
+            and ``keep_every_n_hours`` (``keep_policy``).
+        basename: files are ``<logdir>/<basename>-<step>.*`` (``checkpoint_basename``).
+        when_busy: ``"wait"`` or ``"skip"`` a save due while the previous write is in
+            flight (``checkpoint_when_busy``).
+        staging: copy the state into session buffers at each snapshot
+            (``checkpoint_staging``).
+        store: ``"auto"``, ``"fast"``, ``"plain"`` or ``None`` (``checkpoint_store``).
+        local_dir: a URL logdir's local working directory (``local_dir``).
+        upload_every: a URL logdir gets every this-many-th checkpoint (``upload_every``).
+        upload_every_secs: ...or the newest once this many seconds passed
+            (``upload_every_secs``).
+
+    Raises:
+        TypeError: a field has the wrong type (the message names it and the value).
+        ValueError: a field is out of range, or a policy object is given with the
+            settings it replaces.
+    """
+
+    save_secs: float | str = field(default=600, metadata={"flat": "save_model_secs"})
+    save_steps: int | None = field(default=None, metadata={"flat": "save_model_steps"})
+    save_policy: SavePolicy | None = field(default=None, metadata={"flat": "save_policy"})
+    max_to_keep: int | None = field(default=5, metadata={"flat": "max_to_keep"})
+    keep_every_n_hours: float | None = field(default=None, metadata={"flat": "keep_checkpoint_every_n_hours"})
+    keep_policy: KeepPolicy | None = field(default=None, metadata={"flat": "keep_policy"})
+    basename: str = field(default="model.ckpt", metadata={"flat": "checkpoint_basename"})
+    when_busy: str = field(default="wait", metadata={"flat": "checkpoint_when_busy"})
+    staging: bool = field(default=True, metadata={"flat": "checkpoint_staging"})
+    store: str | None = field(default=None, metadata={"flat": "checkpoint_store"})
+    local_dir: str | os.PathLike[str] | None = field(default=None, metadata={"flat": "local_dir"})
+    upload_every: int = field(default=1, metadata={"flat": "upload_every"})
+    upload_every_secs: float | None = field(default=None, metadata={"flat": "upload_every_secs"})
+
+    def __post_init__(self) -> None:
+        where = "CheckpointOptions."
+        if isinstance(self.save_secs, str):
+            if self.save_secs != "auto":
+                raise TypeError(f"{where}save_secs must be a number of seconds or 'auto', got {self.save_secs!r}")
+        else:
+            _number(f"{where}save_secs", self.save_secs)
+        steps = self.save_steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
+            raise ValueError(f"{where}save_steps must be a positive int or None, got {steps!r}")
+        if self.save_policy is not None:
+            if not isinstance(self.save_policy, SavePolicy):
+                raise TypeError(f"{where}save_policy must be a SavePolicy or None, got {self.save_policy!r}")
+            if self.save_secs != 600 or steps is not None:
+                raise ValueError(
+                    f"give {where}save_policy={self.save_policy!r} or save_secs / save_steps, not both "
+                    f"(got save_secs={self.save_secs!r}, save_steps={steps!r})"
+                )
+        keep = self.max_to_keep
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+            raise ValueError(f"{where}max_to_keep must be an int >= 1 or None (keep all), got {keep!r}")
+        _number(f"{where}keep_every_n_hours", self.keep_every_n_hours, allow_none=True, unit="hours")
+        if self.keep_policy is not None:
+            if not isinstance(self.keep_policy, KeepPolicy):
+                raise TypeError(f"{where}keep_policy must be a KeepPolicy or None, got {self.keep_policy!r}")
+            if keep != 5 or self.keep_every_n_hours is not None:
+                raise ValueError(
+                    f"give {where}keep_policy={self.keep_policy!r} or max_to_keep / keep_every_n_hours, not both "
+                    f"(got max_to_keep={keep!r}, keep_every_n_hours={self.keep_every_n_hours!r})"
+                )
+        if not isinstance(self.basename, str) or not self.basename or os.sep in self.basename:
+            raise ValueError(f"{where}basename must be a file name, got {self.basename!r}")
+        if self.when_busy not in ("wait", "skip"):
+            raise ValueError(f"{where}when_busy must be 'wait' or 'skip', got {self.when_busy!r}")
+        _bool(f"{where}staging", self.staging)
+        from ._checkpoint.store._options import check_store_kind
+
+        check_store_kind(self.store, f"{where}store")
+        if self.local_dir is not None and not isinstance(self.local_dir, (str, os.PathLike)):
+            raise TypeError(f"{where}local_dir must be a local path or None, got {self.local_dir!r}")
+        every = self.upload_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"{where}upload_every must be an int >= 1, got {every!r}")
+        _number(f"{where}upload_every_secs", self.upload_every_secs, allow_none=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SummaryOptions:
+    """How often summaries are written.
+
+    ``Supervisor(summaries=asv.SummaryOptions(save_secs=60))`` is
+    ``Supervisor(save_summaries_secs=60)``.
+
+    Attributes:
+        save_secs: seconds between summaries and step-rate measurements; 0 disables both
+            (``save_summaries_secs``).
+
+    Raises:
+        TypeError: ``save_secs`` is not a number.
+        ValueError: ``save_secs`` is negative, infinite or NaN.
+    """
+
+    save_secs: float = field(default=120, metadata={"flat": "save_summaries_secs"})
+
+    def __post_init__(self) -> None:
+        _number("SummaryOptions.save_secs", self.save_secs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopOptions:
+    """How a session stops: its time bound and the signals that stop it.
+
+    ``Supervisor(stop=asv.StopOptions(grace_secs=60, signals=("SIGTERM", "SIGUSR1")))``
+    is ``Supervisor(stop_grace_secs=60, stop_signals=("SIGTERM", "SIGUSR1"))``.
+
+    Attributes:
+        grace_secs: the longest a stop may take, final checkpoint included
+            (``stop_grace_secs``; ``math.inf``: unbounded).
+        signals: the signals that request a graceful stop, by name or number
+            (``stop_signals``).
+        handle_signals: whether those signals are handled at all (``handle_signals``).
+
+    Raises:
+        TypeError: a field has the wrong type (the message names it and the value).
+        ValueError: ``grace_secs`` is negative or NaN, or a signal is unknown or cannot
+            be caught.
+    """
+
+    grace_secs: float = field(default=120, metadata={"flat": "stop_grace_secs"})
+    signals: Sequence[str | int] = field(default=("SIGINT", "SIGTERM"), metadata={"flat": "stop_signals"})
+    handle_signals: bool = field(default=True, metadata={"flat": "handle_signals"})
+
+    def __post_init__(self) -> None:
+        _number("StopOptions.grace_secs", self.grace_secs, allow_inf=True)
+        from ._core._signals import stop_signals_from
+
+        try:
+            stop_signals_from(self.signals)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"StopOptions.signals: {exc}") from None
+        if isinstance(self.signals, list):  # frozen and hashable, like the other fields
+            object.__setattr__(self, "signals", tuple(self.signals))
+        _bool("StopOptions.handle_signals", self.handle_signals)
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        a, b = tuple(a), tuple(b)
+    try:
+        return a is b or bool(a == b)
+    except Exception:  # an object whose == is not a truth value
+        return False
+
+
+def merge_options(flat: Mapping[str, Any], defaults: Mapping[str, Any], **groups: object) -> dict[str, Any]:
+    """The flat keywords with the groups folded in.
+
+    A group's field left at its default changes nothing; another value replaces the flat
+    keyword, unless that keyword was given a different value too.
+
+    Args:
+        flat: ``Supervisor``'s flat keywords, as called.
+        defaults: their defaults (a keyword equal to its default counts as not given).
+        groups: ``checkpoint=``, ``summaries=``, ``stop=``: an options object or ``None``.
+
+    Raises:
+        TypeError: a group is not its options type.
+        ValueError: a flat keyword and a group's field were both given, with different
+            values (the message names both).
+    """
+    merged = dict(flat)
+    for group_name, group in groups.items():
+        kind = _GROUPS[group_name]
+        if group is None:
+            continue
+        if not isinstance(group, kind):
+            raise TypeError(f"{group_name} must be an asv.{kind.__name__} or None, got {group!r}")
+        for f in fields(kind):
+            value = getattr(group, f.name)
+            if _same(value, f.default):
+                continue
+            name = f.metadata["flat"]
+            given = flat[name]
+            if not _same(given, defaults[name]) and not _same(given, value):
+                raise ValueError(
+                    f"{name}={given!r} and {group_name}={kind.__name__}({f.name}={value!r}) disagree: "
+                    f"give the setting once, as {name}= or as {kind.__name__}.{f.name}"
+                )
+            merged[name] = value
+    return merged
+
+
+_GROUPS: dict[str, type] = {"checkpoint": CheckpointOptions, "summaries": SummaryOptions, "stop": StopOptions}
