@@ -10,7 +10,9 @@
 TensorFlow is imported only once a command runs, after its start-up noise is silenced.
 An error of the library (a logdir that cannot be used, a URL nothing serves, a checkpoint
 of another model) ends the command with one line on standard error and status 1;
-``--debug`` shows its traceback instead.
+``--debug`` shows its traceback instead. A Ctrl-C before a session (while TensorFlow
+loads) is one line, ``asupervisor demo: interrupted``, and status 130, like a Ctrl-C
+inside it (after the session, the demo says what it stopped at).
 """
 
 from __future__ import annotations
@@ -44,12 +46,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from . import _demo
 
-            return _demo.run(args)
+            code = _demo.run(args)
+            if argv is None:  # the command itself, not a caller in Python: exit now, so a
+                # late Ctrl-C finds the demo's handler, not the interpreter's teardown
+                # (which puts the default back and dies of the signal, status -2)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+            return code
         if not args.debug:
             _import_tensorflow_quietly()
         from . import _inspect
 
         return _inspect.run(args.logdir, as_json=args.json)
+    except KeyboardInterrupt:  # Ctrl-C outside a session (loading TensorFlow, the demo's last report)
+        print(f"asupervisor {args.command}: interrupted", file=sys.stderr)  # noqa: T201
+        return 130
     except (SupervisorError, ValueError, OSError) as exc:  # bad input or a logdir that cannot be used
         if args.debug:
             raise

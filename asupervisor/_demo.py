@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,7 @@ import anyio  # noqa: E402
 import numpy as np  # noqa: E402
 
 import asupervisor as asv  # noqa: E402
+from asupervisor._logging import console_write  # noqa: E402
 
 
 def teacher_data(n: int = 50_000, dim: int = 16, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -73,8 +76,14 @@ def say(line: str) -> None:
     """Print a line of progress. When standard output is a pipe whose reader died
     (``demo.py | tee log`` and tee was killed), point it at ``os.devnull`` instead of
     failing, as Python's documentation advises: losing the output must not stop training
-    (asupervisor's own log lines on stderr are dropped the same way)."""
+    (asupervisor's own log lines on stderr are dropped the same way). On the terminal of
+    the live progress line, the line goes above it, as log lines do."""
     try:
+        sys.stdout.flush()
+        if console_write(sys.stdout, line):
+            return
+        if sys.stdout.isatty():  # from the line's start: over the terminal's echo of a late ^C
+            line = "\r\x1b[K" + line
         print(line, flush=True)  # noqa: T201 - the demo's output
     except (BrokenPipeError, ValueError):
         try:
@@ -87,7 +96,7 @@ def say(line: str) -> None:
 
 async def main(args: argparse.Namespace) -> int:
     live = sys.stderr.isatty()  # a terminal: the display updates in place on stderr
-    # the live line says what the info events would (and they would break it): warnings only
+    # the live line says what the info events would: warnings only (they go above it)
     asv.configure_logging(level="warning" if live else "info")
     tf.keras.utils.set_random_seed(0)
     x, y = teacher_data()
@@ -144,6 +153,7 @@ async def main(args: argparse.Namespace) -> int:
         target = goal
         await sess.run_loop(train_step, data=data, max_steps=goal)
 
+    _exit_at_a_late_ctrl_c(sv)
     mse = float(np.mean((model(x, training=False).numpy() - y) ** 2))
     say(
         f"done: step {sv.global_step}, stop reason {sv.status().stop_reason}, "
@@ -154,7 +164,43 @@ async def main(args: argparse.Namespace) -> int:
     return asv.exit_code(sv.status())
 
 
+_late_handler: Callable[[int, Any], None] | None = None  # the SIGINT handler once the session is over
+
+
+def _exit_at_a_late_ctrl_c(sv: asv.Supervisor) -> None:
+    """The session is over and the exit status known: a Ctrl-C now (the second one,
+    usually, come after the stop finished, while the report is printed or TensorFlow
+    tears down) says so in one line and exits at once with that status."""
+    global _late_handler
+    status = sv.status()
+    code = asv.exit_code(status)
+    last = status.last_checkpoint
+    saved = f"the latest checkpoint is step {last.step}" if last is not None else "no checkpoint was saved"
+    if (status.stop_reason or "").startswith("signal:"):
+        text = f"second Ctrl-C: the stop had already finished; {saved}"
+    else:
+        text = f"Ctrl-C: training had already stopped ({status.stop_reason}); {saved}"
+
+    def exit_now(signum: int, frame: Any) -> None:
+        try:
+            sys.stdout.flush()
+            prefix = "\r\x1b[K" if sys.stderr.isatty() else ""  # over the terminal's ^C
+            sys.stderr.write(prefix + text + "\n")
+            sys.stderr.flush()
+        except Exception:  # a dead stream: the exit status still says it
+            pass
+        os._exit(code)
+
+    _late_handler = exit_now
+    try:
+        signal.signal(signal.SIGINT, exit_now)
+    except ValueError:  # not the main thread: the application's signals
+        _late_handler = None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the demo; its exit status."""
     status: int = anyio.run(main, args, backend=args.backend)
+    if _late_handler is not None:  # the event loop put its own handler back as it ended
+        signal.signal(signal.SIGINT, _late_handler)
     return status

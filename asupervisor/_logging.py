@@ -18,6 +18,15 @@ What this module must never do: configure anything at import, or let a log call 
 into its caller. Events are logged on save and stop paths; a closed or broken stream
 (``| tee`` whose reader died), a failing handler or a value whose ``repr`` raises drops
 the line, never the save.
+
+The console (:func:`add_console`): a live display on a terminal (the progress line) that
+log lines must not break. While one is registered for a stream, this module's handlers
+writing to the same file (:func:`configure_logging`'s, the last-resort one, the lines of
+the application's structlog events) hand it each line instead of writing it: it clears
+its live line, writes the line and redraws the live line below, all writes to that file
+serialized. The display may claim events it reports itself (a Ctrl-C, the stop): those
+are not printed on that file, so one event is one line. Only this module's handlers know
+the console; an application's own handlers (``logging.basicConfig``) write as they do.
 """
 
 from __future__ import annotations
@@ -27,11 +36,20 @@ import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import structlog
 
-__all__ = ["configure_logging", "describe", "get_logger"]
+__all__ = [
+    "Console",
+    "add_console",
+    "configure_logging",
+    "console_write",
+    "describe",
+    "get_logger",
+    "remove_console",
+    "shown_on",
+]
 
 LOGGER_NAME = "asupervisor"
 
@@ -186,6 +204,95 @@ def get_logger(name: str) -> structlog.stdlib.BoundLogger:
     return _SafeBoundLogger(logging.getLogger(name), _PROCESSORS, {})
 
 
+# --- the console: log lines above a live display ------------------------------------------
+
+
+class Console(Protocol):
+    """A live display sharing a file with log lines (see the module docstring)."""
+
+    def write_above(self, line: str) -> bool:
+        """Any thread: write ``line`` (no newline) above the live line; ``False`` when the
+        display is gone (the caller then writes the line itself). Must not block for long
+        on the display's own writer."""
+        ...
+
+    def claims(self, event: str, fields: Mapping[str, Any]) -> bool:
+        """Whether the display reports this event itself (its log line is then not printed
+        on the display's file)."""
+        ...
+
+
+_consoles: list[tuple[object, Console]] = []  # (stream, console), newest last
+_consoles_lock = threading.Lock()
+
+
+def add_console(stream: Any, console: Console) -> None:
+    """Register ``console`` as the live display on ``stream`` (until :func:`remove_console`)."""
+    with _consoles_lock:
+        _consoles.append((stream, console))
+
+
+def remove_console(console: Console) -> None:
+    """Unregister ``console`` (no error when it is not registered)."""
+    with _consoles_lock:
+        _consoles[:] = [(s, c) for s, c in _consoles if c is not console]
+
+
+def _file_id(stream: Any) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(stream.fileno())
+    except Exception:  # no file descriptor (a StringIO), a closed stream
+        return None
+    return (st.st_dev, st.st_ino) if st.st_ino else (st.st_dev, st.st_rdev)
+
+
+def _same_file(a: Any, b: Any) -> bool:
+    """Whether two streams write to the same file (object, or device and inode)."""
+    if a is b:
+        return True
+    ida = _file_id(a)
+    return ida is not None and ida == _file_id(b)
+
+
+def _console_for(stream: Any) -> Console | None:
+    """The console registered on ``stream``'s file, if any (cheap when there is none)."""
+    if not _consoles:
+        return None
+    with _consoles_lock:
+        registered = list(_consoles)
+    for other, console in reversed(registered):
+        if _same_file(stream, other):
+            return console
+    return None
+
+
+def console_write(stream: Any, line: str) -> bool:
+    """Write ``line`` above the live display on ``stream``'s file, when there is one;
+    ``False``: none (write it yourself). For a front door's own lines (the demo's)."""
+    console = _console_for(stream)
+    return console is not None and console.write_above(line)
+
+
+def shown_on(stream: Any, logger_name: str, level: int) -> bool:
+    """Whether a record of ``logger_name`` at ``level`` would be printed on ``stream``'s
+    file by one of this module's handlers (:func:`configure_logging`'s): a display leaves
+    such an event to the log line."""
+    try:
+        logger: logging.Logger | None = logging.getLogger(logger_name)
+        if logger is None or not logger.isEnabledFor(level):
+            return False
+        while logger is not None:
+            for handler in logger.handlers:
+                if isinstance(handler, _Handler) and level >= handler.level and _same_file(handler.stream, stream):
+                    return True
+            if not logger.propagate:
+                break
+            logger = logger.parent
+    except Exception:
+        return False
+    return False
+
+
 # --- configure_logging: printing for applications that want it -------------------------
 
 
@@ -254,6 +361,22 @@ class _Handler(_StreamHandler):
         # StreamHandler.__init__ assigns the stream; ours is chosen by the property.
         pass
 
+    def emit(self, record: logging.LogRecord) -> None:
+        console = _console_for(self.stream)
+        if console is None:
+            super().emit(record)
+            return
+        try:
+            carried = getattr(record, "event_dict", None)
+            if isinstance(carried, dict) and console.claims(str(carried.get("event")), carried):
+                return  # the display reports this event itself
+            if not console.write_above(self.format(record)):
+                super().emit(record)
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)
+
     def handleError(self, record: logging.LogRecord) -> None:
         error = sys.exc_info()[1]
         if isinstance(error, BrokenPipeError):
@@ -282,6 +405,8 @@ class _LineLogger:
     def msg(self, message: str) -> None:
         stream = self._stream if self._stream is not None else sys.stderr
         try:
+            if console_write(stream, message):
+                return
             with self._lock:
                 stream.write(message + "\n")
                 stream.flush()

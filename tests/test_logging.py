@@ -439,3 +439,71 @@ async def test_failing_handler_of_the_application_never_reaches_the_caller(
     with pytest.raises(ArithmeticError):  # the cause, not a logging error
         async with sv.managed_session():
             await anyio.sleep_forever()
+
+
+class _FakeConsole:
+    """A live display registered as the console of a stream: records what it is handed."""
+
+    def __init__(self, stream: io.StringIO, claimed: set[str] = frozenset(), alive: bool = True) -> None:  # type: ignore[assignment]
+        self.stream, self.claimed, self.alive = stream, claimed, alive
+        self.above: list[str] = []
+
+    def write_above(self, line: str) -> bool:
+        if not self.alive:
+            return False
+        self.above.append(line)
+        self.stream.write("[above]" + line + "\n")
+        return True
+
+    def claims(self, event: str, fields: Any) -> bool:
+        return event in self.claimed
+
+
+def test_lines_on_a_consoles_stream_go_through_it(asv_logger: logging.Logger) -> None:
+    """While a console (the live progress line) is registered on a stream,
+    configure_logging's lines for that stream — asupervisor's events and the
+    application's structlog events — are handed to it (it writes them above its live
+    line); events it claims are not printed there; a console that is gone lets the
+    handler write itself; lines for another stream never go through it."""
+    from asupervisor._logging import add_console, remove_console, shown_on
+
+    shared, other = io.StringIO(), io.StringIO()
+    console = _FakeConsole(shared, claimed={"session.signal"})
+    asv.configure_logging(stream=shared)
+    add_console(shared, console)
+    try:
+        log = get_logger("asupervisor._core._runtime")
+        log.info("checkpoint.saved", step=3)
+        log.warning("session.signal", signal="SIGINT")  # claimed: the display says it
+        structlog.get_logger().info("app.note", n=1)
+        assert [line.split()[-2:] for line in console.above] == [["checkpoint.saved", "step=3"], ["app.note", "n=1"]]
+        assert "session.signal" not in shared.getvalue()
+        assert shown_on(shared, "asupervisor._checkpoint._manager", logging.INFO)
+        assert not shown_on(shared, "asupervisor._checkpoint._manager", logging.DEBUG)
+        assert not shown_on(other, "asupervisor._checkpoint._manager", logging.INFO)
+        console.alive = False  # the display's stream broke: the handler writes the line itself
+        log.info("session.stopped", reason="completed")
+        assert shared.getvalue().splitlines()[-1].endswith("reason=completed")
+        assert not shared.getvalue().splitlines()[-1].startswith("[above]")
+    finally:
+        remove_console(console)
+    log.warning("session.signal", signal="SIGINT")  # no console: printed as before
+    assert "session.signal" in shared.getvalue()
+
+
+def test_the_applications_own_handlers_do_not_know_the_console(asv_logger: logging.Logger) -> None:
+    """A handler of the application's (``logging.basicConfig``'s StreamHandler) writes as
+    it always did: the console only reroutes asupervisor's own handlers."""
+    from asupervisor._logging import add_console, remove_console
+
+    shared = io.StringIO()
+    console = _FakeConsole(shared, claimed={"session.signal"})
+    handler = logging.StreamHandler(shared)
+    asv_logger.addHandler(handler)
+    asv_logger.setLevel(logging.INFO)
+    add_console(shared, console)
+    try:
+        get_logger("asupervisor._core._runtime").warning("session.signal", signal="SIGINT")
+    finally:
+        remove_console(console)
+    assert console.above == [] and shared.getvalue() == "session.signal signal=SIGINT\n"

@@ -65,7 +65,8 @@ def test_plain_lines_when_piped_and_the_first_ctrl_c_says_what_happens(tmp_path:
 
 def test_the_line_fits_80_columns_in_place() -> None:
     """On a terminal the line is rewritten in place (carriage return, no newline), cut to
-    the terminal's width and padded over a longer previous line."""
+    the terminal's width less room for the terminal's ``^C`` echo, and the rest of a
+    longer previous line erased (``ESC [ K``)."""
     from asupervisor._core._status import CheckpointInfo, Status
     from asupervisor._progress._part import _Output, render
 
@@ -89,5 +90,37 @@ def test_the_line_fits_80_columns_in_place() -> None:
     finally:
         del os.environ["COLUMNS"]
     first, second = stream.getvalue().split("\r")[1:]
-    assert len(first) == 79 and "\n" not in first
-    assert second.startswith("short") and len(second) == 79  # padded over the longer line
+    assert first.endswith("\x1b[K") and len(first) == 77 + 3 and "\n" not in first
+    assert second == "short\x1b[K"
+
+
+def test_lines_go_above_the_live_line_and_a_stuck_display_never_blocks_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line of its own (a checkpoint) or a log line handed to the console clears the
+    live line, is written, and the live line is redrawn below it; the final line leaves
+    no live line. A logging thread waits for a stuck display's writer at most
+    ``_LOCK_WAIT_SECS``, then the caller writes the line itself."""
+    import time
+
+    from asupervisor._progress import _part
+
+    stream = io.StringIO()
+    out = _part._Output(stream, in_place=True)
+    out.write("step 1", False)
+    out.write("checkpoint at step 1: x", True)
+    assert out.write_above("2026-01-01T00:00:00Z [info] app.note")
+    out.write("step 2  stopped (completed)", True, True)
+    assert out.write_above("after")
+    assert stream.getvalue() == (
+        "\rstep 1\x1b[K"
+        "\rcheckpoint at step 1: x\x1b[K\nstep 1\x1b[K"
+        "\r\x1b[K2026-01-01T00:00:00Z [info] app.note\nstep 1\x1b[K"
+        "\rstep 2  stopped (completed)\x1b[K\n"
+        "\r\x1b[Kafter\n"
+    )
+    monkeypatch.setattr(_part, "_LOCK_WAIT_SECS", 0.05)
+    with out._lock:  # the display's writer stuck in a write to a stalled terminal
+        t0 = time.monotonic()
+        assert not out.write_above("a save's log line")
+        assert time.monotonic() - t0 < 2
+    piped = _part._Output(io.StringIO(), in_place=False)
+    assert piped.write_above("plain") and piped.stream is not None and piped.stream.getvalue() == "plain\n"

@@ -274,7 +274,9 @@ class Checkpointer:
 
     def _check_abandon(self) -> None:
         if self._abandon.is_set():
-            raise _write.SaveAbandoned("the save was abandoned: the stop's grace period ran out")
+            raise _write.SaveAbandoned(
+                "the save was abandoned at the stop's deadline (its grace period ran out, or a second stop signal)"
+            )
 
     # -- writer thread -------------------------------------------------------------
 

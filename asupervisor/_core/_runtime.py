@@ -140,6 +140,8 @@ class Runtime(anyio.AsyncContextManagerMixin):
         self._signals: SignalHandlers | None = None
         #: a second signal came: the stop's remaining work is abandoned
         self._hurried = False
+        #: the first stop signal's name (``"SIGINT"``), once one came (read by the progress display)
+        self.signalled: str | None = None
         self._deadline: Deadline | None = None  # the stop's, once it began
         self._phase_scope: anyio.CancelScope | None = None  # the shutdown phase running
 
@@ -195,6 +197,11 @@ class Runtime(anyio.AsyncContextManagerMixin):
         if default is ...:
             raise anyio.TypedAttributeLookupError(f"no part of this session offers {attribute!r}")
         return default
+
+    @property
+    def hurried(self) -> bool:
+        """Whether a second signal abandoned what was left of the stop's work."""
+        return self._hurried
 
     def wake_step_thread(self) -> None:
         """Release waits for input on the step thread: a stop or a halted ``run_loop``."""
@@ -473,19 +480,32 @@ class Runtime(anyio.AsyncContextManagerMixin):
 
     def _on_signal(self, name: str) -> None:
         """On the loop, at the first SIGINT/SIGTERM: a graceful stop (one the cluster
-        agrees on, when a part takes it over)."""
+        agrees on, when a part takes it over). The stop is requested before the event is
+        logged: the parts it wakes (the progress display's Ctrl-C line) come first."""
         if self.parts.take_signal(self, name):
             log.warning("session.signal", signal=name, action="stopping with the cluster")
             return
-        log.warning("session.signal", signal=name)
+        self.signalled = name
         self.control.request_stop(reason=f"signal:{name}")
+        log.warning("session.signal", signal=name)
+
+    def notice_preemption(self, reason: str) -> None:
+        """On the loop: a preemption notice that is not a signal (``preempted:<source>``):
+        the stop a first signal starts, taken over by a part (the cluster's agreement)
+        when one takes it, else requested here."""
+        if self.parts.take_signal(self, reason):
+            log.warning("session.preemption_notice", reason=reason, action="stopping with the cluster")
+            return
+        self.control.request_stop(reason=reason)
 
     def _on_signal_again(self, name: str) -> None:
         """On the loop, at a later signal: abandon what is left of the stop's work (the
         final checkpoint being written is abandoned; closing and joining still run)."""
-        log.warning("session.signal", signal=name, action="abandon the final checkpoint and stop now")
-        self.control.request_stop(reason=f"signal:{name}")
         self._hurried = True
+        if self.signalled is None:
+            self.signalled = name
+        self.control.request_stop(reason=f"signal:{name}")
+        log.warning("session.signal", signal=name, action="abandon the final checkpoint and stop now")
         deadline = self._deadline
         if deadline is not None:
             deadline.at = min(deadline.at, anyio.current_time())
@@ -518,6 +538,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
         assert self._tg is not None
         await self._stop_services()
         wind_down: list[Deadline] = []  # the deadline of closing and joining, once set
+        abandoned: list[str] = []  # the phases a second signal cut short or skipped (not errors)
 
         async def phase(name: str, fn: Callable[[], Awaitable[object]], *, winding_down: bool = False) -> None:
             limit = deadline
@@ -526,7 +547,10 @@ class Runtime(anyio.AsyncContextManagerMixin):
                     wind_down.append(deadline.extended_by(_WIND_DOWN_SECS))
                 limit = wind_down[0]
             elif deadline.expired:
-                log.error("shutdown.overrun", phase=name, grace_secs=deadline.grace_secs, skipped=True)
+                if self._hurried:  # asked for: one mention in session.stopped, no error
+                    abandoned.append(name)
+                else:
+                    log.error("shutdown.overrun", phase=name, grace_secs=deadline.grace_secs, skipped=True)
                 return
             with anyio.CancelScope(shield=True, deadline=limit.at) as scope:
                 if not winding_down:
@@ -538,7 +562,10 @@ class Runtime(anyio.AsyncContextManagerMixin):
                 finally:
                     self._phase_scope = None
             if scope.cancelled_caught:
-                log.error("shutdown.overrun", phase=name, grace_secs=deadline.grace_secs)
+                if self._hurried and not winding_down:
+                    abandoned.append(name)
+                else:
+                    log.error("shutdown.overrun", phase=name, grace_secs=deadline.grace_secs)
 
         parts = self.parts
         if not control.state_suspect and parts.before_snapshot:
@@ -560,7 +587,10 @@ class Runtime(anyio.AsyncContextManagerMixin):
             await phase("release", lambda: self.step_thread.submit(parts.release).wait_cancellable(), winding_down=True)
         await phase("threads", lambda: self._close_threads(wind_down[0] if wind_down else deadline), winding_down=True)
         self.closed = True
-        log.info("session.stopped", reason=control.reason, global_step=self.step)
+        if abandoned:  # a second signal: what it cut short
+            log.info("session.stopped", reason=control.reason, global_step=self.step, abandoned=sorted(set(abandoned)))
+        else:
+            log.info("session.stopped", reason=control.reason, global_step=self.step)
 
     def _final_check(self) -> None:
         """On the step thread: every ``before_snapshot``; one that raises makes the state suspect."""

@@ -8,20 +8,33 @@ loop and nothing runs on the step thread (the scalars are the status's, read at 
 boundary at most once a second). On a terminal the line is rewritten in place (``\\r``,
 cut to the terminal's width) and the newest checkpoint at each refresh gets a line of its own; when the
 stream is not a terminal (a pipe, a file) a plain line is written every
-``plain_every_secs``. The first Ctrl-C prints how the stop goes on. Writing errors (a
-closed pipe) drop the output, never the training.
+``plain_every_secs``. The first Ctrl-C prints how the stop goes on, a second one what
+it abandons. Writing errors (a closed pipe) drop the output, never the training.
+
+The display is the console of its stream (``_logging.add_console``): the log lines of
+asupervisor's handlers writing to the same file go above the live line (it is cleared,
+the line written, the live line redrawn below), every write to that file under one lock,
+taken by a logging thread for at most a second (a stalled display never blocks a save or
+a stop: the line is then written directly). One event, one line: the Ctrl-C lines are
+the display's (the log's ``session.signal`` and ``session.stop_requested`` that follow
+them are not printed on that file, nor, after a second one, ``checkpoint.abandoned``); a checkpoint
+and the session's end are the log's when a log handler prints ``checkpoint.saved`` and
+``session.stopped`` on that file, otherwise the display's.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import sys
-from collections.abc import Iterable
-from typing import IO, TYPE_CHECKING
+import threading
+from collections.abc import Iterable, Mapping
+from typing import IO, TYPE_CHECKING, Any
 
 from .._core._abc import SessionPart
 from .._core._clock import interval_ticks
 from .._core._services import Service
+from .._logging import add_console, remove_console, shown_on
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
@@ -32,6 +45,14 @@ if TYPE_CHECKING:
     from .._core._threads import DedicatedThread
 
 __all__ = ["ProgressPart", "render"]
+
+#: erase to the end of the line (ANSI EL)
+_CLEAR = "\x1b[K"
+#: the longest a logging thread waits for the display's writer before writing directly
+_LOCK_WAIT_SECS = 1.0
+#: the loggers of the events a log line may report instead of the display
+_CHECKPOINT_LOGGER = "asupervisor._checkpoint._manager"  # checkpoint.saved
+_SESSION_LOGGER = "asupervisor._core._runtime"  # session.stopped
 
 
 def _fmt_secs(secs: float) -> str:
@@ -62,29 +83,64 @@ def render(status: Status) -> str:
 
 
 class _Output:
-    """Writes to a stream on the progress thread; a failing stream is dropped."""
+    """The display's writes to its stream, and the console of that stream (log lines
+    above the live line); every write under one lock. A failing stream is dropped."""
 
     def __init__(self, stream: IO[str], in_place: bool) -> None:
         self.stream: IO[str] | None = stream
         self.in_place = in_place
-        self._shown = 0  # width of the line shown in place
+        self.live: str | None = None  # the live line shown in place (cut to the width)
+        self._lock = threading.Lock()
+        self.claimed: set[str] = set()  # events the display reports itself
 
-    def write(self, text: str, keep: bool) -> None:
-        stream = self.stream
-        if stream is None:
-            return
+    def write(self, text: str, keep: bool, final: bool = False) -> None:
+        """On the progress thread: the live line (``keep=False``, in place), or a line of
+        its own (above the live line, which is redrawn unless ``final``)."""
+        with self._lock:
+            stream = self.stream
+            if stream is None:
+                return
+            try:
+                if not self.in_place:
+                    out = text + "\n"
+                elif keep:
+                    out = "\r" + text + _CLEAR + "\n"
+                    if final:
+                        self.live = None
+                    elif self.live is not None:
+                        out += self.live + _CLEAR
+                else:
+                    # room for the terminal's echo of ^C after the line: it must not wrap
+                    width = max(20, shutil.get_terminal_size().columns - 3)
+                    self.live = text[:width]
+                    out = "\r" + self.live + _CLEAR
+                stream.write(out)
+                stream.flush()
+            except (OSError, ValueError):  # a closed or broken stream: the display stops
+                self.stream = None
+                self.live = None
+
+    # -- the console (``_logging.Console``): any thread --------------------------------
+
+    def write_above(self, line: str) -> bool:
+        if not self._lock.acquire(timeout=_LOCK_WAIT_SECS):
+            return False  # the display's writer is stuck: the caller writes the line itself
         try:
+            stream = self.stream
+            if stream is None:
+                return False
             if self.in_place:
-                width = max(20, shutil.get_terminal_size().columns - 1)
-                line = text[:width]
-                pad = " " * max(0, self._shown - len(line))
-                stream.write("\r" + line + pad + ("\n" if keep else ""))
-                self._shown = 0 if keep else len(line)
+                live = self.live
+                stream.write("\r" + _CLEAR + line + "\n" + (live + _CLEAR if live is not None else ""))
             else:
-                stream.write(text + "\n")
+                stream.write(line + "\n")
             stream.flush()
-        except (OSError, ValueError):  # a closed or broken stream: the display stops
-            self.stream = None
+            return True
+        finally:
+            self._lock.release()
+
+    def claims(self, event: str, fields: Mapping[str, Any]) -> bool:
+        return event in self.claimed
 
 
 class _ProgressService(Service):
@@ -105,7 +161,8 @@ class _ProgressService(Service):
             checkpoint = status.last_checkpoint
             if checkpoint is not None and checkpoint.step != part.last_checkpoint_step:
                 part.last_checkpoint_step = checkpoint.step
-                part.emit(f"checkpoint at step {checkpoint.step}: {checkpoint.path}", keep=True)
+                if not part.log_shows(_CHECKPOINT_LOGGER):  # else checkpoint.saved is its line
+                    part.emit(f"checkpoint at step {checkpoint.step}: {checkpoint.path}", keep=True)
             if part.output is not None and (part.output.in_place or now - last_plain >= part.plain_every_secs):
                 last_plain = now
                 part.emit(render(status), keep=not part.output.in_place)
@@ -135,34 +192,73 @@ class ProgressPart(SessionPart):
         self._thread: DedicatedThread | None = None
         self._ctx: SessionContext | None = None
         self._told_stop = False
+        self._told_again = False
 
     def start(self, ctx: SessionContext) -> None:
-        """Open the output on its own thread."""
+        """Open the output on its own thread; become the console of its stream."""
         stream = self.stream if self.stream is not None else sys.stderr
         is_tty = getattr(stream, "isatty", None)
-        self.output = _Output(stream, in_place=bool(is_tty and is_tty()))
+        try:
+            in_place = bool(is_tty and is_tty())
+        except (OSError, ValueError):  # a closed stream
+            in_place = False
+        self.output = _Output(stream, in_place=in_place)
         self._thread = ctx.new_thread("asv-progress")
         self._ctx = ctx
+        add_console(stream, self.output)
+
+    def log_shows(self, logger_name: str) -> bool:
+        """Whether an info event of ``logger_name`` is printed on the display's file."""
+        output = self.output
+        return output is not None and output.stream is not None and shown_on(output.stream, logger_name, logging.INFO)
 
     def services(self, ctx: SessionContext) -> Iterable[Service]:
         """The service refreshing the display."""
         return [_ProgressService(self, ctx)]
 
     def wake(self) -> None:
-        """At a stop (any thread): the first Ctrl-C says how the stop goes on."""
-        ctx = self._ctx
-        if ctx is None or self._told_stop or ctx.control.reason != "signal:SIGINT":
+        """At a stop (any thread): the first signal says how the stop goes on, a second
+        one what it abandons. The session tells which (``signalled``: the first signal's
+        name; ``hurried``: a second came; read with ``getattr``, not in the Protocol)."""
+        ctx, output = self._ctx, self.output
+        name = getattr(ctx, "signalled", None)
+        if ctx is None or output is None or not isinstance(name, str):
+            return
+        key = "Ctrl-C" if name == "SIGINT" else name
+        if getattr(ctx, "hurried", False):
+            if not self._told_again:
+                self._told_again = self._told_stop = True
+                # the session logs these right after: this line says them
+                output.claimed.update(("session.signal", "session.stop_requested", "checkpoint.abandoned"))
+                self.emit(_second_signal_line(ctx, key), keep=True)
+            return
+        if self._told_stop:
             return
         self._told_stop = True
-        self.emit(
-            f"stopping gracefully — final checkpoint at step {ctx.global_step}; Ctrl-C again to abandon it",
-            keep=True,
-        )
+        output.claimed.update(("session.signal", "session.stop_requested"))
+        if ctx.logdir is None:
+            text = f"stopping gracefully at step {ctx.global_step}; {key} again to stop at once"
+        else:
+            text = f"stopping gracefully — final checkpoint at step {ctx.global_step}; {key} again to abandon it"
+        self.emit(text, keep=True)
 
     async def aclose(self, ctx: SessionContext) -> None:
-        """A last line: where the session ended."""
+        """A last line: where the session ended (and why, unless ``session.stopped`` is
+        printed on the same file)."""
         status = ctx.status()
-        self.emit(render(status) + f"  stopped ({status.stop_reason})", keep=True)
+        why = "" if self.log_shows(_SESSION_LOGGER) else f"  stopped ({status.stop_reason})"
+        thread, output = self._thread, self.output
+        if thread is None or output is None:
+            return
+        try:
+            thread.submit_nowait(output.write, render(status) + why, True, True)
+        except Exception:  # the thread is closing: the line is dropped
+            return
+
+    def release(self) -> None:
+        """The session's end: log lines go straight to the stream again."""
+        if self.output is not None:
+            remove_console(self.output)
 
     def emit(self, text: str, *, keep: bool) -> None:
         """Hand ``text`` to the progress thread (any thread; never blocks)."""
@@ -173,3 +269,14 @@ class ProgressPart(SessionPart):
             thread.submit_nowait(output.write, text, keep)
         except Exception:  # the thread is closing: the line is dropped
             return
+
+
+def _second_signal_line(ctx: SessionContext, key: str) -> str:
+    """What a second signal does: the final checkpoint is abandoned (unless committed)."""
+    if ctx.logdir is None:
+        return f"second {key}: stopping now"
+    last = ctx.status().last_checkpoint
+    if last is not None and last.step >= ctx.global_step:
+        return f"second {key}: stopping now; the final checkpoint (step {last.step}) is committed"
+    latest = f"the latest committed checkpoint is step {last.step}" if last is not None else "no checkpoint was committed"
+    return f"second {key}: abandoning the final checkpoint; {latest}"
