@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test typecheck bench clean
+.PHONY: venv demo test test-matrix typecheck bench clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,13 @@ test: venv
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q -n auto --maxprocesses=4 --dist worksteal
+
+# Not part of `make test`: the suite on the oldest and newest TensorFlow/Keras/Python the
+# project claims (pyproject.toml, README), each in its own venv under .venv-matrix/ (two
+# TensorFlow downloads; the whole suite twice). PYTHON_OLDEST / PYTHON_NEWEST name the
+# interpreters (default python3.10 / python3.13 on PATH); see tools/test_matrix.sh.
+test-matrix:
+	tools/test_matrix.sh
 
 bench: venv
 	$(PY) bench/step_overhead.py

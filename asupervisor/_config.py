@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import _tf_internals
 from ._cluster import ClusterInfo
 from ._core._clock import Clock, MonotonicClock
 from ._core._hooks import SessionRunHook
@@ -253,9 +254,9 @@ class SupervisorConfig:
 
 
 def _trackable(value: object) -> bool:
-    # Duck-typed (this module must not import TensorFlow): every TF trackable (variables,
-    # Keras 3 models, layers, optimizers and variables, tf.Module, iterators, ...) has it.
-    return callable(getattr(type(value), "_trackable_children", None))
+    # Without importing TensorFlow: every TF trackable (variables, Keras 3 models, layers,
+    # optimizers and variables, tf.Module, iterators, ...) (:mod:`._tf_internals`).
+    return _tf_internals.is_trackable(value)
 
 
 def _silently_unsaved(value: object, where: str) -> str | None:
@@ -298,7 +299,7 @@ def check_state_values(state: object) -> None:
         values: Iterable[tuple[str, object]] = state.items()
     elif state is not None and _trackable(state):
         try:
-            children = state._trackable_children()  # type: ignore[attr-defined]
+            children = _tf_internals.trackable_children(state)
         except Exception:  # best effort: TF itself reports what it refuses
             return
         values = ((k, v) for k, v in children.items() if isinstance(v, (list, tuple, Mapping)))

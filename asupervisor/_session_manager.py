@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from . import _config
+from . import _config, _tf_internals
 from ._checkpoint._restore import restore_latest, restore_path
 from ._checkpoint.store._names import missing_files
 from ._core._clock import Clock, MonotonicClock
@@ -90,7 +90,7 @@ class SessionManager:
         recovery_wait_secs: float = 30,
         clock: Clock | None = None,
     ) -> None:
-        if not isinstance(state, dict) and not hasattr(state, "_track_trackable"):
+        if not isinstance(state, dict) and not _tf_internals.is_trackable(state):
             raise TypeError(
                 f"state must be a tf.train.Checkpoint or a dict of trackables, got {type(state).__name__}"
             )

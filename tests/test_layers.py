@@ -32,7 +32,7 @@ import asupervisor
 pytestmark = pytest.mark.timeout(240)
 
 PACKAGE = Path(asupervisor.__file__).resolve().parent
-LEAVES = {"_exceptions", "_tf", "_cluster", "_logging"}
+LEAVES = {"_exceptions", "_tf", "_tf_internals", "_cluster", "_logging"}
 
 
 @dataclass(frozen=True)

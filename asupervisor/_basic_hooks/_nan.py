@@ -8,6 +8,7 @@ from .._core._abc import SessionPart, context_of
 from .._core._hooks import SessionRunContext, SessionRunHook, SessionRunValues
 from .._exceptions import NanLossDuringTrainingError
 from .._logging import get_logger
+from .._tf import tf
 from ._timer import check_every
 
 if TYPE_CHECKING:
@@ -166,10 +167,8 @@ def _stack(losses: list[Any]) -> Any:
 
     The op is dispatched, not waited for: on a device, its result is read a batch later.
     """
-    from tensorflow.python.ops import gen_array_ops  # tf.stack's own op, without its Python checks
-
     try:
-        return gen_array_ops.pack(losses, axis=0)
+        return tf().raw_ops.Pack(values=losses, axis=0)  # tf.stack's own op, without its Python checks
     except Exception:  # mixed shapes, dtypes or devices: read them one by one
         return losses
 

@@ -23,8 +23,10 @@ Runs on the step thread (:func:`serialisation_problem`) or the checkpoint writer
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+from .. import _tf_internals as internals
 from .._exceptions import CheckpointError
 from .._tf import tf
 from .store.fast import _index
@@ -62,9 +64,11 @@ def serialisation_problem(iterator: Any) -> str | None:
     on a new iterator: its buffers are empty, so this costs little.
     """
     tf_ = tf()
-    serialize = getattr(iterator, "_serialize_to_tensors", None)
+    serialize = internals.serialize_iterator(iterator)
     if serialize is None:
-        return f"a {type(iterator).__name__} has no checkpointable state"
+        if not internals.is_trackable(iterator):
+            return f"a {type(iterator).__name__} has no checkpointable state"
+        serialize = functools.partial(internals.serialize_iterator_public, iterator)  # public, slower
     try:
         serialize()
     except (tf_.errors.OpError, ValueError, TypeError) as exc:
@@ -104,7 +108,7 @@ def describe_pipeline(dataset: Any) -> str:
     node: Any = dataset
     while node is not None:
         kind = type(node).__name__.strip("_").removesuffix("Dataset").removesuffix("V2") or type(node).__name__
-        batch = getattr(node, "_batch_size", None)
+        batch = internals.dataset_batch_size(node)
         if batch is not None:
             try:
                 kind += f"({int(batch)})"
@@ -116,7 +120,7 @@ def describe_pipeline(dataset: Any) -> str:
             spec = "?"
         stages.append(f"{kind} -> {spec}")
         try:
-            inputs = node._inputs()
+            inputs = internals.dataset_inputs(node) or []
         except Exception:
             inputs = []
         node = inputs[0] if len(inputs) == 1 else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import _tf_internals as internals
 from .._logging import describe, get_logger
 from .._tf import tf
 from ._iterator_state import ITERATOR_ATTR, PIPELINE_ATTR
@@ -164,8 +165,4 @@ class IteratorTracker:
 
 def _untrack(checkpoint: Any, name: str) -> None:
     """Remove attribute ``name`` from ``checkpoint`` and from what it saves."""
-    if name in vars(checkpoint):
-        delattr(checkpoint, name)
-    delete = getattr(checkpoint, "_delete_tracking", None)
-    if delete is not None and any(ref.name == name for ref in checkpoint._checkpoint_dependencies):
-        delete(name)
+    internals.untrack(checkpoint, name)

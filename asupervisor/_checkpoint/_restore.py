@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import _tf_internals as internals
 from .._core._epochs import EPOCH_ATTR
 from .._core._keras import KERAS_ATTR
 from .._exceptions import CheckpointError
@@ -50,9 +51,7 @@ _OPTIONAL_KEYS = ("save_counter/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRI
 
 def _object_graph(reader: Any) -> Any:
     """The checkpoint's object graph (how its objects connect, and their keys)."""
-    from tensorflow.core.protobuf import trackable_object_graph_pb2
-
-    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph = internals.proto_module(internals.OBJECT_GRAPH_PB2).TrackableObjectGraph()
     graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
     return graph
 
@@ -98,13 +97,10 @@ def _surely_matches(checkpoint: Any, matched: dict[int, str], with_values: set[i
     ``False`` only means "not sure": :func:`check_matches` then compares key by key, as
     TF's own save would name them (a walk that reads every variable, ~10x the cost).
     """
-    from tensorflow.python.training.saving import saveable_object_util
-
     variable = tf().Variable
-    objects, _ = checkpoint._saver._graph_view._breadth_first_traversal()
-    for obj in objects:
+    for obj in internals.graph_objects(checkpoint):
         if id(obj) not in with_values:
-            if saveable_object_util.trackable_has_serialize_to_tensor(obj) or obj._gather_saveables_for_checkpoint():
+            if internals.holds_own_values(obj) is not False:  # None: not known, compare key by key
                 return False  # values of its own that the checkpoint lacks (or keeps elsewhere)
             continue  # holds no value of its own (a container, a model, ...)
         key = matched.get(id(obj))
@@ -142,8 +138,6 @@ def check_matches(
     ``graph``: its object graph and ``index``: ``(shapes, dtypes)`` by key, if already
     read (then no reader is opened).
     """
-    from tensorflow.python.training.saving.saveable_object_util import SaveableCompatibilityConverter as converter
-
     if index is not None and graph is not None:
         shapes, dtypes = index
     else:
@@ -159,7 +153,7 @@ def check_matches(
     for obj, tensor_dict in serialized.items():
         if obj is None:
             continue
-        obj = getattr(obj, "obj", obj) if isinstance(obj, converter) else obj  # a tf.distribute variable
+        obj = internals.unwrap_converted(obj)  # a tf.distribute variable
         live_keys = [k for k in tensor_dict if k.endswith("/.ATTRIBUTES/VARIABLE_VALUE")]
         if not live_keys:
             continue
@@ -194,11 +188,10 @@ def _deferred_keys(status: Any) -> list[str]:
     """The checkpoint keys a restore left for later: values of checkpoint objects that
     matched no live object yet (a Keras optimizer's slots before its first apply, a
     ``tf.data`` iterator not created yet). TF restores them when those objects appear."""
-    coordinator = getattr(status, "_checkpoint", None)
-    graph = getattr(coordinator, "object_graph_proto", None)
-    matched = getattr(coordinator, "matched_proto_ids", None)
-    if graph is None or matched is None:  # another TF: nothing known to be deferred
+    found = internals.restore_coordinator(status)
+    if found is None:  # another TF: nothing known to be deferred
         return []
+    graph, matched = found
     keys: list[str] = []
     for node_id, node in enumerate(graph.nodes):
         if node.attributes and node_id not in matched:
@@ -211,8 +204,7 @@ def _verify_values(path: str, keys: list[str], reader: Any) -> None:
     value's checksum; raises TF's ``DataLossError`` (or another data error) if one is bad."""
     if not keys:
         return
-    from tensorflow.python.ops import gen_io_ops
-
+    restore_v2 = tf().raw_ops.RestoreV2
     dtypes = reader.get_variable_to_dtype_map()
     found: list[str] = []
     for key in keys:
@@ -232,7 +224,9 @@ def _verify_values(path: str, keys: list[str], reader: Any) -> None:
             size += _prod(shapes.get(key) or []) * max(int(dtype.size), 1)
             if size >= _VERIFY_BATCH_BYTES or i == len(found) - 1:
                 # the values are dropped at once: memory stays bounded by one batch
-                gen_io_ops.restore_v2(path, batch, [""] * len(batch), [dtypes[k] for k in batch])
+                restore_v2(
+                    prefix=path, tensor_names=batch, shape_and_slices=[""] * len(batch), dtypes=[dtypes[k] for k in batch]
+                )
                 batch, size = [], 0
 
 
@@ -322,12 +316,12 @@ def _forget_deferred(checkpoint: Any, path: str) -> None:
         return getattr(getattr(position, "checkpoint", None), "save_path_string", None) != path
 
     try:
-        objects, _ = checkpoint._saver._graph_view._breadth_first_traversal()
+        objects = internals.graph_objects(checkpoint)
     except Exception as exc:  # another TF: nothing more can be done here
         log.debug("checkpoint.deferred_not_cleared", path=path, error=describe(exc))
         return
     for obj in objects:
-        deferred = getattr(obj, "_self_unconditional_deferred_dependencies", None)
+        deferred, slots = internals.deferred_restorations(obj)
         if isinstance(deferred, dict):
             for name in list(deferred):
                 kept = [p for p in deferred[name] if keep(p)]
@@ -335,8 +329,7 @@ def _forget_deferred(checkpoint: Any, path: str) -> None:
                     deferred[name] = kept
                 else:
                     del deferred[name]
-        slots = getattr(obj, "_deferred_slot_restorations", None)  # TF1-style optimizers
-        if isinstance(slots, dict):
+        if isinstance(slots, dict):  # TF1-style optimizers
             for by_variable in slots.values():
                 if isinstance(by_variable, dict):
                     for key in list(by_variable):

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _tf_internals as internals
 from .._exceptions import CheckpointError
 from .._logging import get_logger
 from .._tf import tf
@@ -145,7 +146,7 @@ class Staging:
                 if _stageable(tensor):
                     if stopping is not None and stopping():
                         return False
-                    self.buffer(index, tensor._numpy())
+                    self.buffer(index, internals.numpy_view(tensor))
                     index += 1
             self.prepared = True
         finally:
@@ -156,15 +157,9 @@ class Staging:
 def _stageable(value: Any) -> bool:
     """Whether a read value is staged: a plain-numbered tensor of rank >= 1 on the CPU.
 
-    Runs once per variable on the step thread: EagerTensor's own accessors, which skip
-    building ``DType`` and ``TensorShape`` objects (~2 us a variable otherwise).
+    Runs once per variable on the step thread (:func:`._tf_internals.fast_stageable`).
     """
-    return (
-        getattr(value, "_numpy", None) is not None
-        and value._datatype_enum() in _PLAIN_DTYPES
-        and len(value._shape_tuple()) > 0
-        and "CPU" in value.device
-    )
+    return internals.fast_stageable(value, _PLAIN_DTYPES)
 
 
 # Copies at the boundary run on this many threads (the step thread and short-lived
@@ -195,7 +190,7 @@ class _Stager:
         the read itself if it is not :func:`_stageable`."""
         if not _stageable(value):
             return value
-        view = value._numpy()  # the variable's own buffer, no copy (a CPU tensor)
+        view = internals.numpy_view(value)  # the variable's own buffer, no copy (a CPU tensor)
         buf = self.staging.buffer(self.count, view)
         self._copies.append((buf, view))
         self.count += 1
@@ -245,8 +240,9 @@ class _Stager:
 
 
 def _serialized(checkpoint: Any) -> tuple[dict[Any, dict[str, Any]], Any]:
-    """TF's own walk of the object graph: ``{trackable: {key: value}}`` and the graph proto."""
-    serialized, _, registered, proto = checkpoint._saver._gather_serialized_tensors(None)
+    """TF's own walk of the object graph: ``{trackable: {key: value}}`` and the graph proto
+    (``None`` in the public fallback, :func:`.._tf_internals.gather_serialized_tensors`)."""
+    serialized, registered, proto = internals.gather_serialized_tensors(checkpoint)
     if registered:
         raise CheckpointError(
             "the state holds objects with registered savers (e.g. DTensor), which "
@@ -266,15 +262,14 @@ def _variable_reader() -> Callable[[Any], Any]:
     the next update copies) and read it. The value stays on the variable's device; the
     writer thread copies it to the host.
     """
-    from tensorflow.python.ops import gen_resource_variable_ops as ops
-
-    disable_copy_on_read = ops.disable_copy_on_read
-    read_variable_op = ops.read_variable_op
+    ops = tf().raw_ops
+    disable_copy_on_read = ops.DisableCopyOnRead
+    read_variable_op = ops.ReadVariableOp
 
     def read(variable: Any) -> Any:
         handle = variable.handle
-        disable_copy_on_read(handle)
-        return read_variable_op(handle, variable.dtype)
+        disable_copy_on_read(resource=handle)
+        return read_variable_op(resource=handle, dtype=variable.dtype)
 
     return read
 
@@ -286,15 +281,14 @@ def _count_save(counter: Any) -> None:
     """``counter += 1``, TF's ``save_counter``: one op for a plain variable (~7 us against
     ``assign_add(1)``'s ~30 us, which converts the 1 and wraps the result), else as TF does."""
     global _ONE
-    from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops
-
-    if type(counter) is not resource_variable_ops.ResourceVariable or counter.dtype != tf().int64:
+    plain = internals.resource_variable_type()
+    if plain is None or type(counter) is not plain or counter.dtype != tf().int64:
         counter.assign_add(1)
         return
     if _ONE is None:
         with tf().device("/cpu:0"):
             _ONE = tf().constant(1, tf().int64)
-    gen_resource_variable_ops.assign_add_variable_op(counter.handle, _ONE)
+    tf().raw_ops.AssignAddVariableOp(resource=counter.handle, value=_ONE)
 
 
 def take_snapshot(
@@ -319,10 +313,9 @@ def take_snapshot(
         metrics: the metrics those values record (:attr:`Snapshot.metrics`).
     """
     t0 = time.perf_counter()
-    counter = getattr(checkpoint, "_maybe_create_save_counter", None)
+    counter = internals.create_save_counter(checkpoint)
     if counter is not None:  # as tf.train.Checkpoint.save() does: plain TF restores match
-        counter()
-        _count_save(checkpoint.save_counter)
+        _count_save(counter)
     read = _variable_reader()
     stager = _Stager(staging, read) if staging is not None and staging.prepared and staging.begin() else None
     try:
@@ -364,8 +357,6 @@ def _read_serialized(
     serialized: dict[Any, dict[str, Any]], read: Callable[[Any], Any]
 ) -> tuple[list[str], list[str], list[Any]]:
     """The keys, slice specs and values of TF's walk, every variable read now."""
-    from tensorflow.python.training.saving import saveable_object
-
     tensor_type = tf().Tensor
     keys: list[str] = []
     slices: list[str] = []
@@ -379,8 +370,8 @@ def _read_serialized(
             for slice_spec, tensor in by_slice.items():
                 if variable is not None and not slice_spec:
                     tensor = read(variable)  # what TF's closure reads, in 2 ops instead of 5
-                elif isinstance(tensor, saveable_object.SaveSpec):
-                    tensor = tensor.tensor  # reads the variable now
+                else:
+                    tensor = internals.save_spec_tensor(tensor)  # a legacy SaveSpec: reads the variable now
                 if tensor is None:  # an uninitialised variable: TF skips it too
                     continue
                 if not isinstance(tensor, (tensor_type, Staged)):

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _tf
+from .. import _tf_internals as internals
 from .._logging import describe, get_logger
 
 __all__ = ["BATCH_MIN_VARIABLES", "WalkCache", "initialized", "plain_variable", "saved_variable"]
@@ -70,10 +71,7 @@ _PLAIN: dict[type, bool] = {}  # variable class -> whether it may be uninitialis
 
 def _plain_types() -> dict[type, bool]:
     if not _PLAIN:
-        from tensorflow.python.eager.polymorphic_function.polymorphic_function import UnliftedInitializerVariable
-        from tensorflow.python.ops.resource_variable_ops import ResourceVariable, UninitializedVariable
-
-        _PLAIN.update({ResourceVariable: False, UninitializedVariable: True, UnliftedInitializerVariable: True})
+        _PLAIN.update(internals.plain_variable_types())  # {} without them: TF's own reads
     return _PLAIN
 
 
@@ -90,11 +88,11 @@ def plain_variable(obj: Any) -> Any:
     """
     types = _PLAIN or _plain_types()
     if type(obj) not in types:
-        inner = getattr(obj, "_value", None)
-        if type(inner) not in types or not hasattr(obj, "_serialize_to_tensors"):
+        inner = internals.keras_inner_variable(obj)
+        if type(inner) not in types or not internals.has_serialize(obj):
             return None
         obj = inner
-    if getattr(obj, "_caching_device", None) is not None:
+    if internals.caching_device(obj) is not None:
         return None
     return obj
 
@@ -103,7 +101,7 @@ def checkpoint_children(obj: Any) -> dict[str, Any]:
     """``{local name: child}`` of a trackable as a checkpoint sees them (``{}`` for
     anything else): what a restore walks to match the checkpoint's object graph."""
     try:
-        return dict(obj._trackable_children(save_type="checkpoint"))
+        return internals.trackable_children(obj)
     except (AttributeError, TypeError):
         return {}
 
@@ -111,30 +109,28 @@ def checkpoint_children(obj: Any) -> dict[str, Any]:
 def initialized(variable: Any) -> bool:
     """Whether a :func:`plain_variable` holds a value (TF's walk skips it otherwise). A
     ``ResourceVariable`` made eagerly always does; the others are asked (one op)."""
-    return not _PLAIN[type(variable)] or bool(variable.is_initialized())
+    return not _PLAIN.get(type(variable), True) or bool(variable.is_initialized())
 
 
 def _distributed(obj: Any) -> Any:
     """The ``tf.distribute`` variable ``obj`` is, or that a Keras 3 variable ``obj`` wraps
     (TF's walk is handed that variable itself as the value to save); else ``None``."""
-    from tensorflow.python.distribute.values import DistributedVariable
-
-    if isinstance(obj, DistributedVariable):
+    distributed = internals.distributed_variable_type()
+    if distributed is None:
+        return None
+    if isinstance(obj, distributed):
         return obj
-    inner = getattr(obj, "_value", None)
-    return inner if isinstance(inner, DistributedVariable) and hasattr(obj, "_serialize_to_tensors") else None
+    inner = internals.keras_inner_variable(obj)
+    return inner if isinstance(inner, distributed) and internals.has_serialize(obj) else None
 
 
 def _converted(obj: Any) -> Any:
     """The ``tf.distribute`` variable behind ``obj`` when ``obj`` is the wrapper TF's walk
     makes for a ``tf.Variable`` created under a strategy (``SaveableCompatibilityConverter``:
     its tensors are those of the variable's legacy saveable); else ``None``."""
-    from tensorflow.python.distribute.values import DistributedVariable
-    from tensorflow.python.training.saving.saveable_object_util import SaveableCompatibilityConverter
-
-    if type(obj) is SaveableCompatibilityConverter and isinstance(obj.obj, DistributedVariable):
-        return obj.obj
-    return None
+    inner = internals.converted_object(obj)
+    distributed = internals.distributed_variable_type()
+    return inner if inner is not None and distributed is not None and isinstance(inner, distributed) else None
 
 
 def saved_variable(obj: Any) -> Any:
@@ -149,12 +145,8 @@ def saved_variable(obj: Any) -> Any:
     variable = plain_variable(obj)
     if variable is not None:
         return variable
-    from tensorflow.python.distribute.values import MirroredVariable
-
-    inner = _distributed(obj)
-    if type(inner) is not MirroredVariable:
-        return None
-    return plain_variable(inner._primary)
+    primary = internals.mirrored_primary(_distributed(obj))
+    return None if primary is None else plain_variable(primary)
 
 
 _ITERATOR_KEY = "/.ATTRIBUTES/ITERATOR_STATE"
@@ -168,23 +160,24 @@ def _owned_iterator(obj: Any) -> Any:
     being its own ``_serialize_to_tensors()["_STATE"]`` (a ``SerializeIterator`` op, read
     at the walk); a snapshot from the remembered walk runs that op again.
     """
-    from tensorflow.python.data.ops.iterator_ops import OwnedIterator
-
+    owned = internals.owned_iterator_type()
     inner = getattr(obj, "obj", None)
-    return inner if type(inner) is OwnedIterator else None
+    return inner if owned is not None and type(inner) is owned and internals.has_serialize(inner) else None
 
 
-def _traversal(checkpoint: Any) -> tuple[list[Any], list[tuple[str, ...]]]:
-    """TF's breadth-first traversal of the checkpoint: objects, and each one's path."""
-    objects, paths = checkpoint._saver._graph_view.breadth_first_traversal()
+def _traversal(checkpoint: Any) -> tuple[list[Any], list[tuple[str, ...]]] | None:
+    """TF's breadth-first traversal of the checkpoint: objects, and each one's path;
+    ``None`` without it (no walk cache, :mod:`.._tf_internals`)."""
+    found = internals.breadth_first_traversal_with_paths(checkpoint)
+    if found is None:
+        return None
+    objects, paths = found
     return objects, [tuple(ref.name for ref in paths[obj]) for obj in objects]
 
 
 def _has_slots(obj: Any) -> bool:
     """Whether TF's walk asks ``obj`` for slot variables (its own test, in ``checkpoint/util.py``)."""
-    from tensorflow.python.training import optimizer as optimizer_v1
-
-    return isinstance(obj, optimizer_v1.Optimizer) or "get_slot_names" in dir(obj)
+    return isinstance(obj, _tf.tf().compat.v1.train.Optimizer) or "get_slot_names" in dir(obj)
 
 
 @dataclass
@@ -206,13 +199,13 @@ def _batch_reader(variables: list[Any]) -> Callable[[], list[Any]]:
     """A traced function reading every one of ``variables`` as the snapshot reads one:
     copy-on-read switched off (the read shares the variable's buffer, the next update
     copies), then the value, on the variable's device."""
-    from tensorflow.python.ops import gen_resource_variable_ops as ops
+    ops = _tf.tf().raw_ops
 
     def read_all() -> list[Any]:
         values = []
         for variable in variables:
-            ops.disable_copy_on_read(variable.handle)
-            values.append(ops.read_variable_op(variable.handle, variable.dtype))
+            ops.DisableCopyOnRead(resource=variable.handle)
+            values.append(ops.ReadVariableOp(resource=variable.handle, dtype=variable.dtype))
         return values
 
     concrete: Callable[[], list[Any]] = _tf.tf().function(read_all, autograph=False).get_concrete_function()
@@ -254,7 +247,10 @@ class WalkCache:
         walk = self._walk
         if walk is None:
             return None
-        objects, paths = _traversal(checkpoint)
+        traversal = _traversal(checkpoint)
+        if traversal is None:
+            return None
+        objects, paths = traversal
         if len(objects) != len(walk.objects) or paths != walk.paths:
             return None
         for a, b in zip(objects, walk.objects):
@@ -280,7 +276,10 @@ class WalkCache:
             elif kind == _GRAPH:
                 tensors.append(walk.graph)
             elif kind == _ITERATOR:
-                tensors.append(owner._serialize_to_tensors()["_STATE"])  # its position now
+                serialize = internals.serialize_iterator(owner)
+                if serialize is None:
+                    return None
+                tensors.append(serialize()["_STATE"])  # its position now
             else:  # in key order, as TF's walk: the same collectives, in the same order, on every worker
                 tensors.append(_tf.tf().convert_to_tensor(distributed))
         self.hits += 1
@@ -359,9 +358,10 @@ class WalkCache:
                 owners.append(owner)
                 kinds.append(kind)
                 distributed.append(found)
-        if graph is None:
+        traversal = _traversal(checkpoint) if graph is not None else None
+        if traversal is None:
             return
-        objects, paths = _traversal(checkpoint)
+        objects, paths = traversal
         if any(_has_slots(obj) for obj in objects):
             return
         variable_owners = [o for o, kind in zip(owners, kinds) if kind == _VARIABLE]

@@ -132,9 +132,17 @@ def write_snapshot(
     sub = _subset(snapshot, rest)
     _save_v2(sub, parts[1], [list(range(len(rest)))])
     with tf().device("/cpu:0"):
-        from tensorflow.python.ops import gen_io_ops
+        _merge_op(parts, prefix, delete_old_dirs=True)
 
-        gen_io_ops.merge_v2_checkpoints(parts, prefix, delete_old_dirs=True)
+
+def _save_op(prefix: str, keys: list[str], slices: list[str], tensors: list[Any]) -> None:
+    """TF's ``SaveV2`` (public as ``tf.raw_ops.SaveV2``)."""
+    tf().raw_ops.SaveV2(prefix=prefix, tensor_names=keys, shape_and_slices=slices, tensors=tensors)
+
+
+def _merge_op(parts: list[str], prefix: str, *, delete_old_dirs: bool) -> None:
+    """TF's ``MergeV2Checkpoints`` (public as ``tf.raw_ops.MergeV2Checkpoints``)."""
+    tf().raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=prefix, delete_old_dirs=delete_old_dirs)
 
 
 def _subset(snapshot: _snapshot.Snapshot, indices: list[int]) -> _snapshot.Snapshot:
@@ -163,18 +171,16 @@ def _write_native(
 
 def _save_v2(snapshot: _snapshot.Snapshot, prefix: str, groups: list[list[int]]) -> None:
     tf_ = tf()
-    from tensorflow.python.ops import gen_io_ops
-
     with tf_.device("/cpu:0"):
         if len(groups) == 1:
-            gen_io_ops.save_v2(prefix, snapshot.keys, snapshot.slices, snapshot.tensors)
+            _save_op(prefix, snapshot.keys, snapshot.slices, snapshot.tensors)
             return
         parts = [f"{prefix}_temp/part-{j:05d}-of-{len(groups):05d}" for j in range(len(groups))]
 
         def save_part(j: int) -> None:
             idx = groups[j]
             with tf_.device("/cpu:0"):
-                gen_io_ops.save_v2(
+                _save_op(
                     parts[j],
                     [snapshot.keys[i] for i in idx],
                     [snapshot.slices[i] for i in idx],
@@ -183,7 +189,7 @@ def _save_v2(snapshot: _snapshot.Snapshot, prefix: str, groups: list[list[int]])
 
         with ThreadPoolExecutor(len(groups), thread_name_prefix="asv-checkpoint-shard") as pool:
             list(pool.map(save_part, range(len(groups))))
-        gen_io_ops.merge_v2_checkpoints(parts, prefix, delete_old_dirs=True)
+        _merge_op(parts, prefix, delete_old_dirs=True)
 
 
 #: The most one ``SaveV2`` call of the plain store writes: nothing can interrupt the op,
@@ -238,20 +244,18 @@ def _save_v2_in_pieces(snapshot: _snapshot.Snapshot, prefix: str, check: Callabl
     abandon the save), then ``MergeV2Checkpoints`` (TF's own multi-device saver does the
     same). A state of one piece is one ``SaveV2`` straight to ``prefix``."""
     tf_ = tf()
-    from tensorflow.python.ops import gen_io_ops
-
     pieces = _pieces(snapshot, PIECE_BYTES)
     with tf_.device("/cpu:0"):
         if len(pieces) == 1:
             keys, specs, tensors = zip(*pieces[0])
-            gen_io_ops.save_v2(prefix, list(keys), list(specs), list(tensors))
+            _save_op(prefix, list(keys), list(specs), list(tensors))
             return
         parts = [f"{prefix}_temp/part-{j:05d}-of-{len(pieces):05d}" for j in range(len(pieces))]
         for part, piece in zip(parts, pieces):
             if check is not None:
                 check()
             keys, specs, tensors = zip(*piece)
-            gen_io_ops.save_v2(part, list(keys), list(specs), list(tensors))
+            _save_op(part, list(keys), list(specs), list(tensors))
         if check is not None:
             check()
-        gen_io_ops.merge_v2_checkpoints(parts, prefix, delete_old_dirs=True)
+        _merge_op(parts, prefix, delete_old_dirs=True)

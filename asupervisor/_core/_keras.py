@@ -23,6 +23,7 @@ from typing import Any
 
 import anyio
 
+from .. import _tf_internals
 from .._logging import describe, get_logger
 from .._tf import tf
 from ._abc import SessionAttribute
@@ -239,7 +240,7 @@ def _build(model: Any, data: Any) -> None:
     ``data``'s element spec, as ``model.fit`` does before its first step; best effort
     (a model that cannot be built so builds on its first step)."""
     spec = getattr(data, "element_spec", None)
-    build = getattr(model, "_symbolic_build", None)
+    build = _tf_internals.keras_symbolic_build(model)
     if spec is not None and build is not None:
         try:
             build(data_batch=spec)
@@ -262,9 +263,8 @@ def _attach_keras_state(state: Any, model: Any) -> None:
     if state is None or getattr(state, KERAS_ATTR, None) is not None:
         return
     rng: dict[str, Any] = {}
-    for layer in model._flatten_layers(include_self=True) if hasattr(model, "_flatten_layers") else ():
-        for generator in getattr(layer, "_seed_generators", ()):
-            rng[str(len(rng))] = _backend_variable(generator.state)
+    for generator in _tf_internals.keras_seed_generators(model):
+        rng[str(len(rng))] = _backend_variable(generator.state)
     metrics = {
         str(i): _backend_variable(v) for i, v in enumerate(v for m in getattr(model, "metrics", ()) for v in m.variables)
     }

@@ -964,7 +964,10 @@ def test_a_walk_of_variables_made_under_a_strategy_is_reused(tmp_path: Path) -> 
         checkpointer.write(snap)
     walk = checkpointer._walks._walk
     assert walk is not None and checkpointer._walks.hits == 2
-    assert walk.kinds.count(_walk_cache._DISTRIBUTED) == 3  # the metric's total and count, total
+    # total, and the metric's total and count where Keras makes them on-read (newer Keras;
+    # earlier ones mirror them: read directly, as any other mirrored variable)
+    on_read = sum(type(getattr(v, "value", v)).__name__ == "SyncOnReadVariable" for v in state["metric"])
+    assert walk.kinds.count(_walk_cache._DISTRIBUTED) == 1 + on_read
     owners = {type(getattr(o, "_value", o)).__name__ for o in walk.variable_owners}
     assert "MirroredVariable" in owners and state["epoch"] in walk.variable_owners
     fresh, fresh_step = build()

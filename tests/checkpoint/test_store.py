@@ -115,17 +115,15 @@ def test_plain_store_save_is_abandoned_between_pieces(tmp_path: Path, monkeypatc
     assert first is not None
     checkpointer.write(first)
     before = sorted(os.listdir(tmp_path))
-    from tensorflow.python.ops import gen_io_ops
-
     calls: list[str] = []
-    real_save = gen_io_ops.save_v2
+    real_save = _write._save_op  # TF's SaveV2
 
     def save_then_abandon(prefix: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(str(prefix))
         checkpointer.abandon()  # the stop's deadline comes while this piece is written
         return real_save(prefix, *args, **kwargs)
 
-    monkeypatch.setattr(gen_io_ops, "save_v2", save_then_abandon)
+    monkeypatch.setattr(_write, "_save_op", save_then_abandon)
     snap = checkpointer.snapshot(2)
     assert snap is not None
     with pytest.raises(SaveAbandoned):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ... import _tf_internals
 from ..._logging import get_logger
 from . import _names, _writeback
 
@@ -51,9 +52,7 @@ class CheckpointState:
 
 
 def _state_proto() -> Any:
-    from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState as Proto
-
-    return Proto
+    return _tf_internals.proto_module(_tf_internals.CHECKPOINT_STATE_PB2).CheckpointState
 
 
 _STATE_FIELDS = {

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from .... import _tf_internals
 from ...._logging import get_logger
 from . import _direct
 from ._idle_io import CHUNK_BYTES, IdleIO, pwrite_all
@@ -454,9 +455,8 @@ def _table(entries: list[tuple[bytes, bytes]]) -> bytes:
 
 def index_bytes(entries: dict[str, Any], num_shards: int) -> bytes:
     """The ``.index`` file: the header under ``""``, then ``entries`` (key → BundleEntryProto)."""
-    from tensorflow.core.framework import versions_pb2
-    from tensorflow.core.protobuf import tensor_bundle_pb2
-
+    versions_pb2 = _tf_internals.proto_module(_tf_internals.VERSIONS_PB2)
+    tensor_bundle_pb2 = _tf_internals.proto_module(_tf_internals.TENSOR_BUNDLE_PB2)
     header = tensor_bundle_pb2.BundleHeaderProto(
         num_shards=num_shards,
         endianness=tensor_bundle_pb2.BundleHeaderProto.LITTLE,
@@ -469,8 +469,7 @@ def index_bytes(entries: dict[str, Any], num_shards: int) -> bytes:
 
 def entry_proto(tensor: Any, shard: int, offset: int, size: int, crc: int) -> Any:
     """The ``BundleEntryProto`` of one tensor written at ``offset`` of data file ``shard``."""
-    from tensorflow.core.protobuf import tensor_bundle_pb2
-
+    tensor_bundle_pb2 = _tf_internals.proto_module(_tf_internals.TENSOR_BUNDLE_PB2)
     entry = tensor_bundle_pb2.BundleEntryProto(
         dtype=int(tensor.dtype.as_datatype_enum), shard_id=shard, offset=offset, size=size, crc32c=_mask(crc)
     )

@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from .... import _tf_internals
 from ...._tf import tf
 from ..._walk_cache import checkpoint_children, initialized, plain_variable
 from . import _bundle, _direct, _index
@@ -81,9 +82,8 @@ def plan(checkpoint: Any, graph: Any, entries: dict[str, Any]) -> list[Planned] 
     base = tf().train.Checkpoint
     if not isinstance(checkpoint, base) or type(checkpoint).restore is not base.restore or type(checkpoint).read is not base.read:
         return None  # a subclass that restores its own way: it is asked to
-    create_counter = getattr(checkpoint, "_maybe_create_save_counter", None)
-    if create_counter is not None:
-        create_counter()  # as TF's restore does (after its read: the counter is then deferred)
+    # as TF's restore does (after its read: the counter is then deferred)
+    _tf_internals.maybe_create_save_counter(checkpoint)
     live: dict[int, Any] = {}
     stack = [(0, checkpoint)]
     while stack:
@@ -136,8 +136,7 @@ def read_index(prefix: str) -> tuple[int, dict[str, Any]] | None:
     Raises:
         ValueError: the index is damaged (naming it).
     """
-    from tensorflow.core.protobuf import tensor_bundle_pb2
-
+    tensor_bundle_pb2 = _tf_internals.proto_module(_tf_internals.TENSOR_BUNDLE_PB2)
     try:
         header, entries = _index.read(prefix)
     except _index.Unsupported:
@@ -675,8 +674,7 @@ class Prefetch:
         Raises:
             tf.errors.DataLossError: its bytes are short or fail their checksum.
         """
-        from tensorflow.core.protobuf import trackable_object_graph_pb2
-
+        trackable_object_graph_pb2 = _tf_internals.proto_module(_tf_internals.OBJECT_GRAPH_PB2)
         if GRAPH_KEY not in self.entries:
             return None
         with self._arrived:
@@ -746,8 +744,7 @@ def assign(planned: list[Planned], values: dict[str, Any]) -> None:
     """Hand each planned variable its value, read by :meth:`Prefetch.finish`
     (``AssignVariableOp`` makes each aligned numpy array a tensor without a copy and the
     variable adopts its buffer)."""
-    from tensorflow.python.ops import gen_resource_variable_ops
-
+    assign_variable_op = tf().raw_ops.AssignVariableOp
     with tf().device("/cpu:0"):
         for p in planned:
-            gen_resource_variable_ops.assign_variable_op(p.variable.handle, values[p.key])
+            assign_variable_op(resource=p.variable.handle, value=values[p.key])

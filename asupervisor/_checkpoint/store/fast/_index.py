@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from .... import _tf_internals
 from . import _bundle
 
 __all__ = ["Unsupported", "read", "varint"]
@@ -89,8 +90,8 @@ def read(prefix: str) -> tuple[Any, dict[str, Any]]:
         OSError: it cannot be read.
     """
     from google.protobuf.message import DecodeError
-    from tensorflow.core.protobuf import tensor_bundle_pb2
 
+    tensor_bundle_pb2 = _tf_internals.proto_module(_tf_internals.TENSOR_BUNDLE_PB2)
     path = f"{prefix}.index"
     with open(path, "rb") as f:
         data = f.read()
