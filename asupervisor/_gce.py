@@ -238,7 +238,7 @@ class GcePreemptionNotice(Service):
         if not self._noticed:
             self._noticed = True
             log.warning("preemption.notice", source="gce", notice=event)
-            ctx.control.request_stop(reason=STOP_REASON)
+            ctx.notice_preemption(STOP_REASON)  # agreed with the cluster, as a signal is
         scope.cancel()  # the other key's watch ends too
 
     async def _back_off(self, ctx: EngineContext, key: str, error: str, failures: int) -> None:

@@ -17,9 +17,10 @@ store (the service ``MultiWorkerMirroredStrategy`` starts, and TF's own
 3. The leader waits for every acknowledgement before it takes step ``s+1``. Workers step
    together (each step is a collective), so no worker can finish step ``s+1`` before the
    leader takes it: every worker knows its stop step before it gets there.
-4. At step ``s+1`` every worker stops with ``stop_reason = "signal:<NAME>"``, marked
-   agreed: the final checkpoint is taken by all of them (the chief commits it) and every
-   process exits with the same status (``asv.exit_code``: 143 after SIGTERM).
+4. At step ``s+1`` every worker stops with ``stop_reason = "signal:<NAME>"`` (or the
+   notice's ``preempted:<source>``, when a preemption notice started it), marked
+   agreed: the final checkpoint is taken by all of them (the chief commits it) and
+   every process exits with the same status (``asv.exit_code``: 143 after SIGTERM).
 
 If an acknowledgement does not come within :func:`ack_timeout` (a worker is gone), the
 leader stops alone, without a final checkpoint: saving would wait for a collective that
@@ -38,6 +39,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from .. import _tf_internals as internals
 from .._core._abc import SessionPart
 from .._logging import describe, get_logger
 from .._tf import tf
@@ -57,6 +59,12 @@ _sessions = itertools.count()
 _WATCH_POLL_MS = 250  # the watcher's blocking read, between checks for the session's end
 
 
+def _reason(name: str) -> str:
+    """The stop reason of what started the stop: ``signal:<NAME>`` for a signal's name, a
+    preemption notice's own (``preempted:gce``) as it is. Published without spaces."""
+    return name if ":" in name else f"signal:{name}"
+
+
 def ack_timeout(stop_grace_secs: float) -> float:
     """How long the leader waits for the other workers' acknowledgements."""
     return max(1.0, min(10.0, stop_grace_secs / 3))
@@ -64,10 +72,7 @@ def ack_timeout(stop_grace_secs: float) -> float:
 
 def _coordination() -> Any:
     """TensorFlow's eager context when a coordination service runs, else ``None``."""
-    from tensorflow.python.eager import context
-
-    ctx = context.context()
-    return ctx if ctx.coordination_service is not None else None
+    return internals.coordination_service_context()
 
 
 class ClusterStopPart(SessionPart):
@@ -109,9 +114,14 @@ class ClusterStopPart(SessionPart):
         ctx.new_thread("asv-cluster-stop").submit_nowait(self._watch, ctx)
 
     def on_signal(self, ctx: SessionContext, name: str) -> bool:
-        """The first signal: lead an agreed stop at the next step boundary."""
-        if self._kv is None or self._signalled:
+        """The first signal (or a preemption notice, ``preempted:<source>``): lead an
+        agreed stop at the next step boundary. A later one joins the stop under way
+        (a GCE notice, then the VM's SIGTERM: one agreed stop, not a second, lone one)."""
+        if self._kv is None:
             return False
+        if self._signalled:
+            log.info("cluster.stop_under_way", signal=name)
+            return True
         self._signalled = True
         ctx.step_thread.submit_at_boundary_nowait(self._lead, ctx, name)
         return True
@@ -132,7 +142,7 @@ class ClusterStopPart(SessionPart):
 
     def _stop(self, ctx: SessionContext) -> None:
         log.warning("cluster.stopped_together", step=ctx.global_step, signal=self._signal)
-        ctx.control.request_stop(reason=f"signal:{self._signal}", agreed=True)
+        ctx.control.request_stop(reason=_reason(self._signal), agreed=True)
 
     def _stop_at(self, ctx: SessionContext, step: int, signal: str) -> None:
         """Stop at ``step`` (now, if this worker is there already)."""
@@ -155,7 +165,7 @@ class ClusterStopPart(SessionPart):
             self._lead_or_follow(ctx, name)
         except Exception as exc:  # the cluster runtime failed: stop alone, unsaved
             log.error("cluster.stop_not_agreed", error=describe(exc))
-            ctx.control.request_stop(reason=f"signal:{name}")
+            ctx.control.request_stop(reason=_reason(name))
 
     def _lead_or_follow(self, ctx: SessionContext, name: str) -> None:
         errors = tf().errors
@@ -182,7 +192,7 @@ class ClusterStopPart(SessionPart):
                 missing.append(task)
         if missing:
             log.error("cluster.stop_not_agreed", missing=missing, why="no acknowledgement: stopping alone, unsaved")
-            ctx.control.request_stop(reason=f"signal:{name}")
+            ctx.control.request_stop(reason=_reason(name))
             return
         self._stop_at(ctx, target, name)
 

@@ -59,6 +59,9 @@ T = TypeVar("T")
 
 log = get_logger(__name__)
 
+#: the stop reasons of a preemption notice that is not a signal: ``preempted:<source>``
+PREEMPTED = "preempted:"
+
 
 @dataclass(frozen=True, kw_only=True)
 class RestartPolicy:
@@ -174,8 +177,11 @@ class ServiceContext(Protocol):
 
         Args:
             exc: an error to raise out of ``managed_session()`` (the first one wins).
-            reason: the ``stop_reason``; ``"preempted:<source>"`` makes ``exit_code``
-                143. Derived from ``exc`` by default, else ``"requested"``.
+            reason: the ``stop_reason``; ``"preempted:<source>"`` is a preemption
+                notice (AWS's spot interruption, a scheduler's API): in a multi-worker
+                training every worker agrees on the stop step and takes the final
+                checkpoint, as for a stop signal, and ``exit_code`` is 143. Derived from
+                ``exc`` by default, else ``"requested"``.
         """
         ...
 
@@ -217,6 +223,12 @@ class EngineContext(Protocol):
 
     def set_service_state(self, name: str, state: str) -> None:
         """Record a service's state for ``Supervisor.status()``."""
+        ...
+
+    def notice_preemption(self, reason: str) -> None:
+        """A preemption notice that is not a signal (``reason``: ``preempted:<source>``):
+        a stop like a first stop signal's, which every worker of a multi-worker training
+        agrees on (so they all take the final checkpoint)."""
         ...
 
 
@@ -280,6 +292,9 @@ class ServiceContextImpl:
         return self._engine.control.reason
 
     def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
+        if exc is None and reason is not None and reason.startswith(PREEMPTED):
+            self._engine.notice_preemption(reason)  # agreed with the cluster, as a signal is
+            return
         self._engine.control.request_stop(exc, reason=reason)
 
     async def run_on_step_thread(self, fn: Callable[..., T], /, *args: Any) -> T:

@@ -168,9 +168,16 @@ def _free_ports(n: int) -> list[int]:
 
 
 def _start_cluster(
-    tmp_path: Path, logdir: Path, max_steps: int, save_steps: int, backend: str, *extra: str
+    tmp_path: Path,
+    logdir: Path,
+    max_steps: int,
+    save_steps: int,
+    backend: str,
+    *extra: str,
+    env_of: dict[str, dict[str, str]] | None = None,
 ) -> list[subprocess.Popen[str]]:
-    """Start the chief and one worker (``scripts/mw_train.py``), chief first."""
+    """Start the chief and one worker (``scripts/mw_train.py``), chief first; ``env_of``:
+    more environment for a task (``{"worker": {...}}``)."""
     chief_port, worker_port = _free_ports(2)
     cluster = {"chief": [f"localhost:{chief_port}"], "worker": [f"localhost:{worker_port}"]}
     procs = []
@@ -183,6 +190,7 @@ def _start_cluster(
             "TF_CPP_MIN_LOG_LEVEL": "3",
             "TMPDIR": str(tmpdir),
             "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task, "index": 0}}),
+            **(env_of or {}).get(task, {}),
         }
         args = [sys.executable, str(SCRIPT), str(logdir), str(max_steps), str(save_steps), backend]
         args += [str(tmp_path / f"{task}.npz"), *extra]
@@ -322,6 +330,43 @@ def test_sigterm_to_one_worker_stops_the_cluster_at_one_step_with_a_final_checkp
     restored = f"RESTORED {stopped} CheckpointInfo(path='{logdir / f'model.ckpt-{stopped}'}'"
     assert chief[0].startswith(restored) and worker[0].startswith(restored)
     assert chief[-1] == worker[-1] == f"DONE {stopped + 2} max_steps"
+
+
+@pytest.mark.timeout(120)
+def test_a_gce_notice_to_one_worker_stops_the_cluster_together_with_a_final_checkpoint(tmp_path: Path) -> None:
+    """The worker's VM gets GCE's preemption notice (a fake metadata server only it
+    watches): the notice is agreed with the chief as a signal is, both stop at one step
+    with ``preempted:gce``, both take part in the final checkpoint there, both exit 143."""
+    from fake_metadata import PREEMPTED, FakeMetadata
+
+    logdir = tmp_path / "logdir"
+    metadata = FakeMetadata()
+    metadata.thread.start()
+    try:
+        env_of = {"worker": {"GCE_METADATA_HOST": metadata.host}}
+        procs = _start_cluster(tmp_path, logdir, 1_000_000, 50, "asyncio", "signals", env_of=env_of)
+        before: list[list[str]] = [[], []]
+        try:
+            assert procs[1].stdout is not None
+            while "RUNNING" not in before[1]:
+                line = procs[1].stdout.readline()
+                assert line, "the worker ended before it ran 20 steps"
+                before[1].append(line.strip())
+        except BaseException:
+            for proc in procs:
+                proc.kill()
+            raise
+        metadata.set(PREEMPTED, "TRUE")
+        chief, worker = _finish(procs, expected_rc=143, before=before)
+    finally:
+        metadata.close()
+    done_chief, done_worker = chief[-1].split(), worker[-1].split()
+    assert done_chief[0] == "DONE" and done_chief[2] == "preempted:gce", chief
+    assert done_chief == done_worker  # the same step, the same reason
+    stopped = int(done_chief[1])
+    assert _saves(chief, "SAVED")[-1] == stopped and _saves(worker, "WORKER_SAVED")[-1] == stopped
+    assert not [line for line in chief + worker if line.startswith("ERROR")]
+    assert tf.train.latest_checkpoint(str(logdir)) == str(logdir / f"model.ckpt-{stopped}")
 
 
 @pytest.mark.timeout(120)

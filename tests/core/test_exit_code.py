@@ -98,3 +98,23 @@ async def test_outside_a_cluster_a_message_about_unhealthy_tasks_is_an_error_lik
             await sess.run(bad)
     assert sv.status().stop_reason == "error:UnavailableError"
     assert asv.exit_code(sv.status()) == 1
+
+
+async def test_a_services_preemption_notice_is_a_preemption() -> None:
+    """A service of the user's own reporting another platform's notice (AWS's spot
+    interruption, say) with ``ctx.request_stop(reason="preempted:aws")``: 143."""
+
+    class SpotNotice(asv.Service):
+        name = "spot-notice"
+
+        async def run(self, ctx: asv.ServiceContext, *, task_status: Any) -> None:
+            task_status.started()
+            ctx.request_stop(reason="preempted:aws")
+            await anyio.sleep_forever()
+
+    sv = make_sv()
+    sv.add_service(SpotNotice())
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: None)  # until the notice stops it
+    assert sv.status().stop_reason == "preempted:aws"
+    assert asv.exit_code(sv.status()) == 143

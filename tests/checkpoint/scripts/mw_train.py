@@ -3,7 +3,8 @@
 Usage: ``python mw_train.py LOGDIR MAX_STEPS SAVE_STEPS BACKEND OUT.npz [signals]`` with
 ``TF_CONFIG`` set by the parent. The process prints ``RUNNING`` after its 20th step of
 this run. With ``signals`` the session handles SIGINT/SIGTERM and the process exits with
-``asv.exit_code``; with ``keep-all`` no checkpoint is deleted (``max_to_keep=None``). The state holds a Keras model and optimizer, a Keras ``Mean`` metric and
+``asv.exit_code``; with ``GCE_METADATA_HOST`` set it also watches that (fake) metadata
+server for a preemption notice; with ``keep-all`` no checkpoint is deleted (``max_to_keep=None``). The state holds a Keras model and optimizer, a Keras ``Mean`` metric and
 an ``ON_READ``/``SUM`` counter (both SyncOnRead: reading them is a collective all-reduce),
 a ``tf.Variable`` (which TF's walk saves through a saveable converter) or, with
 ``keras-counter``, a Keras variable. Either way snapshots after the first reuse the walk.
@@ -75,6 +76,8 @@ async def main(
         handle_signals=signals,
         max_to_keep=None if keep_all else 5,
     )
+    if os.environ.get("GCE_METADATA_HOST"):  # a (fake) metadata server to watch: this task's VM
+        sv.add_service(asv.GcePreemptionNotice())
     taken = [0]
 
     def step() -> None:
