@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-matrix typecheck bench clean
+.PHONY: venv demo test test-matrix format typecheck bench bench-gpu clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,7 @@ test: venv
 	$(PY) -X importtime -c "import asupervisor" 2> .importtime.log; \
 	  if grep -q tensorflow .importtime.log; then echo "importing asupervisor imported tensorflow"; rm -f .importtime.log; exit 1; fi; rm -f .importtime.log
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q -n auto --maxprocesses=4 --dist worksteal
 
@@ -32,6 +33,11 @@ test: venv
 # interpreters (default python3.10 / python3.13 on PATH); see tools/test_matrix.sh.
 test-matrix:
 	tools/test_matrix.sh
+
+# The formatter `make test` checks (ruff format), and the import order, in place.
+format: venv
+	$(PY) -m ruff check --select I --fix .
+	$(PY) -m ruff format .
 
 bench: venv
 	$(PY) bench/step_overhead.py
@@ -46,6 +52,10 @@ bench: venv
 	$(PY) bench/embed_latency.py --backend trio
 	$(PY) bench/remote.py
 	$(PY) bench/keras_fit.py
+
+# The GPU path (bench/gpu.py): on a machine without a GPU it says so and exits 0.
+bench-gpu: venv
+	$(PY) bench/gpu.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache

@@ -66,7 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         message = " ".join(str(exc).split()) or "(no message)"
-        print(f"asupervisor {args.command}: {type(exc).__name__}: {message} (--debug shows the traceback)", file=sys.stderr)  # noqa: T201
+        print(  # noqa: T201
+            f"asupervisor {args.command}: {type(exc).__name__}: {message} (--debug shows the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 
@@ -108,13 +111,14 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=60_000, help="without --max-steps: steps to run now")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(
-        "--save-secs", type=_secs_or_auto, default=5.0,
+        "--save-secs",
+        type=_secs_or_auto,
+        default=5.0,
         help="seconds between checkpoints, or 'auto': as often as costs training under 2%% (5)",
     )
     parser.add_argument("--summary-secs", type=float, default=2.0)
     parser.add_argument("--progress-secs", type=float, default=2.0)
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
-
 
 
 if __name__ == "__main__":

@@ -153,12 +153,12 @@ class SupervisorConfig:
             raise TypeError(f"is_chief must be True, False or None, got {self.is_chief!r}")
         for name in ("init_fn", "local_init_fn", "ready_fn"):
             _check_callable(name, getattr(self, name))
-        if not isinstance(self.checkpoint_basename, str) or not self.checkpoint_basename or (
-            os.sep in self.checkpoint_basename
+        if (
+            not isinstance(self.checkpoint_basename, str)
+            or not self.checkpoint_basename
+            or (os.sep in self.checkpoint_basename)
         ):
-            raise ValueError(
-                f"checkpoint_basename must be a file name, got {self.checkpoint_basename!r}"
-            )
+            raise ValueError(f"checkpoint_basename must be a file name, got {self.checkpoint_basename!r}")
         if isinstance(self.save_model_secs, str):
             if self.save_model_secs != "auto":
                 raise TypeError(

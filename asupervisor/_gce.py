@@ -246,7 +246,9 @@ class GcePreemptionNotice(Service):
         if failures == 1:
             log.warning("preemption.poll_failed", source="gce", key=key, error=error, retry_in_secs=secs)
         else:
-            log.debug("preemption.poll_failed", source="gce", key=key, error=error, retry_in_secs=secs, failures=failures)
+            log.debug(
+                "preemption.poll_failed", source="gce", key=key, error=error, retry_in_secs=secs, failures=failures
+            )
         await ctx.clock.sleep_until(ctx.clock.now() + secs)
 
     async def _get(

@@ -194,7 +194,9 @@ def _text(report: dict[str, Any]) -> str:
         mark = " latest" if c["latest"] else ("" if c["named_in_state_file"] else " (not in the state file)")
         health = "loads" if c["loads"] else f"DOES NOT LOAD: {c['error']}"
         recorded = "".join(f"  {k}={v:.6g}" for k, v in sorted((c.get("metrics") or {}).items()))
-        lines.append(f"  {c['name']:<28} step {c['step']!s:>8}  {when}  {c['bytes'] / 2**20:9.2f} MiB  {health}{mark}{recorded}")
+        lines.append(
+            f"  {c['name']:<28} step {c['step']!s:>8}  {when}  {c['bytes'] / 2**20:9.2f} MiB  {health}{mark}{recorded}"
+        )
     for name in report["leftovers"]:
         lines.append(f"  leftover of an interrupted save: {name}")
     if report.get("owner"):

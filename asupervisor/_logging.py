@@ -429,9 +429,7 @@ def _level_number(level: str | int) -> int:
     return number
 
 
-def configure_logging(
-    *, json: bool = False, level: str | int = "info", stream: TextIO | None = None
-) -> None:
+def configure_logging(*, json: bool = False, level: str | int = "info", stream: TextIO | None = None) -> None:
     """Print asupervisor's (and the application's structlog) events on ``stream``.
 
     Installs one handler on the ``asupervisor`` logger (not the root logger), replacing the

@@ -46,9 +46,7 @@ class _Writer:
     def __init__(self) -> None:
         self.lines: list[str] = []
 
-    def metric(
-        self, name: str, kind: str, doc: str, samples: Iterable[tuple[dict[str, str], float | None]]
-    ) -> None:
+    def metric(self, name: str, kind: str, doc: str, samples: Iterable[tuple[dict[str, str], float | None]]) -> None:
         rows = [(labels, value) for labels, value in samples if value is not None]
         if not rows:
             return
@@ -58,7 +56,6 @@ class _Writer:
             assert value is not None
             text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
             self.lines.append(f"{full}{{{text}}} {_number(value)}" if text else f"{full} {_number(value)}")
-
 
     def histogram(self, name: str, doc: str, label: str, histograms: Mapping[str, Histogram]) -> None:
         """One histogram family: a ``label`` value per histogram, cumulative ``le`` buckets."""
@@ -94,7 +91,12 @@ def render(status: Status) -> str:
         [({"reason": status.stop_reason}, 1.0)] if status.stop_reason else [],
     )
     last = status.last_checkpoint
-    w.metric("last_checkpoint_step", "gauge", "The step of the last committed checkpoint.", [({}, None if last is None else last.step)])
+    w.metric(
+        "last_checkpoint_step",
+        "gauge",
+        "The step of the last committed checkpoint.",
+        [({}, None if last is None else last.step)],
+    )
     w.metric(
         "last_checkpoint_timestamp_seconds",
         "gauge",
@@ -137,10 +139,16 @@ def render(status: Status) -> str:
     remote = status.remote
     if remote is not None:
         url = {"url": remote.url}
-        w.metric("remote_uploaded_step", "gauge", "The newest step committed on the remote.", [(url, remote.uploaded_step)])
+        w.metric(
+            "remote_uploaded_step", "gauge", "The newest step committed on the remote.", [(url, remote.uploaded_step)]
+        )
         w.metric("remote_lag_steps", "gauge", "Steps the remote is behind the local tier.", [(url, remote.lag_steps)])
-        w.metric("remote_lag_seconds", "gauge", "How long the newest local checkpoint has waited.", [(url, remote.lag_secs)])
-        w.metric("remote_error", "gauge", "1 while the last upload failed.", [(url, 0.0 if remote.error is None else 1.0)])
+        w.metric(
+            "remote_lag_seconds", "gauge", "How long the newest local checkpoint has waited.", [(url, remote.lag_secs)]
+        )
+        w.metric(
+            "remote_error", "gauge", "1 while the last upload failed.", [(url, 0.0 if remote.error is None else 1.0)]
+        )
     return "\n".join(w.lines) + "\n"
 
 
@@ -164,7 +172,9 @@ class MetricsServer(Service):
         try:
             listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=self.port)
         except OSError as exc:
-            raise OSError(exc.errno, f"metrics_port={self.port}: cannot listen on 127.0.0.1:{self.port}: {exc.strerror}") from exc
+            raise OSError(
+                exc.errno, f"metrics_port={self.port}: cannot listen on 127.0.0.1:{self.port}: {exc.strerror}"
+            ) from exc
         async with listener:
             task_status.started()
             ctx.set_service_state(self.name, "running")
@@ -185,8 +195,14 @@ class MetricsServer(Service):
                 else:
                     body, code, kind = b"not found: the metrics are at /metrics\n", b"404 Not Found", b"text/plain"
                 await stream.send(
-                    b"HTTP/1.1 " + code + b"\r\nContent-Type: " + kind
-                    + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body
+                    b"HTTP/1.1 "
+                    + code
+                    + b"\r\nContent-Type: "
+                    + kind
+                    + b"\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + b"\r\nConnection: close\r\n\r\n"
+                    + body
                 )
             except (anyio.EndOfStream, anyio.BrokenResourceError, TimeoutError, OSError) as exc:
                 log.debug("metrics.request_dropped", error=describe(exc))

@@ -91,9 +91,7 @@ class SessionManager:
         clock: Clock | None = None,
     ) -> None:
         if not isinstance(state, dict) and not _tf_internals.is_trackable(state):
-            raise TypeError(
-                f"state must be a tf.train.Checkpoint or a dict of trackables, got {type(state).__name__}"
-            )
+            raise TypeError(f"state must be a tf.train.Checkpoint or a dict of trackables, got {type(state).__name__}")
         _config.check_state_values(state)  # a value TF would accept and silently not save
         for name, fn in (
             ("local_init_fn", local_init_fn),
@@ -299,9 +297,7 @@ class SessionManager:
             return False
         return bool(await call(self._local_init, raise_if_not_ready=False))
 
-    async def wait_for_session(
-        self, checkpoint_dir: str | os.PathLike[str], *, max_wait_secs: float = math.inf
-    ) -> Any:
+    async def wait_for_session(self, checkpoint_dir: str | os.PathLike[str], *, max_wait_secs: float = math.inf) -> Any:
         """Wait until a checkpoint in ``checkpoint_dir`` is restored and the model is ready.
 
         A non-chief worker calls this to start from the chief's first checkpoint. It

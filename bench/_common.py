@@ -24,10 +24,7 @@ def machine() -> str:
                     break
     except OSError:
         pass
-    return (
-        f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"TensorFlow {tf.__version__}"
-    )
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, TensorFlow {tf.__version__}"
 
 
 def median(xs: list[float]) -> float:

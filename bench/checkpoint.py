@@ -319,7 +319,9 @@ def _read_files(paths: list[str], direct: bool = False) -> None:
     for path in paths:
         fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct and _direct.ENABLED else 0))
         try:
-            while os.readv(fd, [view]) == len(view):  # a short read is the end (a direct read at the end, unaligned, is refused)
+            while os.readv(fd, [view]) == len(
+                view
+            ):  # a short read is the end (a direct read at the end, unaligned, is refused)
                 pass
         finally:
             os.close(fd)
@@ -392,7 +394,9 @@ def main() -> None:
     parser.add_argument("--no-staging", action="store_true", help="copy-on-write snapshots, no staging buffers")
     parser.add_argument("--no-direct", action="store_true", help="write data files buffered, not with direct I/O")
     parser.add_argument(
-        "--no-direct-restore", action="store_true", help="restore through TF's restore, not by reading the files into the variables"
+        "--no-direct-restore",
+        action="store_true",
+        help="restore through TF's restore, not by reading the files into the variables",
     )
     args = parser.parse_args()
     global STAGING

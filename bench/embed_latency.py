@@ -53,6 +53,7 @@ async def _ticker(lateness: list[float], done: threading.Event | anyio.Event) ->
 #: the checkpoint store of the measured sessions (``--no-direct``: direct writes off)
 STORE: Any = None
 
+
 def _stats(lateness: list[float]) -> tuple[float, float, float]:
     xs = sorted(lateness)
     if not xs:
@@ -85,7 +86,9 @@ def _raw_writer(state: Any, due: threading.Semaphore, done: threading.Event, dir
         previous, n = path, n + 1
 
 
-async def bare(step: Any, steps: int, every: int | None = None, state: Any = None) -> tuple[tuple[float, float, float], float]:
+async def bare(
+    step: Any, steps: int, every: int | None = None, state: Any = None
+) -> tuple[tuple[float, float, float], float]:
     """Train on a plain thread; with ``every``, a plain writer thread writes and fsyncs the
     state's bytes every ``every`` steps (a write still in flight is not waited for)."""
     lateness: list[float] = []
@@ -241,7 +244,15 @@ def main() -> None:
             got: dict[str, list[tuple[float, float, float]]] = {"bare thread": [], "asupervisor": []}
             for _ in range(args.reps):
                 for name in got:
-                    got[name].append(anyio.run(functools.partial(status_latency, bare=name == "bare thread"), step, state, args.steps, every))
+                    got[name].append(
+                        anyio.run(
+                            functools.partial(status_latency, bare=name == "bare thread"),
+                            step,
+                            state,
+                            args.steps,
+                            every,
+                        )
+                    )
             for name, runs in got.items():
                 print(
                     f"  every {every:4d} steps  {name:11s} GET /status p50 {median([r[0] for r in runs]):.2f} ms  "
@@ -253,9 +264,7 @@ def main() -> None:
         for _ in range(args.reps):
             rows["bare"].append(anyio.run(bare, step, args.steps, backend=args.backend))
             rows["raw I/O"].append(anyio.run(bare, step, args.steps, every, state, backend=args.backend))
-            rows["asupervisor"].append(
-                anyio.run(supervised, step, state, args.steps, every, backend=args.backend)
-            )
+            rows["asupervisor"].append(anyio.run(supervised, step, state, args.steps, every, backend=args.backend))
         summary = {}
         for name, runs in rows.items():
             p50 = median([r[0][0] for r in runs])

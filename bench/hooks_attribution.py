@@ -99,7 +99,7 @@ async def main(kind: str, rounds: int, chunk: int) -> None:
             names = [n for n in contenders if not ONLY or n in ONLY or n.startswith("loop (no hooks)")]
             times: dict[str, list[float]] = {name: [] for name in names}
             for r in range(rounds):
-                order = names[r % len(names):] + names[: r % len(names)]
+                order = names[r % len(names) :] + names[: r % len(names)]
                 for name in order:
                     result = contenders[name]()
                     if not isinstance(result, float):

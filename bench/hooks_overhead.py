@@ -138,11 +138,15 @@ async def main(quick: bool) -> None:
     cpu = platform.processor() or platform.machine()
     skipped = f" (without {', '.join(sorted(SKIP))})" if SKIP else ""
     skipped += " (with the progress display)" if PROGRESS[0] else ""
-    print(f"hooks overhead{skipped}: {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, TF {tf.__version__}")
+    print(
+        f"hooks overhead{skipped}: {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, TF {tf.__version__}"
+    )
     reps = 3 if quick else 31
     tiny = await ratio("tiny", tiny_step, 1000 if quick else 2000, reps)
     mlp = await ratio("mlp", mlp_step, 200 if quick else 400, reps)
-    print(f"  goal: tiny <= 1.05x ({'met' if tiny <= 1.05 else 'NOT met'}), mlp <= 1.02x ({'met' if mlp <= 1.02 else 'NOT met'})")
+    print(
+        f"  goal: tiny <= 1.05x ({'met' if tiny <= 1.05 else 'NOT met'}), mlp <= 1.02x ({'met' if mlp <= 1.02 else 'NOT met'})"
+    )
 
 
 if __name__ == "__main__":

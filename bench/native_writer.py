@@ -35,10 +35,15 @@ def main() -> None:
 
     print(f"native writer vs SaveV2: {machine()}")
     for mb in (16, 128):
-        ckpt = tf.train.Checkpoint(v=tf.Variable(tf.random.uniform([mb << 18])), global_step=tf.Variable(0, dtype=tf.int64))
+        ckpt = tf.train.Checkpoint(
+            v=tf.Variable(tf.random.uniform([mb << 18])), global_step=tf.Variable(0, dtype=tf.int64)
+        )
         times: dict[bool, list[float]] = {True: [], False: []}
         with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-native-") as directory:
-            writers = {native: Checkpointer(ckpt, Path(directory), fast_path=FastPath(native_writer=native)) for native in (True, False)}
+            writers = {
+                native: Checkpointer(ckpt, Path(directory), fast_path=FastPath(native_writer=native))
+                for native in (True, False)
+            }
             writers[True].prepare()
             step = 0
             for _ in range(args.reps):

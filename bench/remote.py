@@ -162,8 +162,15 @@ class RawUploader:
 
 
 def train_round(
-    mode: str, r: int, state: dict[str, Any], step: Callable[[], Any], steps: int, every: int, root: Path,
-    server: Server, fs: Any,
+    mode: str,
+    r: int,
+    state: dict[str, Any],
+    step: Callable[[], Any],
+    steps: int,
+    every: int,
+    root: Path,
+    server: Server,
+    fs: Any,
 ) -> dict[str, float]:
     """One training of ``mode`` (``local``, ``s3``, ``local+put``): steps/sec over ``steps``
     steps, saves every ``every``."""
@@ -174,8 +181,14 @@ def train_round(
         logdir = f"s3://{BUCKET}/train-{r}"
         kwargs = {"local_dir": local, "upload_every": 1}
     sv = asv.Supervisor(
-        logdir, state=state, save_model_secs=0, save_model_steps=every, save_summaries_secs=0, max_to_keep=2,
-        handle_signals=False, **kwargs,
+        logdir,
+        state=state,
+        save_model_secs=0,
+        save_model_steps=every,
+        save_summaries_secs=0,
+        max_to_keep=2,
+        handle_signals=False,
+        **kwargs,
     )
     out: dict[str, float] = {}
 
@@ -209,9 +222,7 @@ def train_round(
     return out
 
 
-def bench_training(
-    size_mb: int, rounds: int, secs: float, saves: int, root: Path, server: Server
-) -> dict[str, Any]:
+def bench_training(size_mb: int, rounds: int, secs: float, saves: int, root: Path, server: Server) -> dict[str, Any]:
     state, step = make_state(size_mb)
     rates = []
     for _ in range(3):  # the bare step rate, for the window's step count
@@ -301,7 +312,8 @@ def bench_restore(state: dict[str, Any], prefix_name: str, rounds: int, url: str
     io = RemoteFS(url)
     try:
         names = sorted(
-            n for n in (p.rsplit("/", 1)[1] for p in io.fs.ls(io.root, detail=False))
+            n
+            for n in (p.rsplit("/", 1)[1] for p in io.fs.ls(io.root, detail=False))
             if n.startswith(prefix_name + ".") and not n.endswith(".asv-commit")
         )
     finally:
@@ -347,7 +359,9 @@ def bench_restore(state: dict[str, Any], prefix_name: str, rounds: int, url: str
 
     def start_round(r: int) -> None:
         local = root / f"fresh-{r}"
-        sv = asv.Supervisor(url, local_dir=local, state=state, save_model_secs=0, save_summaries_secs=0, handle_signals=False)
+        sv = asv.Supervisor(
+            url, local_dir=local, state=state, save_model_secs=0, save_summaries_secs=0, handle_signals=False
+        )
 
         async def run() -> None:
             t0 = time.perf_counter()
@@ -396,8 +410,10 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="asv-bench-remote-", dir=args.dir))
     started = time.perf_counter()
     print(machine())
-    print(f"moto {_version('moto')} S3 server on 127.0.0.1 (a child process), s3fs {_version('s3fs')}; "
-          f"{args.rounds} rounds; median (range)")
+    print(
+        f"moto {_version('moto')} S3 server on 127.0.0.1 (a child process), s3fs {_version('s3fs')}; "
+        f"{args.rounds} rounds; median (range)"
+    )
     server = moto_server()
     os.environ["AWS_ENDPOINT_URL"] = server.endpoint
     proxy = None
@@ -410,7 +426,9 @@ def main() -> None:
     try:
         make_bucket(server.endpoint, BUCKET)
         if "train" not in args.skip:
-            _report_training(bench_training(args.train_mb, args.rounds, args.secs, args.saves, root, server), args, rows)
+            _report_training(
+                bench_training(args.train_mb, args.rounds, args.secs, args.saves, root, server), args, rows
+            )
         if "upload" not in args.skip or "restore" not in args.skip:
             state, step = make_state(args.mb)
             prefix, step_no = write_checkpoint(state, step, root / "made")
@@ -423,7 +441,9 @@ def main() -> None:
             proxy = None
         left = [t.name for t in threading.enumerate() if t.name.startswith("asv-") and t.is_alive()]
         others = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.name not in left]
-        print(f"\nthreads of asupervisor left running: {', '.join(left) or 'none'} (others: {', '.join(others) or 'none'})")
+        print(
+            f"\nthreads of asupervisor left running: {', '.join(left) or 'none'} (others: {', '.join(others) or 'none'})"
+        )
         header = ("measure", "asupervisor", "baseline", "ratio", "goal")
         widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
         print()
@@ -472,9 +492,33 @@ def _report_training(t: dict[str, Any], args: argparse.Namespace, rows: list[tup
         print(f"   !! {failed:.0f} uploads failed inside the windows")
     loc, s3, put = t["local"], t["s3"], t["local+put"]
     rate = lambda res: spread([r["rate"] for r in res], "{:.0f}") + " st/s"  # noqa: E731
-    rows.append(("training rate, s3 / local", rate(s3), rate(loc), spread([a["rate"] / b["rate"] for a, b in zip(s3, loc)], "{:.3f}"), ">= 0.98"))
-    rows.append(("training rate, s3 / local+put", rate(s3), rate(put), spread([a["rate"] / b["rate"] for a, b in zip(s3, put)], "{:.3f}"), ""))
-    rows.append(("training rate, local+put / local", rate(put), rate(loc), spread([a["rate"] / b["rate"] for a, b in zip(put, loc)], "{:.3f}"), ""))
+    rows.append(
+        (
+            "training rate, s3 / local",
+            rate(s3),
+            rate(loc),
+            spread([a["rate"] / b["rate"] for a, b in zip(s3, loc)], "{:.3f}"),
+            ">= 0.98",
+        )
+    )
+    rows.append(
+        (
+            "training rate, s3 / local+put",
+            rate(s3),
+            rate(put),
+            spread([a["rate"] / b["rate"] for a, b in zip(s3, put)], "{:.3f}"),
+            "",
+        )
+    )
+    rows.append(
+        (
+            "training rate, local+put / local",
+            rate(put),
+            rate(loc),
+            spread([a["rate"] / b["rate"] for a, b in zip(put, loc)], "{:.3f}"),
+            "",
+        )
+    )
 
 
 def _report_upload(u: dict[str, Any], rows: list[tuple[str, ...]]) -> None:
@@ -487,10 +531,24 @@ def _report_upload(u: dict[str, Any], rows: list[tuple[str, ...]]) -> None:
             f"{spread(u['cpu'][mode]):>18} {spread(u['moto'][mode]):>18}"
         )
     speed = lambda mode: spread([mbs / s for s in u[mode]], "{:.0f}") + " MB/s"  # noqa: E731
-    rows.append(("upload MB/s / put_file's", speed("upload"), speed("put_file"),
-                 spread([p / up for up, p in zip(u["upload"], u["put_file"])], "{:.3f}"), ">= 0.9"))
-    rows.append(("upload MB/s / put_file's, 1 part at a time", speed("upload"), speed("put_file_1"),
-                 spread([p / up for up, p in zip(u["upload"], u["put_file_1"])], "{:.3f}"), ""))
+    rows.append(
+        (
+            "upload MB/s / put_file's",
+            speed("upload"),
+            speed("put_file"),
+            spread([p / up for up, p in zip(u["upload"], u["put_file"])], "{:.3f}"),
+            ">= 0.9",
+        )
+    )
+    rows.append(
+        (
+            "upload MB/s / put_file's, 1 part at a time",
+            speed("upload"),
+            speed("put_file_1"),
+            spread([p / up for up, p in zip(u["upload"], u["put_file_1"])], "{:.3f}"),
+            "",
+        )
+    )
 
 
 def _report_restore(res: dict[str, Any], name: str, rows: list[tuple[str, ...]]) -> None:
@@ -502,9 +560,18 @@ def _report_restore(res: dict[str, Any], name: str, rows: list[tuple[str, ...]])
         f"the rest (client, probe, lease, listing, session) {spread(rest)}"
     )
     print(f"   new client + get_file + restore     {spread(res['raw'])}   of which get_file {spread(res['raw_get'])}")
-    print(f"   apart: a new client's first request {spread(res['connect'])}, an fsync of the downloaded files {spread(res['fsync'])}")
-    rows.append(("fresh-machine start / get + restore", spread(res["start"]) + " s", spread(res["raw"]) + " s",
-                 spread([s / r for s, r in zip(res["start"], res["raw"])], "{:.3f}"), "<= 1.2"))
+    print(
+        f"   apart: a new client's first request {spread(res['connect'])}, an fsync of the downloaded files {spread(res['fsync'])}"
+    )
+    rows.append(
+        (
+            "fresh-machine start / get + restore",
+            spread(res["start"]) + " s",
+            spread(res["raw"]) + " s",
+            spread([s / r for s, r in zip(res["start"], res["raw"])], "{:.3f}"),
+            "<= 1.2",
+        )
+    )
 
 
 if __name__ == "__main__":

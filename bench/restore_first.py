@@ -123,7 +123,9 @@ def main() -> None:
         return
     logging.getLogger("asupervisor").propagate = False
     root = Path(tempfile.mkdtemp(prefix="asv-restore-first-", dir=args.dir))
-    print(f"first restore in a new process, cold, state: {args.state}; medians of {args.repeats}, ms (range); ratio to raw")
+    print(
+        f"first restore in a new process, cold, state: {args.state}; medians of {args.repeats}, ms (range); ratio to raw"
+    )
     print(f"{'MB':>5} | " + " | ".join(f"{m:>22}" for m in MODES))
     for size in args.sizes:
         directory = root / f"{size}"
@@ -132,7 +134,18 @@ def main() -> None:
         for _ in range(args.repeats):
             for mode in MODES:
                 out = subprocess.run(
-                    [sys.executable, __file__, "--child", mode, "--size", str(size), "--at", str(directory), "--state", args.state],
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        mode,
+                        "--size",
+                        str(size),
+                        "--at",
+                        str(directory),
+                        "--state",
+                        args.state,
+                    ],
                     check=True,
                     capture_output=True,
                     text=True,

@@ -28,7 +28,9 @@ async def main(logdir: str, steps: int) -> int:
     x = rng.normal(size=(4096, 8)).astype("float32")
     y = (x @ rng.normal(size=(8, 1)) + 0.1 * rng.normal(size=(4096, 1))).astype("float32")
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(512, seed=0).repeat().batch(32)
-    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(16, activation="relu"), tf.keras.layers.Dense(1)])
+    model = tf.keras.Sequential(
+        [tf.keras.Input((8,)), tf.keras.layers.Dense(16, activation="relu"), tf.keras.layers.Dense(1)]
+    )
     optimizer = tf.keras.optimizers.Adam(0.01)
 
     @tf.function

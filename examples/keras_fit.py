@@ -33,12 +33,14 @@ async def main(logdir: str, epochs: int) -> int:
     train = tf.data.Dataset.from_tensor_slices((x[:1500], y[:1500])).shuffle(1500, seed=0).batch(64)
     val = tf.data.Dataset.from_tensor_slices((x[1500:], y[1500:])).batch(64)
 
-    model = tf.keras.Sequential([
-        tf.keras.Input((64,)),
-        tf.keras.layers.Dense(64, activation="relu"),
-        tf.keras.layers.Dense(64, activation="relu"),
-        tf.keras.layers.Dense(10),
-    ])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((64,)),
+            tf.keras.layers.Dense(64, activation="relu"),
+            tf.keras.layers.Dense(64, activation="relu"),
+            tf.keras.layers.Dense(10),
+        ]
+    )
     model.compile(
         optimizer=tf.keras.optimizers.Adam(1e-3),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -56,7 +56,9 @@ class Trainer:
 
     def __init__(self, logdir: str, *, fail_at: int | None = None) -> None:
         tf.keras.utils.set_random_seed(0)
-        self.model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(1)])
+        self.model = tf.keras.Sequential(
+            [tf.keras.Input((8,)), tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(1)]
+        )
         self.optimizer = tf.keras.optimizers.SGD(0.01)
         self.sv = asv.Supervisor(
             logdir,

@@ -38,9 +38,7 @@ def no_new_threads() -> Iterator[None]:
     left = [
         t
         for t in threading.enumerate()
-        if t not in before
-        and t.is_alive()
-        and not t.name.startswith(("Trio thread", "AnyIO worker thread"))
+        if t not in before and t.is_alive() and not t.name.startswith(("Trio thread", "AnyIO worker thread"))
     ]
     assert not left, f"threads outlived the test: {[t.name for t in left]}"
 
@@ -55,13 +53,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """The promise tests (modules using the ``checkpoint_store`` fixture) run against both
     stores; one marked ``fast_store`` tests a mechanism of the fast store, on it alone."""
     if "checkpoint_store" in metafunc.fixturenames:
-        fast = pytest.param("fast", marks=pytest.mark.skipif(not LINUX, reason="the fast checkpoint store is Linux only"))
+        fast = pytest.param(
+            "fast", marks=pytest.mark.skipif(not LINUX, reason="the fast checkpoint store is Linux only")
+        )
         fast_only = metafunc.definition.get_closest_marker("fast_store") is not None
         metafunc.parametrize("checkpoint_store", [fast] if fast_only else [fast, "plain"], indirect=True)
 
 
 @pytest.fixture
-def checkpoint_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, _default_checkpoint_store: None) -> str:
+def checkpoint_store(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, _default_checkpoint_store: None
+) -> str:
     """The checkpoint store of this run of a promise test: chosen through the environment
     variable, so that supervisors made in the test and child processes it starts use it."""
     kind: str = request.param

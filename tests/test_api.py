@@ -162,7 +162,15 @@ def test_docstring_check_sees_every_kind_of_member() -> None:
         obj.__module__ = "asupervisor._fake"
     module = types.SimpleNamespace(Public=Public, function=function)
     assert sorted(_undocumented(module, ["Public", "function"])) == sorted(
-        ["function", "Public.method", "Public.amethod", "Public.cmethod", "Public.smethod", "Public.prop", "Public.inherited"]
+        [
+            "function",
+            "Public.method",
+            "Public.amethod",
+            "Public.cmethod",
+            "Public.smethod",
+            "Public.prop",
+            "Public.inherited",
+        ]
     )
 
 

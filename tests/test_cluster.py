@@ -8,7 +8,9 @@ import pytest
 
 from asupervisor._cluster import ClusterInfo, lost_peers
 
-CHIEF = ClusterInfo(task_type="chief", task_index=0, num_workers=3, is_chief=True, workers=("chief:0", "worker:0", "worker:1"))
+CHIEF = ClusterInfo(
+    task_type="chief", task_index=0, num_workers=3, is_chief=True, workers=("chief:0", "worker:0", "worker:1")
+)
 WORKER = ClusterInfo(task_type="worker", task_index=0, num_workers=3, is_chief=False, workers=CHIEF.workers)
 
 HEARTBEATS = (

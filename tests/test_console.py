@@ -47,8 +47,14 @@ class Terminal:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
         self.proc = subprocess.Popen(
-            argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env,
-            start_new_session=True, preexec_fn=controlling_terminal,
+            argv,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            preexec_fn=controlling_terminal,
         )
         os.close(slave)
         self.master = master
@@ -192,8 +198,18 @@ def test_log_lines_go_above_the_live_line(tmp_path: Path, backend: str) -> None:
 def demo(logdir: Path, backend: str) -> list[str]:
     # big batches: the step in flight at the first Ctrl-C takes a while, time for the second
     return [
-        sys.executable, "-m", "asupervisor", "demo", "--logdir", str(logdir), "--save-secs", "1",
-        "--batch-size", "16384", "--backend", backend,
+        sys.executable,
+        "-m",
+        "asupervisor",
+        "demo",
+        "--logdir",
+        str(logdir),
+        "--save-secs",
+        "1",
+        "--batch-size",
+        "16384",
+        "--backend",
+        backend,
     ]
 
 
@@ -208,7 +224,16 @@ def check_double_ctrl_c(rows: list[str], status: int) -> None:
     text = "\n".join(rows)
     assert status == 130, text
     assert_not_glued(rows)
-    assert len([r for r in rows if re.fullmatch(r"stopping gracefully — final checkpoint at step \d+; Ctrl-C again to abandon it", r)]) == 1, text
+    assert (
+        len(
+            [
+                r
+                for r in rows
+                if re.fullmatch(r"stopping gracefully — final checkpoint at step \d+; Ctrl-C again to abandon it", r)
+            ]
+        )
+        == 1
+    ), text
     seconds = [r for r in rows if re.search(SECOND, r)]
     # On a loaded machine the demo's quick stop can finish, and the process exit, before
     # the second Ctrl-C reaches it: then the terminal echoes the ^C below the demo's last
@@ -266,7 +291,9 @@ def test_a_second_ctrl_c_during_the_stop_abandons_the_final_checkpoint(tmp_path:
     latest = tf.train.latest_checkpoint(str(tmp_path / "run"))
     step = int(latest.rsplit("-", 1)[1])
     lines = [row for row in rows if row.startswith("second Ctrl-C")]
-    assert lines == [f"second Ctrl-C: abandoning the final checkpoint; the latest committed checkpoint is step {step}"], text
+    assert lines == [
+        f"second Ctrl-C: abandoning the final checkpoint; the latest committed checkpoint is step {step}"
+    ], text
     for wrong in ("grace period", "Traceback", "[error", "shutdown.overrun", "session.signal", "checkpoint.abandoned"):
         assert wrong not in text, f"{wrong!r} on the screen:\n{text}"
     assert re.search(rf"saved @{step}  stopped \(signal:SIGINT\)$", text, re.M), text
@@ -324,7 +351,9 @@ def test_demo_double_ctrl_c_in_tmux(tmp_path: Path) -> None:
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     subprocess.run(
         [tmux, "-S", sock, "-f", "/dev/null", "new-session", "-d", "-s", "demo", "-x", "80", "-y", "50", command],
-        check=True, env=env, timeout=30,
+        check=True,
+        env=env,
+        timeout=30,
     )
     try:
         t("set-option", "-t", "demo", "remain-on-exit", "on")

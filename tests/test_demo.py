@@ -14,9 +14,21 @@ def run_demo(logdir: Path, max_steps: int, *, stderr: list[str] | None = None, e
     env = dict(os.environ)
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the demo silences TensorFlow by itself
     proc = subprocess.run(
-        [sys.executable, *DEMO, "--logdir", str(logdir), "--max-steps", str(max_steps),
-         "--progress-secs", "0.5", *extra],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            *DEMO,
+            "--logdir",
+            str(logdir),
+            "--max-steps",
+            str(max_steps),
+            "--progress-secs",
+            "0.5",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     if stderr is not None:
@@ -29,7 +41,9 @@ def test_demo_trains_and_reports(tmp_path: Path) -> None:
     of TensorFlow's start-up lines (absl's notice, the CUDA probe) reach its stderr."""
     err: list[str] = []
     out = run_demo(tmp_path / "run", 300, stderr=err)
-    noise = [line for line in err[0].splitlines() if "absl::InitializeLog" in line or line[:5] in ("I0000", "W0000", "E0000")]
+    noise = [
+        line for line in err[0].splitlines() if "absl::InitializeLog" in line or line[:5] in ("I0000", "W0000", "E0000")
+    ]
     assert noise == [], noise
     assert "progress: step" in out
     last = out.strip().splitlines()[-2]
@@ -45,7 +59,9 @@ def test_demo_with_an_overhead_budget_cadence(tmp_path: Path) -> None:
     assert (logdir / "model.ckpt-200.index").exists()
     bad = subprocess.run(
         [sys.executable, *DEMO, "--logdir", str(logdir), "--save-secs", "often"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert bad.returncode == 2 and "'often'" in bad.stderr, bad.stderr
 
@@ -68,9 +84,11 @@ def test_ctrl_c_stops_the_demo_gracefully_and_it_resumes(tmp_path: Path) -> None
     logdir = tmp_path / "run"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     with subprocess.Popen(
-        [sys.executable, *DEMO, "--logdir", str(logdir), "--max-steps", "1000000",
-         "--progress-secs", "0.2"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        [sys.executable, *DEMO, "--logdir", str(logdir), "--max-steps", "1000000", "--progress-secs", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
     ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:  # wait until it is really training

@@ -402,9 +402,7 @@ def test_docs_runner_reports_the_failing_block(tmp_path: Path) -> None:
 
 API_PAGE = ROOT / "docs" / "api.md"
 _ENTRY = re.compile(r"^### `(?P<qual>(?:asupervisor\.testing\.)?\w+)`\s*$")
-_DEFINITION = re.compile(
-    r"^`(?P<cls>class )?(?P<mod>asv|asupervisor\.testing)\.(?P<name>\w+)(?P<sig>\(.*?\))?`"
-)
+_DEFINITION = re.compile(r"^`(?P<cls>class )?(?P<mod>asv|asupervisor\.testing)\.(?P<name>\w+)(?P<sig>\(.*?\))?`")
 _MEMBER = re.compile(r"^- `(?:await |async with |async for )?(?P<name>\w+)(?P<sig>\(.*?\))?`")
 
 
@@ -614,7 +612,10 @@ def test_docs_run_names_the_block_that_hangs(tmp_path: Path) -> None:
             "id": "b",
             "page": "docs/b.md",
             "backend": "asyncio",
-            "blocks": [{"line": 4, "source": "import threading\n"}, {"line": 8, "source": "threading.Event().wait()\n"}],
+            "blocks": [
+                {"line": 4, "source": "import threading\n"},
+                {"line": 8, "source": "threading.Event().wait()\n"},
+            ],
         },
         {"id": "c", "page": "docs/c.md", "backend": "asyncio", "blocks": [{"line": 1, "source": "y = 2\n"}]},
     ]

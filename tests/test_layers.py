@@ -192,9 +192,18 @@ def test_the_rule_is_written_where_a_newcomer_looks() -> None:
 )
 def test_the_checker_finds_each_kind_of_violation(tmp_path: Path, files: dict[str, str], expected: str) -> None:
     """Fed a small package with one known violation, the checker reports it."""
-    for name in ("__init__.py", "_core/__init__.py", "_checkpoint/__init__.py", "_summary/__init__.py",
-                 "_input/__init__.py", "_checkpoint/_part.py", "_input/_queue.py", "_core/_stop.py",
-                 "_supervisor.py", "_logging.py"):
+    for name in (
+        "__init__.py",
+        "_core/__init__.py",
+        "_checkpoint/__init__.py",
+        "_summary/__init__.py",
+        "_input/__init__.py",
+        "_checkpoint/_part.py",
+        "_input/_queue.py",
+        "_core/_stop.py",
+        "_supervisor.py",
+        "_logging.py",
+    ):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
     for name, text in files.items():

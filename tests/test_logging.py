@@ -287,7 +287,9 @@ def test_basic_config_warning_filters_info_and_formats_errors() -> None:
     proc = _run_unconfigured(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""
-    assert "ERROR:asupervisor._core._services:service.failed service=adder error='ArithmeticError: bad sum'" in proc.stderr
+    assert (
+        "ERROR:asupervisor._core._services:service.failed service=adder error='ArithmeticError: bad sum'" in proc.stderr
+    )
     assert "session.started" not in proc.stderr
 
 

@@ -90,7 +90,11 @@ async def test_tf1_style_loop_stops_at_step_and_writes_checkpoints_and_summaries
     latest = tf.train.latest_checkpoint(str(tmp_path))
     assert latest is not None and latest.endswith("model.ckpt-10")
     state = tf.train.get_checkpoint_state(str(tmp_path))
-    assert [Path(p).name for p in state.all_model_checkpoint_paths][-3:] == ["model.ckpt-4", "model.ckpt-8", "model.ckpt-10"]
+    assert [Path(p).name for p in state.all_model_checkpoint_paths][-3:] == [
+        "model.ckpt-4",
+        "model.ckpt-8",
+        "model.ckpt-10",
+    ]
     events = read_events(tmp_path)
     assert events["loss"] == [(1, 1.0), (4, 4.0), (7, 7.0), (10, 10.0)]
     assert steps_of(events, "global_step/sec") == [6]
@@ -130,7 +134,10 @@ async def test_seconds_based_hooks_use_the_injected_clock(tmp_path: Path) -> Non
             clock.advance(6)
     assert steps_of(read_events(tmp_path), "loss") == [1, 3]
     state = tf.train.get_checkpoint_state(str(tmp_path))
-    assert [Path(p).name for p in state.all_model_checkpoint_paths] == ["model.ckpt-0", "model.ckpt-3"]  # steps run at t=0, 6, 12
+    assert [Path(p).name for p in state.all_model_checkpoint_paths] == [
+        "model.ckpt-0",
+        "model.ckpt-3",
+    ]  # steps run at t=0, 6, 12
 
 
 async def test_non_chief_starts_from_the_chiefs_checkpoint_and_writes_nothing(tmp_path: Path) -> None:

@@ -195,7 +195,10 @@ async def test_looped_service_error_stops_within_one_step(no_new_threads: None) 
         async with sv.managed_session() as sess:
             await sess.run_loop(step)
     assert sv.global_step <= failed_at[0] + 1
-    assert sv.status().stop_reason == "service:loop:test_looped_service_error_stops_within_one_step.<locals>.failing_service"
+    assert (
+        sv.status().stop_reason
+        == "service:loop:test_looped_service_error_stops_within_one_step.<locals>.failing_service"
+    )
 
 
 async def test_async_service_error_propagates() -> None:

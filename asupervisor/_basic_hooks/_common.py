@@ -42,8 +42,7 @@ def _hook_timer(
     """A hook's timer; a bad period is an error naming the hook's own argument."""
     if (secs is None) == (steps is None):
         raise ValueError(
-            f"give exactly one of {steps_name} and {secs_name} "
-            f"(got {steps_name}={steps!r}, {secs_name}={secs!r})"
+            f"give exactly one of {steps_name} and {secs_name} (got {steps_name}={steps!r}, {secs_name}={secs!r})"
         )
     check_every(steps_name, steps, kind="steps")
     check_every(secs_name, secs, kind="secs")
@@ -59,6 +58,4 @@ def _lookup(results: Any, key: str, hook: str) -> Any:
     try:
         return results[key]
     except KeyError:
-        raise KeyError(
-            f"{hook}: the step's result has no {key!r} (it has {sorted(map(str, results))})"
-        ) from None
+        raise KeyError(f"{hook}: the step's result has no {key!r} (it has {sorted(map(str, results))})") from None

@@ -36,6 +36,4 @@ class FinalOpsHook(SessionRunHook):
         from .._tf import tf
 
         result = self._fn() if callable(self._fn) else self._fn
-        self._values = tf().nest.map_structure(
-            lambda t: t.numpy() if hasattr(t, "numpy") else t, result
-        )
+        self._values = tf().nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, result)

@@ -40,8 +40,6 @@ __all__ = ["Checkpointer", "write_checkpoint_now"]
 log = get_logger(__name__)
 
 
-
-
 class Checkpointer:
     """Saves and restores one ``tf.train.Checkpoint`` in a log directory.
 
@@ -167,7 +165,9 @@ class Checkpointer:
             self._set_aside_state(outcome.state_problem)
         if path is not None:
             step = _names.step_of(Path(path).name)
-            self.last = CheckpointInfo(path=path, step=step if step is not None else -1, time=self.store.committed_at(path))
+            self.last = CheckpointInfo(
+                path=path, step=step if step is not None else -1, time=self.store.committed_at(path)
+            )
             self.last_snapshot_step = self.last.step
         return path
 
@@ -189,7 +189,8 @@ class Checkpointer:
             restored_step = _names.step_of(Path(restored).name)
             if problem is not None or state is None:
                 names = [
-                    n for n in reversed(self.store.complete_checkpoints(self.basename))
+                    n
+                    for n in reversed(self.store.complete_checkpoints(self.basename))
                     if n not in bad and (restored_step is None or (_names.step_of(n) or 0) <= restored_step)
                 ]
                 if latest not in names:
@@ -202,7 +203,9 @@ class Checkpointer:
                 if latest not in [p for p, _ in kept]:
                     kept.append((latest, self.store.committed_at(restored)))
                     kept.sort(key=lambda pt: _names.step_of(Path(pt[0]).name) or -1)
-                repaired = _state_file.CheckpointState(latest, [p for p, _ in kept], [t for _, t in kept], state.last_preserved)
+                repaired = _state_file.CheckpointState(
+                    latest, [p for p, _ in kept], [t for _, t in kept], state.last_preserved
+                )
             self.store.write_state(repaired)
             if problem is not None or (outcome is not None and outcome.gone):
                 log.warning(
@@ -391,7 +394,6 @@ class Checkpointer:
         named = set(state.paths)
         self._recorded = {n: m for n, m in self._recorded.items() if n in named}
         return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), state, delete
-
 
     def _metrics_of(self, name: str) -> Mapping[str, float]:
         """The metrics recorded in checkpoint ``name``: those of its snapshot, or (one of

@@ -114,8 +114,10 @@ class KeepPolicy(Protocol):
 
 
 def _check_positive(name: str, value: object, *, integer: bool) -> None:
-    ok = (isinstance(value, int) and not isinstance(value, bool)) if integer else (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = (
+        (isinstance(value, int) and not isinstance(value, bool))
+        if integer
+        else (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
     )
     if not ok or value <= 0:  # type: ignore[operator]
         kind = "an int >= 1" if integer else "a positive number"

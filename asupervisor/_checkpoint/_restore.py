@@ -225,7 +225,10 @@ def _verify_values(path: str, keys: list[str], reader: Any) -> None:
             if size >= _VERIFY_BATCH_BYTES or i == len(found) - 1:
                 # the values are dropped at once: memory stays bounded by one batch
                 restore_v2(
-                    prefix=path, tensor_names=batch, shape_and_slices=[""] * len(batch), dtypes=[dtypes[k] for k in batch]
+                    prefix=path,
+                    tensor_names=batch,
+                    shape_and_slices=[""] * len(batch),
+                    dtypes=[dtypes[k] for k in batch],
                 )
                 batch, size = [], 0
 
@@ -294,7 +297,9 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True, fast: FastP
                 ahead = prefetch.checked()
                 deferred = [k for k in deferred if k not in ahead]
             _verify_values(path, deferred, reader)
-            log.debug("checkpoint.read", path=path, how="tensorflow", checked_ahead=len(ahead), checked_after=len(deferred))
+            log.debug(
+                "checkpoint.read", path=path, how="tensorflow", checked_ahead=len(ahead), checked_after=len(deferred)
+            )
         except BaseException:
             _forget_deferred(checkpoint, path)
             raise
@@ -352,7 +357,9 @@ def _data_error(exc: BaseException) -> bool:
     if isinstance(exc, errors.OpError):
         if type(exc) is errors.OpError:  # tf.train.load_checkpoint's reader loses the code
             return _DATA_MESSAGE.search(str(exc)) is not None
-        return isinstance(exc, (errors.DataLossError, errors.NotFoundError, errors.InvalidArgumentError, errors.OutOfRangeError))
+        return isinstance(
+            exc, (errors.DataLossError, errors.NotFoundError, errors.InvalidArgumentError, errors.OutOfRangeError)
+        )
     from google.protobuf.message import DecodeError
 
     if isinstance(exc, (FileNotFoundError, IsADirectoryError, DecodeError, UnicodeDecodeError)):
@@ -458,8 +465,12 @@ def restore_newest(
     paths, state, problem = _candidates(logdir, basename)
     outcome = RestoreOutcome(state_problem=problem, state=state)
     if problem is not None:
-        log.error("checkpoint.state_damaged", path=str(logdir / _names.STATE_FILE), reason=problem,
-                  action="restoring the newest checkpoint on disk that loads")
+        log.error(
+            "checkpoint.state_damaged",
+            path=str(logdir / _names.STATE_FILE),
+            reason=problem,
+            action="restoring the newest checkpoint on disk that loads",
+        )
     failures: list[tuple[str, str]] = []
     named = set() if state is None else {_absolute(logdir, n) for n in (*state.paths, state.latest) if n}
     for path in paths:

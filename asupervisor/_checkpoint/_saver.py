@@ -428,7 +428,12 @@ class CheckpointSaver:
             if busy:  # coalesce: one save once the writer is free (missed ticks are dropped)
                 t0 = time.perf_counter()
                 await self.writer_free()
-                log.info("checkpoint.waited", reason=reason, step=self.ctx.global_step, secs=round(time.perf_counter() - t0, 4))
+                log.info(
+                    "checkpoint.waited",
+                    reason=reason,
+                    step=self.ctx.global_step,
+                    secs=round(time.perf_counter() - t0, 4),
+                )
                 self.raise_pending()
             force = True
         launched = _Launched(self.ctx.loop.waiter()) if wait else None

@@ -195,8 +195,10 @@ def watch_checkpoints(
     """
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0):
         raise ValueError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
-    if isinstance(interval_secs, bool) or not isinstance(interval_secs, (int, float)) or not (
-        interval_secs > 0 and math.isfinite(interval_secs)
+    if (
+        isinstance(interval_secs, bool)
+        or not isinstance(interval_secs, (int, float))
+        or not (interval_secs > 0 and math.isfinite(interval_secs))
     ):
         raise ValueError(f"interval_secs must be a positive number of seconds, got {interval_secs!r}")
     from .store.remote._url import check_url, default_local_dir, is_url

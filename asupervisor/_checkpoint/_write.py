@@ -142,14 +142,18 @@ def _save_op(prefix: str, keys: list[str], slices: list[str], tensors: list[Any]
 
 def _merge_op(parts: list[str], prefix: str, *, delete_old_dirs: bool) -> None:
     """TF's ``MergeV2Checkpoints`` (public as ``tf.raw_ops.MergeV2Checkpoints``)."""
-    tf().raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=prefix, delete_old_dirs=delete_old_dirs)
+    tf().raw_ops.MergeV2Checkpoints(
+        checkpoint_prefixes=parts, destination_prefix=prefix, delete_old_dirs=delete_old_dirs
+    )
 
 
 def _subset(snapshot: _snapshot.Snapshot, indices: list[int]) -> _snapshot.Snapshot:
     def pick(values: list[Any]) -> list[Any]:
         return [values[i] for i in indices]
 
-    return _snapshot.Snapshot(snapshot.step, pick(snapshot.keys), pick(snapshot.slices), pick(snapshot.tensors), snapshot.taken_at, 0.0)
+    return _snapshot.Snapshot(
+        snapshot.step, pick(snapshot.keys), pick(snapshot.slices), pick(snapshot.tensors), snapshot.taken_at, 0.0
+    )
 
 
 def _write_native(
@@ -165,7 +169,14 @@ def _write_native(
         return
     with ThreadPoolExecutor(len(groups), thread_name_prefix="asv-checkpoint-shard") as pool:
         _bundle.write_bundle(
-            prefix, snapshot.keys, snapshot.tensors, groups, lambda fn, n: list(pool.map(fn, range(n))), check, io, direct
+            prefix,
+            snapshot.keys,
+            snapshot.tensors,
+            groups,
+            lambda fn, n: list(pool.map(fn, range(n))),
+            check,
+            io,
+            direct,
         )
 
 

@@ -128,7 +128,9 @@ class Engine(SessionContext, Protocol):
         """The ``Session`` handed to the body."""
         ...
 
-    def make_iterator(self, data: Iterable[Any], checkpoint_iterator: bool | None = None, *, fresh: bool = False) -> Any:
+    def make_iterator(
+        self, data: Iterable[Any], checkpoint_iterator: bool | None = None, *, fresh: bool = False
+    ) -> Any:
         """On the step thread: an iterator over ``data`` (``fresh``: a new pass, not the
         one this session's last ``run_loop`` over ``data`` left off)."""
         ...

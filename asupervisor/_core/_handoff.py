@@ -163,9 +163,7 @@ class Waiter(Generic[T]):
         await self._wait_once()
         return self.outcome()
 
-    async def wait(
-        self, on_cancel: Callable[[], object] | None = None, *, grace_secs: float = math.inf
-    ) -> T:
+    async def wait(self, on_cancel: Callable[[], object] | None = None, *, grace_secs: float = math.inf) -> T:
         """Wait for the outcome; work in flight is not abandoned lightly.
 
         If the waiting task is cancelled, ``on_cancel`` is called (to ask the worker to

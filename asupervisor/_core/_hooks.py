@@ -125,14 +125,16 @@ class HookRunner:
         # every hook's before_run/after_run (called when the gate is open), and those of
         # the ungated hooks only (called on every other step)
         self._before_all: Sequence[Callable[[SessionRunContext], Any]] = self._implementing("before_run")
-        self._after_all: Sequence[Callable[[SessionRunContext, SessionRunValues], Any]] = (
-            self._implementing("after_run")
+        self._after_all: Sequence[Callable[[SessionRunContext, SessionRunValues], Any]] = self._implementing(
+            "after_run"
         )
         self._before = self._implementing("before_run", gated=False)
         self._after = self._implementing("after_run", gated=False)
         self._gated_before = len(self._before) < len(self._before_all)
         self._gates: list[Callable[[], Gate]] = [
-            h._asv_gate for h in self.hooks if callable(getattr(h, "_asv_gate", None))  # type: ignore[attr-defined]
+            h._asv_gate  # type: ignore[attr-defined]
+            for h in self.hooks
+            if callable(getattr(h, "_asv_gate", None))
         ]
         self._gate_step = NEVER  # the gate is open from this global step on ...
         self._gate_times: tuple[tuple[Callable[[], float], float], ...] = ()  # ... or from these times

@@ -70,7 +70,9 @@ def _check_arguments(model: Any, data: Any, epochs: Any, validation_freq: Any, c
     if not callable(getattr(model, "train_step", None)) or not callable(getattr(model, "test_step", None)):
         raise TypeError(f"fit() trains a Keras model (with train_step and test_step), got {model!r}")
     if not getattr(model, "compiled", True) or getattr(model, "optimizer", None) is None:
-        raise ValueError(f"fit() needs a compiled model: call model.compile(optimizer=..., loss=...) first ({model.name!r})")
+        raise ValueError(
+            f"fit() needs a compiled model: call model.compile(optimizer=..., loss=...) first ({model.name!r})"
+        )
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
     if isinstance(validation_freq, bool) or not isinstance(validation_freq, int) or validation_freq < 1:
@@ -190,8 +192,10 @@ class _Trainer:
         if checkpoints is not None and (self.save_each_epoch or (self.save_each_epoch is None and validated)):
             checkpoints.save_in_background("epoch")
         counter = rt.epoch_counter
-        if self.callbacks is not None and not rt.control.stopping and (
-            counter.epochs is None or counter.epoch < counter.epochs
+        if (
+            self.callbacks is not None
+            and not rt.control.stopping
+            and (counter.epochs is None or counter.epoch < counter.epochs)
         ):
             self.callbacks.on_epoch_begin(counter.epoch)
 
@@ -266,7 +270,8 @@ def _attach_keras_state(state: Any, model: Any) -> None:
     for generator in _tf_internals.keras_seed_generators(model):
         rng[str(len(rng))] = _backend_variable(generator.state)
     metrics = {
-        str(i): _backend_variable(v) for i, v in enumerate(v for m in getattr(model, "metrics", ()) for v in m.variables)
+        str(i): _backend_variable(v)
+        for i, v in enumerate(v for m in getattr(model, "metrics", ()) for v in m.variables)
     }
     held = {name: values for name, values in (("rng", rng), ("metrics", metrics)) if values}
     if held:

@@ -49,7 +49,9 @@ class PartRunner:
         self._closers = having("aclose")
         self._releasers = having("release")
         #: step-thread callables run before any snapshot of the state
-        self.before_snapshot: tuple[Callable[[], None], ...] = tuple(p.before_snapshot for p in having("before_snapshot"))
+        self.before_snapshot: tuple[Callable[[], None], ...] = tuple(
+            p.before_snapshot for p in having("before_snapshot")
+        )
         #: the parts' ``scalars`` methods
         self.scalar_sources: tuple[Callable[[], Mapping[str, float]], ...] = tuple(p.scalars for p in having("scalars"))
         self._queues = having("queues")

@@ -365,7 +365,9 @@ class Runtime(anyio.AsyncContextManagerMixin):
         """On the step thread: ask every part's ``next_trigger`` again (one's changed)."""
         self.parts.arm(self.step)
 
-    def make_iterator(self, data: Iterable[Any], checkpoint_iterator: bool | None = None, *, fresh: bool = False) -> Any:
+    def make_iterator(
+        self, data: Iterable[Any], checkpoint_iterator: bool | None = None, *, fresh: bool = False
+    ) -> Any:
         """On the step thread: an iterator over ``data``; a part's (the checkpoint part
         tracks a ``tf.data`` iterator's position) or ``iter(data)``. ``fresh``: a new
         pass over ``data`` (an epoch), not the iterator a last ``run_loop`` left off."""

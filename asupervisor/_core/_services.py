@@ -377,9 +377,7 @@ async def supervise(
                     started.started()  # let a start-up that waits on us go on to stop
                     return
                 backoff = policy.backoff_for(failed)
-                log.warning(
-                    "service.failed", service=name, error=describe(exc), action="restart", backoff_secs=backoff
-                )
+                log.warning("service.failed", service=name, error=describe(exc), action="restart", backoff_secs=backoff)
                 ctx.set_service_state(name, "backoff")
                 await ctx.clock.sleep_until(ctx.clock.now() + backoff)
                 continue

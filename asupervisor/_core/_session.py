@@ -184,9 +184,7 @@ class Session:
             TypeError: with ``epochs``, ``data`` that is an iterator (it ends after one
                 pass) or an ``on_epoch_end`` that is not callable.
         """
-        if max_steps is not None and (
-            isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0
-        ):
+        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0):
             raise ValueError(f"max_steps must be an int >= 0 or None, got {max_steps!r}")
         if checkpoint_iterator is not None and not isinstance(checkpoint_iterator, bool):
             raise ValueError(f"checkpoint_iterator must be None, True or False, got {checkpoint_iterator!r}")
@@ -358,9 +356,7 @@ class Session:
         if control.scope is not None:
             control.scope.cancel()  # a request from another thread may still be in flight
         await anyio.lowlevel.checkpoint_if_cancelled()
-        raise RuntimeError(
-            f"the session has stopped (reason={control.reason!r}); no more steps can run in it"
-        )
+        raise RuntimeError(f"the session has stopped (reason={control.reason!r}); no more steps can run in it")
 
 
 def _iterable(data: object) -> bool:

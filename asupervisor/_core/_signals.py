@@ -84,6 +84,8 @@ def stop_signals_from(value: object) -> tuple[signal.Signals, ...]:
         if sig not in out:
             out.append(sig)
     return tuple(out)
+
+
 #: modules whose handlers are the event loop's own Ctrl-C machinery (not chained)
 _LOOP_MACHINERY = ("asyncio", "trio", "anyio")
 

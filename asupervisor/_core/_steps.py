@@ -190,7 +190,12 @@ class Steps:
                     # trigger: a checkpoint of this step holds the epoch's end (its
                     # on_epoch_end done), and a resumed run does not do it again.
                     iterator, fresh, reason = self._end_epoch(
-                        data, iterator, fresh, epochs, on_epoch_end, checkpoint_iterator  # type: ignore[arg-type]
+                        data,  # type: ignore[arg-type]  # epochs: data and epochs are given
+                        iterator,
+                        fresh,
+                        epochs,  # type: ignore[arg-type]
+                        on_epoch_end,
+                        checkpoint_iterator,
                     )
                     epoch_end = counter.end_step()
                     if rt.step >= parts.next_trigger_step:

@@ -59,7 +59,9 @@ class StopControl:
         """
         return self.stopping
 
-    def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None, agreed: bool = False) -> None:
+    def request_stop(
+        self, exc: BaseException | None = None, *, reason: str | None = None, agreed: bool = False
+    ) -> None:
         """Ask the session to stop; callable from any thread, any number of times.
 
         Idempotent, like TF1's ``Coordinator.request_stop``: after the session (or its

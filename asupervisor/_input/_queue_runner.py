@@ -174,8 +174,13 @@ class QueueRunner:
         q = self._queue
         if q is None:
             return QueueStatistics(
-                size=0, capacity=self.capacity, produced=0, consumed=0,
-                consumer_wait_secs=0.0, fraction_full=0.0, max_size=0,
+                size=0,
+                capacity=self.capacity,
+                produced=0,
+                consumed=0,
+                consumer_wait_secs=0.0,
+                fraction_full=0.0,
+                max_size=0,
             )
         produced = q.produced
         size = len(q)
@@ -252,9 +257,7 @@ class _QueueRunnerService(Service, SessionPart):
     async def _run(self, ctx: EngineContext, task_status: TaskStatus[None]) -> None:
         qr = self.qr
         if qr._queue is not None and not qr._queue.closed:
-            raise RuntimeError(
-                f"{qr!r} is already running in another session; a queue runner serves one at a time"
-            )
+            raise RuntimeError(f"{qr!r} is already running in another session; a queue runner serves one at a time")
         q = BoundedQueue(qr.capacity, qr.threads, ctx.control, ctx.loop)
         qr._queue = q
         self._running = q
@@ -297,9 +300,7 @@ class _QueueRunnerService(Service, SessionPart):
             for thread in threads:
                 await thread.aclose_within(ctx.stop_grace_secs)
 
-    def _produce(
-        self, ctx: EngineContext, q: BoundedQueue, shared: Any, lock: threading.Lock | None
-    ) -> None:
+    def _produce(self, ctx: EngineContext, q: BoundedQueue, shared: Any, lock: threading.Lock | None) -> None:
         """On a producer thread: pull items and put them until the end, an error or close."""
         put = q.put
         try:
@@ -333,9 +334,7 @@ class _QueueRunnerService(Service, SessionPart):
     def _failed(self, ctx: EngineContext, q: BoundedQueue, exc: Exception) -> None:
         # Record the cause before the consumer is released, so the session's stop
         # reason is this error and not the end of data the consumer then sees.
-        log.error(
-            "queue_runner.producer_failed", service=self.name, queue=self.qr.name, error=describe(exc)
-        )
+        log.error("queue_runner.producer_failed", service=self.name, queue=self.qr.name, error=describe(exc))
         ctx.control.request_stop(exc, reason=f"service:{self.name}")
         # The stop may cancel this service before the error reaches supervise(): record
         # the state here, or status() would say "stopped" for a failed runner.

@@ -278,5 +278,7 @@ def _second_signal_line(ctx: SessionContext, key: str) -> str:
     last = ctx.status().last_checkpoint
     if last is not None and last.step >= ctx.global_step:
         return f"second {key}: stopping now; the final checkpoint (step {last.step}) is committed"
-    latest = f"the latest committed checkpoint is step {last.step}" if last is not None else "no checkpoint was committed"
+    latest = (
+        f"the latest committed checkpoint is step {last.step}" if last is not None else "no checkpoint was committed"
+    )
     return f"second {key}: abandoning the final checkpoint; {latest}"

@@ -34,9 +34,7 @@ class StepCounterService(Service):
 
     name = "step_counter"
 
-    def __init__(
-        self, interval_secs: float, on_rate: Callable[[int, float], None] | None = None
-    ) -> None:
+    def __init__(self, interval_secs: float, on_rate: Callable[[int, float], None] | None = None) -> None:
         self.interval_secs = interval_secs
         self.on_rate = on_rate
 

@@ -204,9 +204,7 @@ class SummaryWriter:
         self._write_posted()  # keep the order of the writes
         self._job(step, values, sources)
 
-    def _job(
-        self, step: int, values: dict[str, Any], sources: tuple[Callable[[], Mapping[str, float]], ...]
-    ) -> None:
+    def _job(self, step: int, values: dict[str, Any], sources: tuple[Callable[[], Mapping[str, float]], ...]) -> None:
         try:
             for source in sources:
                 values.update(source())
@@ -230,8 +228,7 @@ class SummaryWriter:
 
             self.logdir.mkdir(parents=True, exist_ok=True)
             name = (
-                f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
-                f"{os.getpid()}.{next(_file_counter)}.v2"
+                f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{next(_file_counter)}.v2"
             )
             self._writer = tf().io.TFRecordWriter(str(self.logdir / name))
             header = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")

@@ -21,9 +21,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_new_threads")]
 
 def make_sv(hooks: list[Any], logdir: Path | None = None, **kwargs: Any) -> asv.Supervisor:
     kwargs.setdefault("state", {"w": tf.Variable(0.0)})
-    return asv.Supervisor(
-        logdir, hooks=hooks, handle_signals=False, save_summaries_secs=0, save_model_secs=0, **kwargs
-    )
+    return asv.Supervisor(logdir, hooks=hooks, handle_signals=False, save_summaries_secs=0, save_model_secs=0, **kwargs)
 
 
 class CountingTensor:

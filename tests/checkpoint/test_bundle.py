@@ -48,7 +48,8 @@ def varied_state() -> dict[str, Any]:
 
 def zeros_like(state: dict[str, Any]) -> dict[str, Any]:
     return {
-        k: [tf.Variable(0.0) for _ in v] if isinstance(v, list) else tf.Variable(tf.zeros_like(v)) for k, v in state.items()
+        k: [tf.Variable(0.0) for _ in v] if isinstance(v, list) else tf.Variable(tf.zeros_like(v))
+        for k, v in state.items()
     }
 
 
@@ -204,7 +205,9 @@ def test_the_self_check_passes_with_this_tensorflow(monkeypatch: pytest.MonkeyPa
     assert logs == []
 
 
-def test_a_broken_writer_falls_back_to_save_v2_with_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_broken_writer_falls_back_to_save_v2_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """If the writer's files no longer read back (here: its checksum masking broken, as a
     google-crc32c or TensorFlow change could do), the self-check says so once and every
     save of the process goes through SaveV2: the checkpoints still restore."""

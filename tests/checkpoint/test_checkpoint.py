@@ -228,7 +228,9 @@ async def test_commits_and_deletions_cut_short_are_finished_at_start(tmp_path: P
     await _two_checkpoints(tmp_path)  # model.ckpt-0, -2, -4 named
     state = _state_file.read_state(tmp_path)
     assert state is not None and state.paths == ["model.ckpt-0", "model.ckpt-2", "model.ckpt-4"]
-    _state_file.write_state(tmp_path, _state_file.CheckpointState("model.ckpt-4", state.paths[1:], state.timestamps[1:]))
+    _state_file.write_state(
+        tmp_path, _state_file.CheckpointState("model.ckpt-4", state.paths[1:], state.timestamps[1:])
+    )
     (tmp_path / "model.ckpt-0.index").unlink()  # retention of step 0, cut short
     (tmp_path / f"model.ckpt-0{_names.PENDING}").touch()
     for f in _names.checkpoint_files(tmp_path / "model.ckpt-4"):  # a commit of step 6, cut short
@@ -240,7 +242,10 @@ async def test_commits_and_deletions_cut_short_are_finished_at_start(tmp_path: P
         assert sess.global_step == 4
     names = listing(tmp_path)
     assert not [n for n in names if n.startswith(("model.ckpt-0.", "model.ckpt-6.")) or ".asv-tmp-" in n]
-    assert _names.missing_files(tmp_path / "model.ckpt-4") is None and _names.missing_files(tmp_path / "model.ckpt-2") is None
+    assert (
+        _names.missing_files(tmp_path / "model.ckpt-4") is None
+        and _names.missing_files(tmp_path / "model.ckpt-2") is None
+    )
 
 
 @pytest.mark.anyio
@@ -277,7 +282,9 @@ async def test_corrupt_latest_falls_back_to_previous(tmp_path: Path, damage: str
     aside = [n for n in listing(tmp_path) if n.startswith("model.ckpt-4.corrupt-")]
     assert aside and [e["files"] for e in logs if e["event"] == "checkpoint.set_aside"] == [aside]
     assert _state_file.read_state(tmp_path) == _state_file.CheckpointState(
-        "model.ckpt-2", ["model.ckpt-0", "model.ckpt-2"], _state_file.read_state(tmp_path).timestamps,  # type: ignore[union-attr]
+        "model.ckpt-2",
+        ["model.ckpt-0", "model.ckpt-2"],
+        _state_file.read_state(tmp_path).timestamps,  # type: ignore[union-attr]
         _state_file.read_state(tmp_path).last_preserved,  # type: ignore[union-attr]
     )
 
@@ -417,7 +424,6 @@ async def test_unavailable_past_the_retry_bound_propagates(tmp_path: Path) -> No
     assert _state_file.read_state(tmp_path).latest == "model.ckpt-0"  # type: ignore[union-attr]
 
 
-
 @pytest.mark.anyio
 async def test_timed_save_while_a_write_is_in_flight_is_skipped_and_logged(tmp_path: Path) -> None:
     """With checkpoint_when_busy="skip", a timer tick that comes while the previous save
@@ -510,7 +516,9 @@ async def test_keras_model_with_lazily_built_optimizer_resumes(tmp_path: Path) -
     trained = [v.numpy() for v in model.trainable_variables]
 
     fresh, fresh_opt, fresh_step = keras_state(8)
-    async with supervisor(tmp_path, {"model": fresh, "optimizer": fresh_opt}, save_model_secs=0).managed_session() as sess:
+    async with supervisor(
+        tmp_path, {"model": fresh, "optimizer": fresh_opt}, save_model_secs=0
+    ).managed_session() as sess:
         assert sess.global_step == 3
         assert all((a == b.numpy()).all() for a, b in zip(trained, fresh.trainable_variables))
         await sess.run(fresh_step)
@@ -560,7 +568,9 @@ def test_early_writeback_covers_every_data_file_and_stays_restorable(
     assert_plain_tf_restores(tmp_path, big)
 
 
-def test_durable_time_excludes_retention_and_old_checkpoints_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_durable_time_excludes_retention_and_old_checkpoints_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Retention deletes after the commit: the checkpoint is named first, old files go after."""
     from asupervisor._checkpoint._manager import Checkpointer
 
@@ -659,7 +669,10 @@ def test_commit_makes_files_and_renames_durable_before_naming(tmp_path: Path, mo
     before = events[:named]
     for name in ("model.ckpt-7.index", "model.ckpt-7.data-00000-of-00001"):
         renamed = before.index(f"rename {name}")
-        assert any(e.startswith("fsync model.ckpt-7.asv-tmp-") and e.endswith(name[len("model.ckpt-7") :]) for e in before[:renamed])
+        assert any(
+            e.startswith("fsync model.ckpt-7.asv-tmp-") and e.endswith(name[len("model.ckpt-7") :])
+            for e in before[:renamed]
+        )
         assert "fsync dir" in before[renamed:]
     assert events[named + 1 :] == ["fsync dir"]
     assert plain_restore(tmp_path)[0] == 0.0
@@ -729,7 +742,9 @@ def test_model_check_reads_no_variable_unless_in_doubt(tmp_path: Path, monkeypat
         [],
     ],
 )
-def test_state_file_reads_as_protobuf_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: list[str]) -> None:
+def test_state_file_reads_as_protobuf_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: list[str]
+) -> None:
     """The state file parser gives what protobuf's text parser gives, for files written by
     this module and by TensorFlow, odd characters included; anything unusual goes to protobuf."""
     from tensorflow.python.checkpoint import checkpoint_management
@@ -910,7 +925,9 @@ def test_a_walk_with_optimizer_slots_made_in_a_traced_step_is_reused(tmp_path: P
     assert checkpointer._walks.hits == 1
     fresh_model, fresh_opt, fresh_step = build()
     fresh_step()  # creates the slots, then the restore overwrites them
-    tf.train.Checkpoint(model=fresh_model, optimizer=fresh_opt).restore(str(tmp_path / "model.ckpt-2")).assert_consumed()
+    tf.train.Checkpoint(model=fresh_model, optimizer=fresh_opt).restore(
+        str(tmp_path / "model.ckpt-2")
+    ).assert_consumed()
     for a, b in zip(opt.variables + model.variables, fresh_opt.variables + fresh_model.variables):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), a.path
 
@@ -973,7 +990,10 @@ def test_a_walk_of_variables_made_under_a_strategy_is_reused(tmp_path: Path) -> 
     fresh, fresh_step = build()
     fresh_step()
     restore_path(tf.train.Checkpoint(**fresh), str(tmp_path / "model.ckpt-3"))
-    for a, b in zip(state["opt"].variables + state["model"].variables + state["metric"], fresh["opt"].variables + fresh["model"].variables + fresh["metric"]):
+    for a, b in zip(
+        state["opt"].variables + state["model"].variables + state["metric"],
+        fresh["opt"].variables + fresh["model"].variables + fresh["metric"],
+    ):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), a.path
     assert int(fresh["epoch"].read_value()) == int(state["epoch"].read_value()) == 4
     assert float(fresh["total"].read_value()) == float(state["total"].read_value()) == 4.0

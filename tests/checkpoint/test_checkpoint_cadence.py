@@ -87,7 +87,6 @@ async def test_skip_policy_skips_saves_while_busy_and_says_so(tmp_path: Path) ->
     assert not {10, 20, 30, 40} <= set(saved_steps(tmp_path))  # (the final save may save step 50)
 
 
-
 @pytest.mark.anyio
 async def test_timed_saves_coalesce_while_the_writer_is_busy(tmp_path: Path) -> None:
     """A timer tick while a write is in flight is not skipped: it waits for the writer

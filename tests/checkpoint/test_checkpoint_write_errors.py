@@ -98,7 +98,9 @@ def _fail_writes_after(monkeypatch: pytest.MonkeyPatch, module: Any, count: int,
 
 
 @pytest.mark.fast_store
-def test_write_error_names_the_file_and_cause_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_write_error_names_the_file_and_cause_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A data write failing with ENOSPC is a CheckpointError naming the file and "No space
     left on device", chained to the OSError; the failed save leaves no file behind."""
     from asupervisor._checkpoint.store.fast import _bundle

@@ -31,7 +31,8 @@ pytestmark = [
     pytest.mark.usefixtures("no_new_threads"),
     pytest.mark.skipif(not _bundle.available(), reason="google-crc32c's C library is not installed"),
     pytest.mark.skipif(
-        not _direct.ENABLED or not _page_cache_drops(TMP), reason=f"{TMP} keeps files in memory (tmpfs) or this OS has no O_DIRECT"
+        not _direct.ENABLED or not _page_cache_drops(TMP),
+        reason=f"{TMP} keeps files in memory (tmpfs) or this OS has no O_DIRECT",
     ),
 ]
 
@@ -91,7 +92,10 @@ def test_large_values_go_at_a_block_and_are_read_past_the_page_cache(tmp_path: P
     path, data = written(tmp_path)
     entries = index_entries(path)
     assert entries[ODD].offset % _direct.ALIGN == 0 and entries[BIG].offset % _direct.ALIGN == 0
-    assert entries["small/.ATTRIBUTES/VARIABLE_VALUE"].offset % _direct.ALIGN != 0 or entries["count/.ATTRIBUTES/VARIABLE_VALUE"].offset % _direct.ALIGN != 0
+    assert (
+        entries["small/.ATTRIBUTES/VARIABLE_VALUE"].offset % _direct.ALIGN != 0
+        or entries["count/.ATTRIBUTES/VARIABLE_VALUE"].offset % _direct.ALIGN != 0
+    )
     variables, how = restore(path)
     assert how == ["direct"] and same(variables)
     for key in (ODD, BIG):
@@ -210,7 +214,9 @@ def test_damage_in_a_value_read_directly_changes_no_variable(tmp_path: Path, how
 
 
 @pytest.mark.parametrize("refused_at", ["open", "read"])
-def test_a_filesystem_refusing_direct_reads_gets_buffered_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_at: str) -> None:
+def test_a_filesystem_refusing_direct_reads_gets_buffered_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_at: str
+) -> None:
     """``EINVAL`` for ``O_DIRECT`` (at the open, or at the first read as some FUSE
     filesystems do): the values are read buffered, exactly, with no error; after a refusal
     no other direct read is tried in that restore."""
@@ -278,7 +284,9 @@ def test_values_tensorflow_must_restore_are_checked_and_restored(tmp_path: Path)
         _restore.restore_path(tf.train.Checkpoint(**resumed), path)
     (read,) = [e for e in events if e["event"] == "checkpoint.read"]
     assert read["how"] == "tensorflow" and read["checked_after"] == 0
-    assert read["checked_ahead"] == sum(1 for e in index_entries(path).values() if e.dtype != tf.string.as_datatype_enum)
+    assert read["checked_ahead"] == sum(
+        1 for e in index_entries(path).values() if e.dtype != tf.string.as_datatype_enum
+    )
     train_once(original)
     train_once(resumed)
     for want, got in zip(original["model"].weights, resumed["model"].weights):

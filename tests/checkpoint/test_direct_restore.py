@@ -127,7 +127,10 @@ def test_keras_model_and_optimizer(tmp_path: Path, build: bool) -> None:
         assert (read["checked_ahead"], read["checked_after"]) == (values, 0)
     train_once(original)
     train_once(resumed)
-    for a, b in zip(original["model"].weights + original["optimizer"].variables, resumed["model"].weights + resumed["optimizer"].variables):
+    for a, b in zip(
+        original["model"].weights + original["optimizer"].variables,
+        resumed["model"].weights + resumed["optimizer"].variables,
+    ):
         assert a.numpy().tobytes() == b.numpy().tobytes()
 
 
@@ -268,7 +271,11 @@ def test_a_bad_value_tensorflow_defers_is_found_by_the_readers(tmp_path: Path) -
     train_once(original)
     path = write(original, tmp_path, "asupervisor")
     reader = tf.train.load_checkpoint(path)
-    slot = next(k for k, shape in reader.get_variable_to_shape_map().items() if k.startswith("optimizer/_variables/") and shape == [4, 8])
+    slot = next(
+        k
+        for k, shape in reader.get_variable_to_shape_map().items()
+        if k.startswith("optimizer/_variables/") and shape == [4, 8]
+    )
     data = Path(f"{path}.data-00000-of-00001")
     raw = bytearray(data.read_bytes())
     at = raw.find(reader.get_tensor(slot).tobytes())

@@ -133,7 +133,9 @@ async def test_checkpoints_without_the_metric_are_dropped_and_still_restore(tmp_
     def no_outputs() -> None:
         w.assign_add(1.0)
 
-    sv = asv.Supervisor(tmp_path, state={"w": w}, save_model_secs=0, keep_policy=asv.KeepBest("loss"), handle_signals=False)
+    sv = asv.Supervisor(
+        tmp_path, state={"w": w}, save_model_secs=0, keep_policy=asv.KeepBest("loss"), handle_signals=False
+    )
     async with sv.managed_session() as sess:
         for _ in range(3):
             await sess.run(no_outputs)

@@ -198,7 +198,9 @@ def _start_cluster(
     return procs
 
 
-def _finish(procs: list[subprocess.Popen[str]], expected_rc: int = 0, before: list[list[str]] | None = None) -> list[list[str]]:
+def _finish(
+    procs: list[subprocess.Popen[str]], expected_rc: int = 0, before: list[list[str]] | None = None
+) -> list[list[str]]:
     """Wait for the processes; their stdout lines (``before``: lines read already)."""
     results: list[tuple[str, str]] = []
     try:
@@ -248,7 +250,8 @@ def test_two_workers_save_together_only_the_chief_writes_and_both_resume(tmp_pat
             assert used.parent == worker_tmp and not used.exists()
     assert os.listdir(worker_tmp) == [] and os.listdir(tmp_path / "tmp-chief") == []
     assert sorted(os.listdir(logdir)) == sorted(
-        ["checkpoint", OWNER_FILE] + [f"model.ckpt-{s}.{ext}" for s in (3, 6, 7) for ext in ("index", "data-00000-of-00001")]
+        ["checkpoint", OWNER_FILE]
+        + [f"model.ckpt-{s}.{ext}" for s in (3, 6, 7) for ext in ("index", "data-00000-of-00001")]
     )
     state = _state_file.read_state(logdir)
     assert state is not None and state.latest == "model.ckpt-7"
@@ -424,7 +427,9 @@ def test_cluster_killed_at_a_random_moment_resumes_to_the_weights_of_an_uninterr
     final, every = 200, 10
     # a state of Keras variables only (SyncOnRead ones included; the other multi-worker
     # tests have a tf.Variable counter): snapshots from the remembered walk either way
-    reference = _run_cluster(tmp_path / "reference", tmp_path / "reference" / "logdir", final, every, "asyncio", "keras-counter")
+    reference = _run_cluster(
+        tmp_path / "reference", tmp_path / "reference" / "logdir", final, every, "asyncio", "keras-counter"
+    )
     assert reference[0][-1] == f"DONE {final} max_steps"
 
     logdir = tmp_path / "logdir"

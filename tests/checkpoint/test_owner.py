@@ -69,7 +69,9 @@ def state() -> dict[str, Any]:
 
 
 def supervisor(logdir: Path, **kwargs: Any) -> asv.Supervisor:
-    return asv.Supervisor(logdir, state=state(), save_model_secs=0, save_summaries_secs=0, handle_signals=False, **kwargs)
+    return asv.Supervisor(
+        logdir, state=state(), save_model_secs=0, save_summaries_secs=0, handle_signals=False, **kwargs
+    )
 
 
 def snapshot_of(logdir: Path) -> dict[str, tuple[int, int]]:
@@ -157,7 +159,9 @@ async def test_a_failed_start_lets_the_lock_go(tmp_path: Path) -> None:
         pass
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names fsynced descriptors through /proc/self/fd (Linux)")
+@pytest.mark.skipif(
+    not os.path.isdir("/proc/self/fd"), reason="names fsynced descriptors through /proc/self/fd (Linux)"
+)
 def test_created_directories_are_fsynced_into_their_parents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A logdir created with its missing parents is durable: the parent of each new
     directory is fsynced (a power loss would otherwise take the committed checkpoints

@@ -63,7 +63,9 @@ async def test_a_changed_pipeline_fails_before_the_first_step(
     tmp_path: Path, checkpoint_store: str, changed: Pipeline, what: str
 ) -> None:
     await _run(tmp_path, _base, 3)
-    with pytest.raises(asv.CheckpointError, match=rf"the data pipeline changed since checkpoint .*model\.ckpt-3.*it is .*{what}"):
+    with pytest.raises(
+        asv.CheckpointError, match=rf"the data pipeline changed since checkpoint .*model\.ckpt-3.*it is .*{what}"
+    ):
         await _run(tmp_path, changed, 6)
     sv, seen = await _run(tmp_path, changed, 6, checkpoint_iterator=False)  # the way out: the data restarts
     assert sv.status().global_step == 6 and len(seen) == 3

@@ -111,9 +111,13 @@ def test_stock_save_policies_decide_at_their_moments() -> None:
     """EverySteps saves at its multiples, EverySeconds at ticks, OnStartup after an init
     only, OnStop at the stop (in multi-worker only for an agreed stop); AnySavePolicy
     asks at the union of their moments."""
-    assert asv.EverySteps(50).should_save(moment("step", 100)) and not asv.EverySteps(50).should_save(moment("step", 75))
+    assert asv.EverySteps(50).should_save(moment("step", 100)) and not asv.EverySteps(50).should_save(
+        moment("step", 75)
+    )
     assert asv.EverySeconds(5).should_save(moment("tick")) and not asv.EverySeconds(5).should_save(moment("stop"))
-    assert asv.OnStartup().should_save(moment("startup")) and not asv.OnStartup().should_save(moment("startup", restored=True))
+    assert asv.OnStartup().should_save(moment("startup")) and not asv.OnStartup().should_save(
+        moment("startup", restored=True)
+    )
     assert asv.OnStop().should_save(moment("stop", stop_reason="signal:SIGTERM"))
     assert not asv.OnStop().should_save(moment("stop", stop_reason="signal:SIGTERM", multi_worker=True))
     assert asv.OnStop().should_save(moment("stop", stop_reason="max_steps", multi_worker=True))

@@ -83,7 +83,7 @@ def listing(logdir: Path) -> dict[str, bytes]:
 
 DAMAGE = {
     "empty": b"",
-    "garbled_text": b"model_checkpoint_path: \"model.ckpt-6\nall_model_checkpoint_paths {{{ oops\n",
+    "garbled_text": b'model_checkpoint_path: "model.ckpt-6\nall_model_checkpoint_paths {{{ oops\n',
     "binary": bytes(range(256)) * 4,
     "dangling": b'model_checkpoint_path: "model.ckpt-90"\nall_model_checkpoint_paths: "model.ckpt-80"\n'
     b'all_model_checkpoint_paths: "model.ckpt-90"\n',
@@ -262,7 +262,8 @@ async def test_fallback_with_deferred_slots_never_reads_the_set_aside_files(tmp_
     assert await train_keras(tmp_path, 4) == (0, 4)
     newest = tmp_path / "model.ckpt-4"
     kernel = next(
-        k for k, shape in tf.train.load_checkpoint(str(newest)).get_variable_to_shape_map().items()
+        k
+        for k, shape in tf.train.load_checkpoint(str(newest)).get_variable_to_shape_map().items()
         if shape == [4, 8] and not k.startswith("optimizer/_variables/")
     )
     flip_byte(newest, kernel)
@@ -319,7 +320,9 @@ async def test_transient_error_in_restore_is_retried_not_set_aside(tmp_path: Pat
     marked corrupt or set aside."""
     await flaky_checkpoint(tmp_path)
     before = sorted(os.listdir(tmp_path))
-    flaky = FlakyValue([tf.errors.UnavailableError(None, None, "nfs gone"), tf.errors.AbortedError(None, None, "again")])
+    flaky = FlakyValue(
+        [tf.errors.UnavailableError(None, None, "nfs gone"), tf.errors.AbortedError(None, None, "again")]
+    )
     with capture_logs() as logs:
         async with supervisor(tmp_path, {"flaky": flaky}).managed_session() as sess:
             assert sess.global_step == 4 and float(flaky.value) == 4.0
@@ -376,6 +379,7 @@ async def test_transient_error_in_init_fn_is_retried_with_backoff(tmp_path: Path
     hook = Counter()
     clock = ManualClock()
     sv = supervisor(tmp_path, make_state(), init_fn=init_fn, clock=clock, recovery_wait_secs=8, hooks=[hook])
+
     async def drive() -> None:  # half a second at a time, whenever someone sleeps on it
         while True:
             await clock.wait_for_sleepers(1)

@@ -216,7 +216,9 @@ def test_killed_and_resumed_training_is_bitwise_equal(tmp_path: Path, checkpoint
     variable, the optimizer slots, the generator, and the iterator's position. (Fewer
     kills on the plain store, whose commit protocol is the fast store's and whose restarts
     are slower: the suite's time.)"""
-    kills = {("fast", True): 30, ("fast", False): 4, ("plain", True): 8, ("plain", False): 2}[checkpoint_store, THOROUGH]
+    kills = {("fast", True): 30, ("fast", False): 4, ("plain", True): 8, ("plain", False): 2}[
+        checkpoint_store, THOROUGH
+    ]
     steps, save_steps = 600, 7
     rng = random.Random(1234)
     logdir = tmp_path / "killed"
@@ -280,7 +282,9 @@ def test_crash_consistency_under_repeated_sigkill(tmp_path: Path, tracked_data: 
     older than the last the process reported saved, nor older than after the kill before
     (fewer on the plain store)."""
     width = 300_000  # w1 16 x 300k, w2 300k x 1: 20.4 MB of float32, 40.8 MB with the momentum slots
-    kills = {("fast", True): 24, ("fast", False): 5, ("plain", True): 12, ("plain", False): 4}[checkpoint_store, THOROUGH]
+    kills = {("fast", True): 24, ("fast", False): 5, ("plain", True): 12, ("plain", False): 4}[
+        checkpoint_store, THOROUGH
+    ]
     save_steps = 3
     rng = random.Random(99)
     plain = _PlainRestore(width, tracked_data)

@@ -118,9 +118,7 @@ def test_monitored_training_session_accepts_max_to_keep_none(tmp_path: Path) -> 
 def test_select_retention_counts_only_managed_and_keeps_two_in_flight() -> None:
     """select_retention deletes the oldest managed checkpoints beyond max_to_keep, skipping
     unmanaged ones, and max_to_keep is raised to 2 by a save in flight (min_keep)."""
-    state = _state_file.CheckpointState(
-        "m-4", ["m-1", "ckpt-1", "m-2", "m-3", "m-4"], [1.0, 1.5, 2.0, 3.0, 4.0]
-    )
+    state = _state_file.CheckpointState("m-4", ["m-1", "ckpt-1", "m-2", "m-3", "m-4"], [1.0, 1.5, 2.0, 3.0, 4.0])
     kept, delete = _commit.select_retention(
         state, policy=keep_policy_for(1, None), managed=lambda p, t: p.startswith("m-")
     )

@@ -212,8 +212,13 @@ async def test_supervisor_checkpoint_staging_reaches_the_saves(tmp_path: Path, s
         state["w"].assign_add(tf.ones([1000]))
 
     sv = asv.Supervisor(
-        tmp_path, state=state, save_model_secs=0, save_model_steps=5, save_summaries_secs=0,
-        handle_signals=False, checkpoint_staging=staging,
+        tmp_path,
+        state=state,
+        save_model_secs=0,
+        save_model_steps=5,
+        save_summaries_secs=0,
+        handle_signals=False,
+        checkpoint_staging=staging,
     )
     with capture_logs() as logs:
         async with sv.managed_session() as sess:
@@ -263,7 +268,9 @@ def test_a_walk_of_many_variables_is_read_in_one_batched_call(
         assert snap is not None
         saved[step] = values(state)
         bump(state)  # training goes on while the writer writes
-        held = {k.split("/")[0]: np.asarray(t.numpy()) for k, t in zip(snap.keys, snap.tensors) if "VARIABLE_VALUE" in k}
+        held = {
+            k.split("/")[0]: np.asarray(t.numpy()) for k, t in zip(snap.keys, snap.tensors) if "VARIABLE_VALUE" in k
+        }
         for name, want in saved[step].items():
             assert held[name].tolist() == want.tolist(), (step, name)
         assert staged_count(snap) == (18 if staging and step > 1 else 0)
@@ -319,7 +326,9 @@ def test_a_batched_read_that_fails_falls_back_to_reading_one_by_one(tmp_path: Pa
             bump(state)
             snap = checkpointer.snapshot(step)
             assert snap is not None
-            held = {k.split("/")[0]: np.asarray(t.numpy()) for k, t in zip(snap.keys, snap.tensors) if "VARIABLE_VALUE" in k}
+            held = {
+                k.split("/")[0]: np.asarray(t.numpy()) for k, t in zip(snap.keys, snap.tensors) if "VARIABLE_VALUE" in k
+            }
             assert all(held[n].tolist() == v.tolist() for n, v in values(state).items())
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["checkpoint.batched_read_failed"]
     assert checkpointer._walks.hits == 2 and checkpointer._walks.batched == 0

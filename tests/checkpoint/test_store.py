@@ -70,7 +70,9 @@ def big_state() -> dict[str, tf.Variable]:
     }
 
 
-def test_plain_store_writes_pieces_tensorflow_reads_back_bitwise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plain_store_writes_pieces_tensorflow_reads_back_bitwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The plain store writes with SaveV2 alone (no direct I/O is even tried), a value
     larger than a piece in slices; TF's reader and a session's restore give every value
     back bit for bit."""
@@ -139,8 +141,13 @@ async def test_a_plain_session_starts_no_idle_io_thread(tmp_path: Path) -> None:
     idle-priority I/O thread is started (it is a fast-store mechanism)."""
     v = tf.Variable(0.0)
     sv = asv.Supervisor(
-        tmp_path, state={"v": v}, save_model_steps=2, save_model_secs=0, save_summaries_secs=0,
-        handle_signals=False, checkpoint_store="plain",
+        tmp_path,
+        state={"v": v},
+        save_model_steps=2,
+        save_model_secs=0,
+        save_summaries_secs=0,
+        handle_signals=False,
+        checkpoint_store="plain",
     )
     async with sv.managed_session() as sess:
         for _ in range(6):
@@ -175,8 +182,13 @@ async def test_the_commit_never_runs_at_idle_priority(tmp_path: Path, monkeypatc
     monkeypatch.setattr(_idle_io, "lower_to_idle_priority", observed_lower)
     v = tf.Variable(tf.zeros([1 << 18]))
     sv = asv.Supervisor(
-        tmp_path, state={"v": v}, save_model_steps=1, save_model_secs=0, save_summaries_secs=0,
-        handle_signals=False, checkpoint_store="fast",
+        tmp_path,
+        state={"v": v},
+        save_model_steps=1,
+        save_model_secs=0,
+        save_summaries_secs=0,
+        handle_signals=False,
+        checkpoint_store="fast",
     )
     async with sv.managed_session() as sess:
         await sess.run_loop(lambda: v.assign_add(tf.ones([1 << 18])), max_steps=4)
@@ -213,7 +225,11 @@ async def test_a_step_save_reaches_the_writer_while_the_event_loop_is_blocked(
     monkeypatch.setattr(Checkpointer, "write", write)
     v = tf.Variable(0.0)
     sv = asv.Supervisor(
-        tmp_path, state={"v": v}, save_model_steps=3, save_model_secs=0, save_summaries_secs=0,
+        tmp_path,
+        state={"v": v},
+        save_model_steps=3,
+        save_model_secs=0,
+        save_summaries_secs=0,
         handle_signals=False,
     )
 

@@ -189,7 +189,9 @@ async def test_checkpoint_iterator_false_restarts_the_data_on_resume(tmp_path: P
         v = tf.Variable(0, dtype=tf.int64)
         sv = _supervisor(tmp_path, {"v": v}, save_model_steps=2)
         async with sv.managed_session() as sess:
-            await sess.run_loop(lambda b: seen.append(int(b)), data=data, max_steps=sess.global_step + 3, checkpoint_iterator=False)
+            await sess.run_loop(
+                lambda b: seen.append(int(b)), data=data, max_steps=sess.global_step + 3, checkpoint_iterator=False
+            )
         assert all(ITERATOR_KEY not in _keys(p) for p in _checkpoints(tmp_path))
     assert seen == [0, 1, 2, 0, 1, 2]
     assert sess.global_step == 6
@@ -234,7 +236,9 @@ async def test_a_changed_pipeline_is_a_clear_error_and_false_resumes_it(tmp_path
     seen: list[list[int]] = []
     async with _supervisor(tmp_path, {"v": tf.Variable(0, dtype=tf.int64)}).managed_session() as sess:
         assert sess.global_step == 2
-        await sess.run_loop(lambda b: seen.append(b.numpy().tolist()), data=tf.data.Dataset.range(3).batch(3), checkpoint_iterator=False)
+        await sess.run_loop(
+            lambda b: seen.append(b.numpy().tolist()), data=tf.data.Dataset.range(3).batch(3), checkpoint_iterator=False
+        )
     assert seen == [[0, 1, 2]] and sess.global_step == 3
 
 

@@ -126,7 +126,9 @@ async def test_loop_handle_runs_callbacks_from_other_threads() -> None:
     handle.call_from_any_thread(lambda: seen.append(threading.get_ident()))
     assert seen == [threading.get_ident()]
     waiter = handle.waiter()
-    threading.Thread(target=lambda: handle.call_from_any_thread(lambda: waiter.set_result(threading.get_ident()))).start()
+    threading.Thread(
+        target=lambda: handle.call_from_any_thread(lambda: waiter.set_result(threading.get_ident()))
+    ).start()
     assert await waiter.wait() == threading.get_ident()
 
 

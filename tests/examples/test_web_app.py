@@ -109,7 +109,11 @@ def test_status_checkpoint_and_stop_over_http(server: Server, tmp_path: Path) ->
     assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain; version=0.0.4")
     families = {f.name: f for f in text_string_to_metric_families(scraped.text)}
     assert families["asupervisor_global_step"].samples[0].value >= info["step"]
-    assert {s.labels["phase"] for s in families["asupervisor_checkpoint_seconds"].samples} >= {"blocked", "write", "commit"}
+    assert {s.labels["phase"] for s in families["asupervisor_checkpoint_seconds"].samples} >= {
+        "blocked",
+        "write",
+        "commit",
+    }
     stopped = server.client.post("/stop").json()
     assert stopped["stop_reason"] == "requested"
     assert stopped["checkpoint"] == str(tmp_path / "run" / f"model.ckpt-{stopped['step']}")

@@ -25,7 +25,10 @@ def run_child(logdir: Path, max_steps: int, backend: str, timeout: float = 120, 
     """Run the training to ``max_steps``; returns its stdout lines (it must exit 0)."""
     done = subprocess.run(
         [sys.executable, str(SCRIPT), str(logdir), str(max_steps), backend, *options],
-        capture_output=True, text=True, timeout=timeout, env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.splitlines()
@@ -36,7 +39,10 @@ def train_then_kill(logdir: Path, max_steps: int, backend: str, timeout: float =
     its session is running; returns the lines it printed."""
     child = subprocess.Popen(
         [sys.executable, str(SCRIPT), str(logdir), str(max_steps), backend, "--hold", *options],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=ENV,
     )
     lines: list[str] = []
     try:
@@ -89,9 +95,7 @@ DAMAGE = {
 }
 
 
-@pytest.mark.parametrize(
-    ("damage", "backend"), [("empty", "asyncio"), ("binary", "trio")]
-)
+@pytest.mark.parametrize(("damage", "backend"), [("empty", "asyncio"), ("binary", "trio")])
 def test_killed_run_with_damaged_state_file_resumes_from_newest_good_step(
     tmp_path: Path, damage: str, backend: str
 ) -> None:
@@ -159,7 +163,9 @@ def test_flipped_byte_in_a_value_read_directly_resumes_from_previous_checkpoint(
     corrupt = [line.split(maxsplit=2)[1:] for line in lines if line.startswith("corrupt ")]
     assert len(corrupt) == 1 and corrupt[0][0] == str(newest), lines
     assert f"{newest}.data-00000-of-00001: checksum mismatch for {key} (corrupt data file)" in corrupt[0][1]
-    assert [line.split()[1:] for line in lines if line.startswith("read ")] == [["direct", str(logdir / "model.ckpt-5")]]
+    assert [line.split()[1:] for line in lines if line.startswith("read ")] == [
+        ["direct", str(logdir / "model.ckpt-5")]
+    ]
     step, latest_at_start = start_line(lines)
     assert step == 5 and latest_at_start == str(logdir / "model.ckpt-5")
     assert lines[-1] == "end 15"

@@ -155,6 +155,7 @@ async def test_async_producer_waits_for_space_without_blocking_the_loop() -> Non
     consumer = threading.Thread(target=drain)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
+
             async def start_consumer() -> None:
                 while not q._space_wanted:
                     await anyio.sleep(0.001)

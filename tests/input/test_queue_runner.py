@@ -210,6 +210,7 @@ async def test_get_in_step_fn_ends_with_out_of_range(no_new_threads: None) -> No
 @pytest.mark.anyio
 async def test_sync_producer_error_propagates(no_new_threads: None) -> None:
     """A producer raising ValueError after N items stops the session with that ValueError."""
+
     def source() -> Iterator[int]:
         yield from range(7)
         raise ValueError("bad record")
@@ -256,6 +257,7 @@ async def test_producer_blocked_on_full_queue_is_released_on_stop(no_new_threads
 @pytest.mark.anyio
 async def test_slow_async_producer_fast_consumer(no_new_threads: None) -> None:
     """A slow async producer and a fast consumer: every item once, in order, stop at the end."""
+
     async def slow() -> AsyncIterator[int]:
         for i in range(100):
             await anyio.sleep(0.0005 if i % 10 == 0 else 0)
@@ -311,6 +313,7 @@ async def test_fast_async_producer_slow_consumer(no_new_threads: None) -> None:
 @pytest.mark.anyio
 async def test_async_producer_error_propagates(no_new_threads: None) -> None:
     """An async producer raising ValueError after N items surfaces ValueError from the session."""
+
     async def source() -> AsyncIterator[int]:
         for i in range(5):
             yield i
@@ -331,6 +334,7 @@ async def test_async_producer_error_propagates(no_new_threads: None) -> None:
 async def test_consumer_waiting_on_empty_queue_is_released_on_stop(consumer: str, no_new_threads: None) -> None:
     """A step waiting for input that never comes (in run_loop's iterator, or in
     ``qr.get()`` inside a step) ends when a stop is requested."""
+
     async def one_then_nothing() -> AsyncIterator[int]:
         yield 0
         await anyio.Event().wait()  # never set: cancelled at session end
@@ -377,10 +381,9 @@ async def test_halted_run_loop_releases_the_consumer_and_keeps_items(no_new_thre
     seen: list[int] = []
     async with sv.managed_session() as sess:
         with anyio.CancelScope() as scope:
+
             async def cancel_when_waiting() -> None:
-                await wait_until(
-                    lambda: qr._queue is not None and qr._queue._consumer_waiting and len(seen) == 3
-                )
+                await wait_until(lambda: qr._queue is not None and qr._queue._consumer_waiting and len(seen) == 3)
                 scope.cancel()
 
             async with anyio.create_task_group() as tg:
@@ -487,6 +490,7 @@ async def test_each_session_starts_with_a_fresh_queue(no_new_threads: None) -> N
 @pytest.mark.anyio
 async def test_async_producers_share_an_async_generator(no_new_threads: None) -> None:
     """Several async producer tasks take turns on one async generator: nothing lost or doubled."""
+
     async def numbers() -> AsyncIterator[int]:
         for i in range(300):
             if i % 7 == 0:
@@ -518,6 +522,7 @@ async def test_a_queue_runner_serves_one_session_at_a_time(no_new_threads: None)
 @pytest.mark.anyio
 async def test_factory_returning_an_async_iterable_is_a_clear_error(no_new_threads: None) -> None:
     """A sync factory that returns an async iterable stops the session with a TypeError saying why."""
+
     async def records() -> AsyncIterator[int]:
         yield 1
 

@@ -31,9 +31,7 @@ ORIGIN = "basic_session_run_hooks_test.py"
 def make_sv(hooks: list[Any], logdir: Path | None = None, **kwargs: Any) -> asv.Supervisor:
     """A Supervisor with only the given hooks at work (no timed services, no signals)."""
     kwargs.setdefault("state", {"w": tf.Variable(0.0)})
-    return asv.Supervisor(
-        logdir, hooks=hooks, handle_signals=False, save_summaries_secs=0, save_model_secs=0, **kwargs
-    )
+    return asv.Supervisor(logdir, hooks=hooks, handle_signals=False, save_summaries_secs=0, save_model_secs=0, **kwargs)
 
 
 def saved_step(directory: Path) -> int | None:

@@ -473,8 +473,14 @@ async def test_recovery(tmp_path: Path) -> None:
     step reaches 2; a restart from the directory resumes at 2; so does a session restoring
     ``checkpoint_filename_with_path=latest_checkpoint(dir)`` (a SessionManager)."""
     hooks = [asv.CheckpointSaverHook(str(tmp_path), save_steps=1)]
-    async with asv.Supervisor(tmp_path, hooks=hooks, handle_signals=False, save_model_secs=0, save_summaries_secs=0,
-                              state={"w": tf.Variable(0.0)}).managed_session() as sess:
+    async with asv.Supervisor(
+        tmp_path,
+        hooks=hooks,
+        handle_signals=False,
+        save_model_secs=0,
+        save_summaries_secs=0,
+        state={"w": tf.Variable(0.0)},
+    ).managed_session() as sess:
         assert sess.global_step == 0
         await sess.run(noop)
         await sess.run(noop)

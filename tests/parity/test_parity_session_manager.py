@@ -131,7 +131,10 @@ async def test_recover_session(tmp_path: Path) -> None:
     m = Model()
     assert await asv.SessionManager(state=m.state).recover_session(tmp_path) is False
     path = save_checkpoint(tmp_path, 1.0)
-    for kwargs in ({"checkpoint_dir": tmp_path}, {"checkpoint_filename_with_path": tf.train.latest_checkpoint(str(tmp_path))}):
+    for kwargs in (
+        {"checkpoint_dir": tmp_path},
+        {"checkpoint_filename_with_path": tf.train.latest_checkpoint(str(tmp_path))},
+    ):
         m2 = Model(2.0)
         assert await asv.SessionManager(state=m2.state).recover_session(**kwargs) is True
         assert float(m2.v) == 1.0
@@ -279,7 +282,9 @@ async def test_wait_for_session_without_ready_for_local_init_check_times_out(tmp
     init alone does not make a worker ready)."""
     clock = ManualClock()
     m = Model()
-    sm = asv.SessionManager(state=tracking_restore(m), ready_fn=m.not_ready, local_init_fn=m.local_init, recovery_wait_secs=1, clock=clock)
+    sm = asv.SessionManager(
+        state=tracking_restore(m), ready_fn=m.not_ready, local_init_fn=m.local_init, recovery_wait_secs=1, clock=clock
+    )
     async with anyio.create_task_group() as tg:
         tg.start_soon(clock.advance_on_sleep, 1)
         with pytest.raises(asv.DeadlineExceededError):
@@ -293,7 +298,10 @@ async def test_prepare_session_with_ready_for_local_init() -> None:
     init_fn makes v ready, which lets local_init_fn run: w == v and x == 3 * v."""
     m = Model()
     sm = asv.SessionManager(
-        state=m.state, ready_fn=m.not_ready, ready_for_local_init_fn=lambda: m.not_ready("v"), local_init_fn=m.local_init
+        state=m.state,
+        ready_fn=m.not_ready,
+        ready_for_local_init_fn=lambda: m.not_ready("v"),
+        local_init_fn=m.local_init,
     )
     await sm.prepare_session(init_fn=m.init)
     assert (float(m.v), float(m.w), float(m.x)) == (1.0, 1.0, 3.0)
@@ -327,7 +335,10 @@ async def test_prepare_session_not_ready_for_local_init() -> None:
     RuntimeError about local init, and local_init_fn does not run."""
     m = Model()
     sm = asv.SessionManager(
-        state=m.state, ready_fn=m.not_ready, ready_for_local_init_fn=lambda: m.not_ready("v"), local_init_fn=m.local_init
+        state=m.state,
+        ready_fn=m.not_ready,
+        ready_for_local_init_fn=lambda: m.not_ready("v"),
+        local_init_fn=m.local_init,
     )
     with pytest.raises(RuntimeError, match=r"local_init.*v"):
         await sm.prepare_session(init_fn=None)

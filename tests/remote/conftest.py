@@ -43,4 +43,3 @@ def anyio_backend() -> str:
     (its start-up, uploads, outage and stop: the parts that touch the event loop) on
     trio too."""
     return "asyncio"
-

@@ -94,7 +94,17 @@ def gcs_emulator() -> Server:
     """``gcp-storage-emulator`` (in memory)."""
     port = free_port()
     return Server(
-        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
+        [
+            sys.executable,
+            "-m",
+            "gcp_storage_emulator",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--in-memory",
+        ],
         port,
         "the GCS emulator",
     )

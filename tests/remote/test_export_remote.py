@@ -27,7 +27,9 @@ async def test_keras_and_saved_model_exports_to_s3_load_back(s3_url: str, s3_env
     assert "model.keras" in keys and "serving/saved_model.pb" in keys
     assert any(k.startswith("serving/variables/") for k in keys)
     (tmp_path / "model.keras").write_bytes(s3_read(s3_env.endpoint, s3_url, "model.keras"))
-    np.testing.assert_allclose(keras.models.load_model(tmp_path / "model.keras")(x).numpy(), model(x).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(
+        keras.models.load_model(tmp_path / "model.keras")(x).numpy(), model(x).numpy(), rtol=1e-6
+    )
     local = tmp_path / "serving"
     for key in keys:
         if key.startswith("serving/"):

@@ -16,7 +16,9 @@ pytestmark = pytest.mark.usefixtures("no_new_threads")
 
 
 @pytest.mark.anyio
-async def test_remote_retention_keeps_the_best_by_the_markers_metrics(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
+async def test_remote_retention_keeps_the_best_by_the_markers_metrics(
+    s3_url: str, s3_env: Server, tmp_path: Path
+) -> None:
     """Three runs, each ending with a checkpoint whose loss is known: the remote keeps the
     best (from its marker) and the latest; the marker holds the loss."""
     for steps, loss in ((3, 1.0), (6, 5.0), (9, 2.0)):  # each run's final checkpoint is uploaded at its stop

@@ -42,7 +42,9 @@ async def test_a_fresh_machine_resumes_bitwise_from_s3(s3_url: str, s3_env: Serv
 
 
 @pytest.mark.anyio
-async def test_objects_without_a_marker_do_not_exist_and_are_removed(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
+async def test_objects_without_a_marker_do_not_exist_and_are_removed(
+    s3_url: str, s3_env: Server, tmp_path: Path
+) -> None:
     """A checkpoint's objects without its commit marker (an upload cut short) are not
     restored by anyone, and the next owner removes them at start."""
     await _train(s3_url, tmp_path / "a", 10)
@@ -80,7 +82,9 @@ async def test_retention_applies_on_the_remote(s3_url: str, s3_env: Server, tmp_
 
 
 @pytest.mark.anyio
-async def test_a_local_checkpoint_newer_than_the_remote_is_used_and_uploaded(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
+async def test_a_local_checkpoint_newer_than_the_remote_is_used_and_uploaded(
+    s3_url: str, s3_env: Server, tmp_path: Path
+) -> None:
     """A restart on the same machine whose newest local checkpoint never reached the
     remote (upload_every=1000 and no final upload: a kill) resumes from it and uploads it."""
     local = tmp_path / "a"
@@ -110,11 +114,15 @@ async def _start_fails(url: str, local: Path, match: str) -> None:
 @pytest.mark.anyio
 async def test_a_missing_bucket_fails_the_start(s3_env: Server, tmp_path: Path) -> None:
     """A bucket that does not exist: a CheckpointError naming the URL before the first step."""
-    await _start_fails("s3://no-such-bucket-here/run", tmp_path / "l", r"s3://no-such-bucket-here/run cannot be written")
+    await _start_fails(
+        "s3://no-such-bucket-here/run", tmp_path / "l", r"s3://no-such-bucket-here/run cannot be written"
+    )
 
 
 @pytest.mark.anyio
-async def test_refused_credentials_fail_the_start(s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_refused_credentials_fail_the_start(
+    s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Keys the server does not know (moto checking credentials, as S3 does): a
     CheckpointError naming the URL and the refusal, before the first step."""
     with running(moto_server(check_credentials=True)) as strict:
@@ -124,7 +132,9 @@ async def test_refused_credentials_fail_the_start(s3_env: Server, tmp_path: Path
 
 
 @pytest.mark.anyio
-async def test_an_unreachable_endpoint_fails_the_start(s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_unreachable_endpoint_fails_the_start(
+    s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Nothing listening at the endpoint: a CheckpointError before the first step."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the discard port: nothing listens
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
@@ -148,7 +158,9 @@ async def test_a_second_training_is_refused_naming_the_owner(s3_url: str, s3_env
 
 
 @pytest.mark.anyio
-async def test_an_expired_lease_is_taken_over(s3_url: str, s3_env: Server, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_an_expired_lease_is_taken_over(
+    s3_url: str, s3_env: Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A lease not renewed for its time to live (its owner died on another machine) is
     taken over, and the log says whose it was."""
     dead = {"owner": "x", "host": "gone-host", "pid": 4242, "renewed": 1000.0, "ttl": 60, "released": False}
@@ -218,7 +230,11 @@ def test_inspect_reads_a_url_logdir(s3_url: str, s3_env: Server, tmp_path: Path)
     _put(s3_env.endpoint, s3_url, "model.ckpt-7.index", b"cut short")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     out = subprocess.run(
-        [sys.executable, "-m", "asupervisor", "inspect", s3_url, "--json"], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-m", "asupervisor", "inspect", s3_url, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     report = json.loads(out.stdout)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -228,7 +244,9 @@ def test_inspect_reads_a_url_logdir(s3_url: str, s3_env: Server, tmp_path: Path)
 
 
 @pytest.mark.anyio
-async def test_monitored_training_session_takes_a_url(s3_url: str, s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_monitored_training_session_takes_a_url(
+    s3_url: str, s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """TF1's front door with ``checkpoint_dir="s3://..."``: its CheckpointSaverHook saves
     into the URL logdir's local tier, and the checkpoints reach the remote."""
     state = _model()
@@ -245,7 +263,9 @@ async def test_monitored_training_session_takes_a_url(s3_url: str, s3_env: Serve
 async def test_summaries_reach_the_remote(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
     """The event files of the local tier are uploaded with the checkpoints."""
     state = _model()
-    sv = asv.Supervisor(s3_url, local_dir=tmp_path / "a", state=state, save_model_secs=0, save_model_steps=100, handle_signals=False)
+    sv = asv.Supervisor(
+        s3_url, local_dir=tmp_path / "a", state=state, save_model_secs=0, save_model_steps=100, handle_signals=False
+    )
     async with sv.managed_session() as sess:
         await sess.run_loop(lambda: _step(state), max_steps=2)
         sv.summary_computed({"loss": 1.5}, global_step=2)
@@ -281,7 +301,13 @@ async def test_upload_every_uploads_every_nth_local_checkpoint_and_the_final_one
     state = _model()
     policy = asv.AnySavePolicy(asv.EverySteps(1000), asv.OnStop())  # no start-up checkpoint
     sv = asv.Supervisor(
-        url, local_dir=tmp_path / "a", state=state, save_policy=policy, upload_every=2, handle_signals=False, max_to_keep=None
+        url,
+        local_dir=tmp_path / "a",
+        state=state,
+        save_policy=policy,
+        upload_every=2,
+        handle_signals=False,
+        max_to_keep=None,
     )
 
     async def uploaded(step: int) -> None:
@@ -297,7 +323,9 @@ async def test_upload_every_uploads_every_nth_local_checkpoint_and_the_final_one
                 await uploaded(step)
         await sess.run(lambda: _step(state))
     fs = fsspec.filesystem("memory")
-    markers = sorted(p.rsplit("/", 1)[1] for p in fs.ls(url[len("memory://") :], detail=False) if p.endswith(".asv-commit"))
+    markers = sorted(
+        p.rsplit("/", 1)[1] for p in fs.ls(url[len("memory://") :], detail=False) if p.endswith(".asv-commit")
+    )
     assert markers == ["model.ckpt-1.asv-commit", "model.ckpt-3.asv-commit", "model.ckpt-5.asv-commit"]
     assert sv.status().save_seconds["upload"].count == 3  # what metrics_text exposes per upload
     assert sv.status().save_seconds["commit"].count == 5

@@ -46,7 +46,9 @@ def _until(what: str, cond: Callable[[], bool], proc: subprocess.Popen[str] | No
     deadline = time.monotonic() + secs
     while not cond():
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the training exited ({proc.returncode}) before {what}: {proc.communicate()[1][-3000:]}")
+            raise AssertionError(
+                f"the training exited ({proc.returncode}) before {what}: {proc.communicate()[1][-3000:]}"
+            )
         assert time.monotonic() < deadline, f"no {what} within {secs} s"
         time.sleep(0.02)  # polling a condition, with a deadline
 
@@ -184,5 +186,7 @@ async def test_an_outage_during_training_is_retried_and_training_goes_on(
         await sess.run_loop(lambda: remote_train.step(state), max_steps=12)  # training goes on
         assert sv.global_step == 12
         proxy.heal()
-        up = await status_until("the upload after the outage", lambda s: s.remote is not None and s.remote.uploaded_step == 10)
+        up = await status_until(
+            "the upload after the outage", lambda s: s.remote is not None and s.remote.uploaded_step == 10
+        )
         assert up.remote is not None and up.remote.error is None

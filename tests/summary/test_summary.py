@@ -18,6 +18,7 @@ from asupervisor.testing import ManualClock
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("no_new_threads")]
 
+
 def make_sv(logdir: Path | None, clock: ManualClock, **kwargs: Any) -> asv.Supervisor:
     kwargs.setdefault("state", {"v": tf.Variable(0.0)})
     return asv.Supervisor(

@@ -31,7 +31,16 @@ from ..._logging import describe, get_logger
 from .._policies import CheckpointRecord, Keep, KeepPolicy
 from . import _names, _state_file, _writeback
 
-__all__ = ["clean_leftovers", "commit", "delete_checkpoint", "probe_writable", "remove_partial", "retire_checkpoint", "select_retention", "set_aside"]
+__all__ = [
+    "clean_leftovers",
+    "commit",
+    "delete_checkpoint",
+    "probe_writable",
+    "remove_partial",
+    "retire_checkpoint",
+    "select_retention",
+    "set_aside",
+]
 
 log = get_logger(__name__)
 
@@ -234,7 +243,7 @@ def set_aside(prefix: Path, tag: str) -> list[str]:
     """
     moved: list[str] = []
     for f in _names.checkpoint_files(prefix):
-        target = f.parent / f"{prefix.name}.{tag}{f.name[len(prefix.name):]}"
+        target = f.parent / f"{prefix.name}.{tag}{f.name[len(prefix.name) :]}"
         try:
             os.replace(f, target)
         except FileNotFoundError:

@@ -145,7 +145,9 @@ class PlainStore:
     def complete_checkpoints(self, basename: str) -> list[str]:
         """The names of the complete checkpoints ``<basename>-<step>`` on disk (index and
         every data shard), newest step first; read-only."""
-        return [n for n in _names.scan_checkpoints(self.logdir, basename) if _names.missing_files(self.logdir / n) is None]
+        return [
+            n for n in _names.scan_checkpoints(self.logdir, basename) if _names.missing_files(self.logdir / n) is None
+        ]
 
     def committed_at(self, prefix: str | Path) -> float:
         """When the checkpoint ``prefix`` (its path, as a restore returns it) was
@@ -188,7 +190,9 @@ class FastStore(PlainStore):
         fast = self.fast
         if fast.early_writeback:
             with _writeback.early_writeback(tmp):
-                _write.write_snapshot(snapshot, str(tmp), check, io, native=fast.native_writer, direct=fast.direct_writes)
+                _write.write_snapshot(
+                    snapshot, str(tmp), check, io, native=fast.native_writer, direct=fast.direct_writes
+                )
         else:
             _write.write_snapshot(snapshot, str(tmp), check, io, native=fast.native_writer, direct=fast.direct_writes)
         sync = functools.partial(_writeback.sync_data, tmp, check)

@@ -103,8 +103,6 @@ def resolve_store(setting: str | FastPath | None = None) -> FastPath:
         return PLAIN
     if not fast_store_available():
         if kind == "fast":
-            raise ValueError(
-                f"checkpoint_store='fast' needs Linux, this is {sys.platform}; use 'auto' or 'plain'"
-            )
+            raise ValueError(f"checkpoint_store='fast' needs Linux, this is {sys.platform}; use 'auto' or 'plain'")
         return PLAIN
     return FastPath()

@@ -42,7 +42,9 @@ OWNER_FILE = "asupervisor.lock"
 
 #: errnos of a filesystem that takes no locks (the training goes on unowned, with a warning)
 _NO_LOCKS = frozenset(
-    e for e in (errno.ENOLCK, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", None), errno.ENOSYS, errno.EINVAL) if e is not None
+    e
+    for e in (errno.ENOLCK, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", None), errno.ENOSYS, errno.EINVAL)
+    if e is not None
 )
 
 

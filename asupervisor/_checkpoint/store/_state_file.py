@@ -132,9 +132,9 @@ def state_text(state: CheckpointState) -> str:
 
 def _parse_text(text: str, logdir: Path | None) -> tuple[CheckpointState | None, str | None]:
     """``(state, None)`` or ``(None, why)``; names made relative to ``logdir`` when given."""
+
     def relative(name: str) -> str:
         return name if logdir is None else _names._relative(logdir, name)
-
 
     fields = _parse_state(text)  # the usual file, without protobuf's (slower) text parser
     if fields is None or any(len(fields.get(k, ())) > 1 for k in ("model_checkpoint_path", "last_preserved_timestamp")):

@@ -112,7 +112,9 @@ async def main(
     # reading SyncOnRead variables is a collective: every worker does it, in this order
     arrays = {f"w{i}": v.numpy() for i, v in enumerate(model.weights)}
     arrays["mean"] = np.array(mean.result().numpy())
-    arrays["counter"] = np.array(tf.convert_to_tensor(counter).numpy() if keras_counter else counter.read_value().numpy())
+    arrays["counter"] = np.array(
+        tf.convert_to_tensor(counter).numpy() if keras_counter else counter.read_value().numpy()
+    )
     np.savez(out, **arrays)
     print(f"DONE {sv.global_step} {sv.status().stop_reason}", flush=True)
     return asv.exit_code(sv.status())
@@ -122,7 +124,14 @@ if __name__ == "__main__":
     logdir, max_steps, save_steps, backend, out = sys.argv[1:6]
     flags = sys.argv[6:]
     code = anyio.run(
-        main, logdir, int(max_steps), int(save_steps), out, "signals" in flags, "keep-all" in flags,
-        "keras-counter" in flags, backend=backend,
+        main,
+        logdir,
+        int(max_steps),
+        int(save_steps),
+        out,
+        "signals" in flags,
+        "keep-all" in flags,
+        "keras-counter" in flags,
+        backend=backend,
     )
     sys.exit(code)

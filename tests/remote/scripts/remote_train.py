@@ -38,7 +38,13 @@ def digest(state: dict[str, Any]) -> str:
 
 
 async def main() -> None:
-    url, local, max_steps, save_steps, mb = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+    url, local, max_steps, save_steps, mb = (
+        sys.argv[1],
+        sys.argv[2],
+        int(sys.argv[3]),
+        int(sys.argv[4]),
+        float(sys.argv[5]),
+    )
     grace = float(sys.argv[6]) if len(sys.argv) > 6 else 60.0
     asv.configure_logging()  # events to stderr; stdout is for the test
     state = state_of(mb)

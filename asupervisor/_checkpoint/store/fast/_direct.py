@@ -201,7 +201,9 @@ class AlignedStream:
 
     def append(self, data: Any) -> None:
         """Append the bytes of ``data`` (a buffer) through the bounce buffer."""
-        view = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+        view = (
+            np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+        )
         done = 0
         while done < view.nbytes:
             n = min(view.nbytes - done, _BOUNCE_BYTES - self._fill)

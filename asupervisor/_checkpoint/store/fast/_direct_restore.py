@@ -80,7 +80,11 @@ def plan(checkpoint: Any, graph: Any, entries: dict[str, Any]) -> list[Planned] 
     TF's restore must do it (see the module docstring for when). Creates the
     checkpoint's ``save_counter`` if it has none yet, as TF's restore does."""
     base = tf().train.Checkpoint
-    if not isinstance(checkpoint, base) or type(checkpoint).restore is not base.restore or type(checkpoint).read is not base.read:
+    if (
+        not isinstance(checkpoint, base)
+        or type(checkpoint).restore is not base.restore
+        or type(checkpoint).read is not base.read
+    ):
         return None  # a subclass that restores its own way: it is asked to
     # as TF's restore does (after its read: the counter is then deferred)
     _tf_internals.maybe_create_save_counter(checkpoint)
@@ -380,12 +384,20 @@ class Prefetch:
     """
 
     def __init__(
-        self, prefix: str, num_shards: int, entries: dict[str, Any], *, direct_reads: bool = True, huge_pages: bool = True
+        self,
+        prefix: str,
+        num_shards: int,
+        entries: dict[str, Any],
+        *,
+        direct_reads: bool = True,
+        huge_pages: bool = True,
     ) -> None:
         self._prefix = prefix
         self._num_shards = num_shards
         self.entries = entries  #: ``{key: BundleEntryProto}``, the checkpoint's index
-        wanted = [(e.shard_id, e.offset, k) for k, e in entries.items() if e.dtype in _bundle._PLAIN_DTYPES and not e.slices]
+        wanted = [
+            (e.shard_id, e.offset, k) for k, e in entries.items() if e.dtype in _bundle._PLAIN_DTYPES and not e.slices
+        ]
         self._order = [k for _, _, k in sorted(wanted)]
         self._arrived = threading.Condition()
         self._graph: bytes | None = None  # the object graph proto, read first
@@ -412,12 +424,15 @@ class Prefetch:
         self._direct_keys &= self._arrays.keys()
         shards = sorted({entries[k].shard_id for k in self._order}) or [0]
         count = min(READERS, len(shards))
-        parts: list[list[str]] = [[k for k in self._order if shards.index(entries[k].shard_id) % count == j] for j in range(count)]
+        parts: list[list[str]] = [
+            [k for k in self._order if shards.index(entries[k].shard_id) % count == j] for j in range(count)
+        ]
         # the object graph is read first, by the checker if there is one (a reader starts
         # on the values at once), else by the first reader
         checker = bool(self._arrays)
         self._threads = [
-            threading.Thread(target=self._run, args=(part, j == 0 and not checker), name="asv-restore-read") for j, part in enumerate(parts)
+            threading.Thread(target=self._run, args=(part, j == 0 and not checker), name="asv-restore-read")
+            for j, part in enumerate(parts)
         ]
         if checker:
             self._threads.append(threading.Thread(target=self._assist, args=(count,), name="asv-restore-check"))
@@ -523,7 +538,9 @@ class Prefetch:
                     end = min(array.nbytes, at + POPULATE_CHUNK)
                     if self._stop or self._checking_only or self._error is not None:
                         ahead.clear()
-                    elif at < end and not _madvise(array.ctypes.data + at, array.ctypes.data + end, _MADV_POPULATE_WRITE):
+                    elif at < end and not _madvise(
+                        array.ctypes.data + at, array.ctypes.data + end, _MADV_POPULATE_WRITE
+                    ):
                         ahead.clear()  # a kernel before 5.14
                     elif end >= array.nbytes:
                         ahead.pop(0)
@@ -563,13 +580,17 @@ class Prefetch:
         value = large if large is not None else _array_for(entry, 0)
         if value is None:
             dims = [dim.size for dim in entry.shape.dim]
-            raise _data_loss(f"{self._path(entry.shard_id)}: {key} has {entry.size} bytes in the index, not what its shape {dims} needs")
+            raise _data_loss(
+                f"{self._path(entry.shard_id)}: {key} has {entry.size} bytes in the index, not what its shape {dims} needs"
+            )
         if self._direct and key in self._direct_keys:
             direct_fd = files.fd(entry.shard_id, direct=True)
             if direct_fd is None:
                 self._direct = False  # the filesystem refuses direct I/O: buffered from here
             else:
-                blocks = memoryview((ctypes.c_char * _direct_room(entry.size)).from_address(value.ctypes.data)).cast("B")
+                blocks = memoryview((ctypes.c_char * _direct_room(entry.size)).from_address(value.ctypes.data)).cast(
+                    "B"
+                )
                 try:
                     return self._read_checked(direct_fd, key, entry, blocks, reuse=False, direct=True, value=value)
                 except OSError as exc:
@@ -626,7 +647,9 @@ class Prefetch:
         return True
 
     def _truncated(self, key: str, entry: Any) -> Exception:
-        return _data_loss(f"{self._path(entry.shard_id)}: truncated (ends before {key}'s {entry.size} bytes at offset {entry.offset})")
+        return _data_loss(
+            f"{self._path(entry.shard_id)}: truncated (ends before {key}'s {entry.size} bytes at offset {entry.offset})"
+        )
 
     def _check(self, key: str, entry: Any, crc: int) -> None:
         """Raise TF's ``DataLossError`` naming the file and ``key`` unless ``crc`` (of the

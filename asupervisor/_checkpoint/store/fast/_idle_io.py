@@ -219,4 +219,3 @@ class IdleIO:
         with job.cond:
             while not job.settled():
                 job.cond.wait()
-

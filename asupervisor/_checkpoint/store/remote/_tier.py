@@ -280,7 +280,9 @@ class RemoteTier:
                 kept = [(p, t) for p, t in zip(state.paths, state.timestamps) if p not in names]
                 latest = kept[-1][0] if kept else None
                 store.write_state(
-                    _state_file.CheckpointState(latest, [p for p, _ in kept], [t for _, t in kept], state.last_preserved)
+                    _state_file.CheckpointState(
+                        latest, [p for p, _ in kept], [t for _, t in kept], state.last_preserved
+                    )
                 )
         log.warning(
             "remote.local_set_aside",
@@ -295,11 +297,13 @@ class RemoteTier:
         started = time.monotonic()
         try:
             for name, (size, crc) in marker.files.items():
-                target = Path(f"{tmp}{name[len(marker.name):]}")
+                target = Path(f"{tmp}{name[len(marker.name) :]}")
                 self.fs.get_file(self._path(name), str(target))
                 got = os.path.getsize(target)
                 if got != size or crc32c_of(target) != crc:
-                    raise CheckpointError(f"{name}: its bytes do not match its commit marker (size {got}, expected {size})")
+                    raise CheckpointError(
+                        f"{name}: its bytes do not match its commit marker (size {got}, expected {size})"
+                    )
             with store.commit_lock:
                 state = store.read_state() or _state_file.CheckpointState()
                 paths = [p for p in state.paths if p != marker.name] + [marker.name]
@@ -310,7 +314,13 @@ class RemoteTier:
             _commit.remove_partial(tmp)
             raise
         size = sum(s for s, _ in marker.files.values())
-        log.info("remote.downloaded", url=self.url, checkpoint=marker.name, bytes=size, secs=round(time.monotonic() - started, 3))
+        log.info(
+            "remote.downloaded",
+            url=self.url,
+            checkpoint=marker.name,
+            bytes=size,
+            secs=round(time.monotonic() - started, 3),
+        )
 
     # -- uploads (the upload thread) ---------------------------------------------------
 
@@ -385,7 +395,9 @@ class RemoteTier:
         entries.append((marker.name, marker.committed_at))
         entries.sort(key=lambda e: _names.step_of(e[0]) or 0)
         newest = entries[-1][0]
-        state = _state_file.CheckpointState(newest, [p for p, _ in entries], [t for _, t in entries], state.last_preserved)
+        state = _state_file.CheckpointState(
+            newest, [p for p, _ in entries], [t for _, t in entries], state.last_preserved
+        )
         prefix = f"{self.basename}-"
         assert self.keep_policy is not None, "a reader does not upload"
         state, delete = _commit.select_retention(

@@ -61,7 +61,9 @@ def check_url(url: str) -> str:
     try:
         fsspec.get_filesystem_class(scheme)
     except ImportError as exc:
-        raise ValueError(f"logdir {url!r} needs the {scheme}:// implementation ({exc}): {_install_hint(scheme)}") from None
+        raise ValueError(
+            f"logdir {url!r} needs the {scheme}:// implementation ({exc}): {_install_hint(scheme)}"
+        ) from None
     return f"{scheme}://{rest}"
 
 
