@@ -14,6 +14,7 @@ import fcntl
 import os
 import re
 import select
+import shlex
 import shutil
 import struct
 import subprocess
@@ -346,7 +347,7 @@ def test_demo_double_ctrl_c_in_tmux(tmp_path: Path) -> None:
                 pytest.fail(f"tmux never showed {what}:\n" + "\n".join(rows))
             time.sleep(0.1)  # polling the pane, with a deadline
 
-    command = " ".join(demo(tmp_path / "run", "asyncio")) + f"; echo $? > {done}"
+    command = shlex.join(demo(tmp_path / "run", "asyncio")) + f"; echo $? > {shlex.quote(str(done))}"  # any clone path
     env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     subprocess.run(
