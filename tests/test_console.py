@@ -143,16 +143,18 @@ def assert_not_glued(rows: list[str]) -> None:
 SCRIPT = """
 import sys, time, anyio, structlog, tensorflow as tf, asupervisor as asv
 
-asv.configure_logging()  # info: checkpoint.saved, session.started, ... on stderr, the live line's terminal
+slow = sys.argv[3] == "slow-stop"  # else: "logs", the application logging at info
+asv.configure_logging(level="warning" if slow else "info")  # warning: as the demo on a terminal
 
 async def main():
     w = tf.Variable(0.0)
     sv = asv.Supervisor(sys.argv[1], state={"w": w}, save_model_secs=0, save_model_steps=100, progress=True)
     def step():
         w.assign_add(1.0)
-        if sv.global_step % 150 == 0:
+        if not slow and sv.global_step % 150 == 0:
             structlog.get_logger().info("app.note", step=sv.global_step)  # the application's own events
-        time.sleep(0.004)
+        # slow-stop: from step 210 the step in flight at a Ctrl-C takes 2 s
+        time.sleep(2.0 if slow and sv.global_step >= 210 else 0.004)
         return {"loss": 1.0 / (1.0 + w)}
     async with sv.managed_session() as sess:
         await sess.run_loop(step, max_steps=100_000)
@@ -170,7 +172,7 @@ def test_log_lines_go_above_the_live_line(tmp_path: Path, backend: str) -> None:
     live line, which stays intact on the last row; each checkpoint is reported once (the
     log's ``checkpoint.saved``: the display leaves it to the log), and a Ctrl-C once (the
     display's line: ``session.signal`` is not printed there)."""
-    with terminal([sys.executable, "-c", SCRIPT, "run", backend], tmp_path) as term:
+    with terminal([sys.executable, "-c", SCRIPT, "run", backend, "logs"], tmp_path) as term:
         term.wait_for(lambda: len(re.findall(r"checkpoint\.saved", term.text())) >= 4 and "app.note" in term.text())
         term.wait_for(lambda: bool(LIVE.match(term.rows()[-1])))  # the live line, drawn below them
         rows = term.rows()
@@ -251,26 +253,6 @@ def check_double_ctrl_c(rows: list[str], status: int) -> None:
     assert re.search(r"stopped \(signal:SIGINT\)$", text, re.M), text
 
 
-SLOW_STOP = """
-import sys, time, anyio, tensorflow as tf, asupervisor as asv
-
-asv.configure_logging(level="warning")  # as the demo does on a terminal
-
-async def main():
-    w = tf.Variable(0.0)
-    sv = asv.Supervisor(sys.argv[1], state={"w": w}, save_model_secs=0, save_model_steps=100, progress=True)
-    def step():
-        w.assign_add(1.0)
-        time.sleep(0.005 if sv.global_step < 210 else 2.0)  # then the step in flight at a Ctrl-C is long
-        return {"loss": 1.0 / (1.0 + w)}
-    async with sv.managed_session() as sess:
-        await sess.run_loop(step, max_steps=100_000)
-    sys.exit(asv.exit_code(sv.status()))
-
-anyio.run(main, backend=sys.argv[2])
-"""
-
-
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_second_ctrl_c_during_the_stop_abandons_the_final_checkpoint(tmp_path: Path, backend: str) -> None:
@@ -279,7 +261,7 @@ def test_a_second_ctrl_c_during_the_stop_abandons_the_final_checkpoint(tmp_path:
     is the latest — the one on disk; no error lines, no "grace period"; status 130."""
     import tensorflow as tf
 
-    with terminal([sys.executable, "-c", SLOW_STOP, "run", backend], tmp_path) as term:
+    with terminal([sys.executable, "-c", SCRIPT, "run", backend, "slow-stop"], tmp_path) as term:
         term.wait_for(r"^step 21[1-9]/100000 .*saved @200")  # in the slow steps
         term.ctrl_c()
         term.wait_for(r"stopping gracefully")
@@ -319,12 +301,15 @@ def test_demo_double_ctrl_c_says_what_happens(tmp_path: Path, backend: str) -> N
         check_double_ctrl_c(term.rows(), status)
 
 
+TMUX = shutil.which("tmux")
+
+
 @pytest.mark.timeout(240)
+@pytest.mark.skipif(TMUX is None, reason="this machine has no tmux binary (the pyte-based tests above cover the same)")
 def test_demo_double_ctrl_c_in_tmux(tmp_path: Path) -> None:
     """The same as a user's terminal multiplexer renders it (tmux, 80 columns)."""
-    tmux = shutil.which("tmux")
-    if tmux is None:
-        pytest.skip("tmux is not installed (the pyte-based tests above cover the same)")
+    tmux = TMUX
+    assert tmux is not None
     sock = str(tmp_path / "tmux.sock")
     done = tmp_path / "status"
 
