@@ -134,10 +134,12 @@ async def test_keep_best_keeps_the_epoch_end_checkpoint_with_the_best_val_loss(t
     assert kept == [8, 48]
 
 
+def _command(logdir: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(SCRIPT), str(logdir), str(out), *extra]
+
+
 def _run(logdir: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), str(logdir), str(out), *extra], capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run(_command(logdir, out, *extra), capture_output=True, text=True, timeout=300)
 
 
 def _load(out: Path) -> tuple[list[np.ndarray], dict[str, list[float]]]:
@@ -146,14 +148,21 @@ def _load(out: Path) -> tuple[list[np.ndarray], dict[str, list[float]]]:
         return [data[k] for k in data.files if k != "history"], history
 
 
+@pytest.mark.timeout(300)  # six trainings in child processes (~10 s each on 2 busy cores)
 def test_a_fit_killed_at_random_moments_resumes_bitwise_and_matches_keras(tmp_path: Path) -> None:
     """SIGKILL at 2 seeded random steps of a 3-epoch Dropout model (24 steps per epoch,
     checkpoints every 5 steps and at each validated epoch's end): the final weights equal
     an uninterrupted run's bit for bit, and so do the last epoch's metrics. The
     uninterrupted run reaches the validation accuracy of Keras's own ``fit`` with
     ``BackupAndRestore`` on the same data (within noise)."""
-    done = _run(tmp_path / "a", tmp_path / "a.npz")
+    # Keras's own run goes beside the uninterrupted one: it shares nothing with it.
+    with subprocess.Popen(
+        _command(tmp_path / "k", tmp_path / "k.npz", "--keras"), stderr=subprocess.PIPE, text=True
+    ) as keras_run:
+        done = _run(tmp_path / "a", tmp_path / "a.npz")
+        _, keras_stderr = keras_run.communicate(timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert keras_run.returncode == 0, keras_stderr[-3000:]
     kills = sorted(random.Random(1234).sample(range(2, 72), 2))
     for step in kills:
         killed = _run(tmp_path / "b", tmp_path / "b.npz", "--kill-at", str(step))
@@ -163,8 +172,6 @@ def test_a_fit_killed_at_random_moments_resumes_bitwise_and_matches_keras(tmp_pa
     (a, history_a), (b, history_b) = _load(tmp_path / "a.npz"), _load(tmp_path / "b.npz")
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True)), f"kills at {kills}"
     assert {k: v[-1] for k, v in history_b.items()} == {k: v[-1] for k, v in history_a.items()}
-    theirs = _run(tmp_path / "k", tmp_path / "k.npz", "--keras")
-    assert theirs.returncode == 0, theirs.stderr[-3000:]
     _, keras_history = _load(tmp_path / "k.npz")
     assert len(history_a["loss"]) == len(keras_history["loss"]) == 3
     assert abs(history_a["val_accuracy"][-1] - keras_history["val_accuracy"][-1]) < 0.05

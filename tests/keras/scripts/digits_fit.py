@@ -1,4 +1,4 @@
-"""A Keras training on scikit-learn's digits through ``sess.fit``, or Keras's own ``fit``.
+"""A Keras training on digits-shaped synthetic data through ``sess.fit``, or Keras's own ``fit``.
 
 ``python digits_fit.py LOGDIR OUT [--epochs N] [--kill-at STEP] [--keras]``: trains, then
 writes the final weights and the history to ``OUT`` (``.npz``). ``--kill-at``: SIGKILL
@@ -17,7 +17,6 @@ import anyio
 import keras
 import numpy as np
 import tensorflow as tf
-from sklearn.datasets import load_digits
 
 import asupervisor as asv
 
@@ -30,8 +29,9 @@ parser.add_argument("--keras", action="store_true")
 args = parser.parse_args()
 
 tf.config.experimental.enable_op_determinism()
-x, y = load_digits(return_X_y=True)
-x = (x / 16.0).astype("float32")
+rng = np.random.default_rng(0)  # ten classes of 64 features, shaped like scikit-learn's digits
+y = rng.integers(0, 10, size=1797)
+x = (rng.normal(size=(10, 64))[y] + rng.normal(scale=2.0, size=(1797, 64))).astype("float32")
 train = tf.data.Dataset.from_tensor_slices((x[:1500], y[:1500])).shuffle(1500, seed=0).batch(64)
 val = tf.data.Dataset.from_tensor_slices((x[1500:], y[1500:])).batch(256)
 keras.utils.set_random_seed(0)
