@@ -4,8 +4,8 @@ Cases (no validation data: training steps only):
 
 * **digits**: the MLP of TensorFlow's guide "Writing a training loop from scratch"
   (64-64-64-10, Adam, sparse categorical cross-entropy, accuracy) on ten classes of
-  synthetic data shaped like scikit-learn's digits, 1,500 samples, shuffled, batch 64: 24 short steps an epoch, so what happens
-  between epochs weighs;
+  synthetic data shaped like scikit-learn's digits, 1,500 samples, shuffled, batch 64:
+  24 short steps an epoch, so what happens between epochs weighs;
 * **mlp**: a larger MLP (64-512-512-10, same compile) on 16,384 random examples (fixed
   seed), batch 256: 64 steps an epoch, the step dominates.
 
