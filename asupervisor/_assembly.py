@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._checkpoint._cluster_stop import ClusterStopPart
 from ._checkpoint._part import CheckpointPart
-from ._checkpoint._policies import keep_policy_for, save_policy_for
 from ._checkpoint._remote_part import RemotePart
+from ._checkpoint.policy._cluster_stop import ClusterStopPart
+from ._checkpoint.policy._policies import keep_policy_for, save_policy_for
 from ._checkpoint.store.remote._tier import RemoteTier
 from ._progress._part import ProgressPart
 from ._summary._part import SummaryPart

@@ -182,7 +182,7 @@ class SupervisorConfig:
         ):
             raise ValueError(f"max_to_keep must be an int >= 1 or None (keep all), got {self.max_to_keep!r}")
         if self.keep_policy is not None:
-            from ._checkpoint._policies import KeepPolicy
+            from ._checkpoint.policy._policies import KeepPolicy
 
             if not isinstance(self.keep_policy, KeepPolicy):
                 raise TypeError(
@@ -196,7 +196,7 @@ class SupervisorConfig:
                     f"keep_checkpoint_every_n_hours={self.keep_checkpoint_every_n_hours!r})"
                 )
         if self.save_policy is not None:
-            from ._checkpoint._policies import SavePolicy
+            from ._checkpoint.policy._policies import SavePolicy
 
             if not isinstance(self.save_policy, SavePolicy):
                 raise TypeError(

@@ -100,7 +100,7 @@ def _export(sv: Any, model: Any, target: str, best: str | None, mode: str) -> st
 
 def _best_checkpoint(logdir: Path, metric: str, mode: str) -> tuple[str, float]:
     """The committed checkpoint of ``logdir`` with the best recorded ``metric``."""
-    from ._checkpoint import _metrics
+    from ._checkpoint.snapshot import _metrics
     from ._checkpoint.store._state_file import read_state
 
     state = read_state(logdir)

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._checkpoint import _metrics
-from ._checkpoint._iterator_state import iterator_share
+from ._checkpoint.snapshot import _metrics
+from ._checkpoint.snapshot._iterator_state import iterator_share
 from ._checkpoint.store import _names, _state_file
 from ._exceptions import SupervisorError
 

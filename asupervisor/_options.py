@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ._checkpoint._policies import KeepPolicy, SavePolicy
+from ._checkpoint.policy._policies import KeepPolicy, SavePolicy
 
 __all__ = ["CheckpointOptions", "StopOptions", "SummaryOptions", "merge_options"]
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ._assembly import session_parts
-from ._checkpoint._policies import KeepPolicy, SavePolicy
+from ._checkpoint.policy._policies import KeepPolicy, SavePolicy
 from ._cluster import cluster_info
 from ._config import SupervisorConfig
 from ._core._abc import CheckpointSaving, SessionAttribute

@@ -81,7 +81,7 @@ from _common import machine
 from servers import S3_ENV, FaultProxy, Server, make_bucket, moto_server
 
 import asupervisor as asv
-from asupervisor._checkpoint._policies import keep_policy_for
+from asupervisor._checkpoint.policy._policies import keep_policy_for
 from asupervisor._checkpoint.store import _names, _state_file
 from asupervisor._checkpoint.store.remote._io import RemoteFS
 from asupervisor._checkpoint.store.remote._tier import RemoteTier

@@ -38,8 +38,8 @@ def _spread(xs: list[float]) -> str:
 
 def measure(name: str, ckpt: Any, rounds: int) -> None:
     """Snapshots of ``ckpt``: batched read vs one by one, alternating; TF's full walk."""
-    from asupervisor._checkpoint._snapshot import Staging, take_snapshot
-    from asupervisor._checkpoint._walk_cache import WalkCache
+    from asupervisor._checkpoint.snapshot._snapshot import Staging, take_snapshot
+    from asupervisor._checkpoint.snapshot._walk_cache import WalkCache
 
     caches = {"batched": WalkCache(), "one by one": WalkCache()}
     stagings = {mode: Staging() for mode in caches}

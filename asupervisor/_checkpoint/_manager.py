@@ -24,10 +24,11 @@ from typing import Any
 from .._core._status import CheckpointInfo
 from .._exceptions import CheckpointError
 from .._logging import describe, get_logger
-from . import _metrics, _restore, _snapshot, _write
-from ._iterator_tracking import IteratorTracker
-from ._policies import AnyKeepPolicy, KeepPolicy, LatestN, keep_policy_for
-from ._walk_cache import WalkCache
+from . import _restore, _write
+from .policy._policies import AnyKeepPolicy, KeepPolicy, LatestN, keep_policy_for
+from .snapshot import _metrics, _snapshot
+from .snapshot._iterator_tracking import IteratorTracker
+from .snapshot._walk_cache import WalkCache
 from .store import _commit, _names, _state_file, _writeback
 from .store._local import PlainStore, open_store
 from .store._options import FastPath, resolve_store

@@ -23,9 +23,9 @@ from .._core._abc import SaveReason, SessionAttribute, SessionPart
 from .._logging import get_logger
 from .._tf import tf
 from ._manager import Checkpointer, write_checkpoint_now
-from ._multi_worker import WorkerTempWriter
-from ._policies import KeepPolicy, SaveMoment, SavePolicy, every_secs, every_steps, observes_save_cost
-from ._saver import CheckpointSaver, CheckpointService
+from .policy._multi_worker import WorkerTempWriter
+from .policy._policies import KeepPolicy, SaveMoment, SavePolicy, every_secs, every_steps, observes_save_cost
+from .policy._saver import CheckpointSaver, CheckpointService
 from .store._options import FastPath
 from .store._owner import OwnerLock
 from .store.remote._tier import RemoteTier
@@ -320,7 +320,7 @@ class CheckpointPart(SessionPart):
             CheckpointError: ``checkpoint_iterator=True`` and the position of ``data``
                 cannot be checkpointed (or ``data`` is not a ``tf.data.Dataset``).
         """
-        from ._iterator_state import serialisation_problem, untrackable_error
+        from .snapshot._iterator_state import serialisation_problem, untrackable_error
 
         if not isinstance(data, tf().data.Dataset):
             if checkpoint_iterator:

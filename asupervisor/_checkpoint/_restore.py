@@ -33,9 +33,9 @@ from .._core._keras import KERAS_ATTR
 from .._exceptions import CheckpointError
 from .._logging import describe, get_logger
 from .._tf import tf
-from . import _snapshot
-from ._iterator_state import ITERATOR_ATTR, PIPELINE_ATTR
-from ._walk_cache import checkpoint_children
+from .snapshot import _snapshot
+from .snapshot._iterator_state import ITERATOR_ATTR, PIPELINE_ATTR
+from .snapshot._walk_cache import checkpoint_children
 from .store import _names, _state_file
 from .store._options import FastPath, resolve_store
 from .store.fast import _direct_restore

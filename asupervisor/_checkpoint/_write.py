@@ -19,7 +19,7 @@ from typing import Any
 from .._exceptions import CheckpointError
 from .._logging import get_logger
 from .._tf import tf
-from . import _snapshot
+from .snapshot import _snapshot
 from .store.fast import _bundle
 from .store.fast._idle_io import IdleIO
 

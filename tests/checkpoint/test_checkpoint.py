@@ -14,7 +14,7 @@ from eventfiles import tick
 
 import asupervisor as asv
 from asupervisor._checkpoint import _write
-from asupervisor._checkpoint._policies import keep_policy_for
+from asupervisor._checkpoint.policy._policies import keep_policy_for
 from asupervisor._checkpoint.store import _commit, _names, _state_file, _writeback
 from asupervisor._checkpoint.store.fast import _bundle
 from asupervisor._core._abc import SessionAttribute
@@ -709,7 +709,8 @@ def test_model_check_reads_no_variable_unless_in_doubt(tmp_path: Path, monkeypat
     """Restoring the same model's checkpoint checks it by object graph alone (TF's full
     serialising walk, which reads every variable, is not run); a nested variable the
     checkpoint lacks is still refused by name before anything is restored."""
-    from asupervisor._checkpoint import _manager, _restore, _snapshot
+    from asupervisor._checkpoint import _manager, _restore
+    from asupervisor._checkpoint.snapshot import _snapshot
 
     state = {"layers": [make_state(), make_state()]}
     bump(state["layers"][1])()
@@ -779,7 +780,7 @@ def test_snapshot_reads_what_tfs_own_walk_reads_and_is_copy_on_write() -> None:
     Plain ``tf.Variable``s and Keras 3 variables (which wrap one) are read with two ops
     instead of TF's five-op closure; the result must be the same checkpoint content.
     """
-    from asupervisor._checkpoint import _snapshot, _walk_cache
+    from asupervisor._checkpoint.snapshot import _snapshot, _walk_cache
 
     model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
     opt = tf.keras.optimizers.Adam()
@@ -813,7 +814,7 @@ def test_every_snapshot_counts_one_save_as_tfs_own_save_does(where: str) -> None
     """``save_counter`` goes up by one per snapshot, and each snapshot holds its own count,
     as ``tf.train.Checkpoint.save`` numbers its saves (a plain counter takes one op, a
     counter made under a strategy TF's own ``assign_add``)."""
-    from asupervisor._checkpoint import _snapshot
+    from asupervisor._checkpoint.snapshot import _snapshot
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"]) if where == "mirrored" else tf.distribute.get_strategy()
     with strategy.scope():
@@ -829,7 +830,7 @@ def test_every_snapshot_counts_one_save_as_tfs_own_save_does(where: str) -> None
 
 def _assert_holds_what_tf_saves(snap: Any, ckpt: Any) -> None:
     """``snap`` holds TF's own walk's keys, and each value TF's own closure reads now."""
-    from asupervisor._checkpoint import _snapshot
+    from asupervisor._checkpoint.snapshot import _snapshot
 
     expected = {}
     for tensor_dict in _snapshot._serialized(ckpt)[0].values():
@@ -843,7 +844,7 @@ def _assert_holds_what_tf_saves(snap: Any, ckpt: Any) -> None:
 
 
 def _tf_walk_keys(ckpt: Any) -> set[str]:
-    from asupervisor._checkpoint import _snapshot
+    from asupervisor._checkpoint.snapshot import _snapshot
 
     return {k for d in _snapshot._serialized(ckpt)[0].values() for k in d}
 
@@ -938,9 +939,9 @@ def test_a_walk_of_variables_made_under_a_strategy_is_reused(tmp_path: Path) -> 
     same value), a SyncOnRead one (a metric, a counter) as TF's walk reads it, at every
     snapshot, in key order. The walk is reused, each snapshot holds what TF's own walk
     reads, and the checkpoint restores."""
-    from asupervisor._checkpoint import _walk_cache
     from asupervisor._checkpoint._manager import Checkpointer
     from asupervisor._checkpoint._restore import restore_path
+    from asupervisor._checkpoint.snapshot import _walk_cache
 
     def build() -> tuple[dict[str, Any], Any]:
         strategy = tf.distribute.MirroredStrategy(["/cpu:0"])

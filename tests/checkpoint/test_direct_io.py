@@ -15,9 +15,9 @@ import pytest
 import tensorflow as tf
 from pagecache import drop_cached, resident_share
 
-from asupervisor._checkpoint._iterator_state import index_entries
 from asupervisor._checkpoint._manager import Checkpointer
-from asupervisor._checkpoint._snapshot import Staged
+from asupervisor._checkpoint.snapshot._iterator_state import index_entries
+from asupervisor._checkpoint.snapshot._snapshot import Staged
 from asupervisor._checkpoint.store.fast import _bundle, _direct
 
 

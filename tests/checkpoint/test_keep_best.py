@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint._metrics import METRICS_KEY, decode
+from asupervisor._checkpoint.snapshot._metrics import METRICS_KEY, decode
 
 K, D = asv.Keep.KEEP, asv.Keep.DROP
 

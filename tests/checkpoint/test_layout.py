@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 from asupervisor._checkpoint import _write
-from asupervisor._checkpoint._iterator_state import index_entries
 from asupervisor._checkpoint._manager import Checkpointer
+from asupervisor._checkpoint.snapshot._iterator_state import index_entries
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
 

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint._iterator_state import describe_pipeline
+from asupervisor._checkpoint.snapshot._iterator_state import describe_pipeline
 
 Pipeline = Callable[[], Any]
 

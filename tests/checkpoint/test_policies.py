@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint._policies import keep_policy_for
+from asupervisor._checkpoint.policy._policies import keep_policy_for
 
 HOUR = 3600.0
 K, F, D = asv.Keep.KEEP, asv.Keep.FOREVER, asv.Keep.DROP

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint._policies import AnyKeepPolicy, LatestN, keep_policy_for
+from asupervisor._checkpoint.policy._policies import AnyKeepPolicy, LatestN, keep_policy_for
 from asupervisor._checkpoint.store import _commit, _state_file
 
 pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asupervisor._checkpoint import _snapshot
 from asupervisor._checkpoint._manager import Checkpointer
+from asupervisor._checkpoint.snapshot import _snapshot
 from asupervisor._checkpoint.store.fast import _bundle
 from asupervisor.testing import capture_logs
 
@@ -251,8 +251,8 @@ def test_a_walk_of_many_variables_is_read_in_one_batched_call(
     writer thread after the first save: the snapshot holds exactly the values at the
     boundary (staged, or shared copy-on-write with the variables), later updates do not
     reach it, and plain TF restores each step."""
-    from asupervisor._checkpoint import _walk_cache
-    from asupervisor._checkpoint._walk_cache import BATCH_MIN_VARIABLES
+    from asupervisor._checkpoint.snapshot import _walk_cache
+    from asupervisor._checkpoint.snapshot._walk_cache import BATCH_MIN_VARIABLES
 
     monkeypatch.setattr(_walk_cache, "BATCH_CHUNK", chunk)
     state = many_variables()
@@ -360,7 +360,7 @@ async def test_a_session_traces_the_batched_read_off_the_step_thread(tmp_path: P
 
     state = many_variables()
     traced_on: list[str] = []
-    from asupervisor._checkpoint import _walk_cache
+    from asupervisor._checkpoint.snapshot import _walk_cache
 
     first_run_on: list[str] = []
     real = _walk_cache._batch_reader
@@ -380,7 +380,7 @@ async def test_a_session_traces_the_batched_read_off_the_step_thread(tmp_path: P
         tmp_path, state=state, save_model_secs=0, save_model_steps=5, save_summaries_secs=0, handle_signals=False
     )
     with capture_logs() as logs, pytest.MonkeyPatch.context() as patch:
-        patch.setattr("asupervisor._checkpoint._walk_cache._batch_reader", spy)
+        patch.setattr("asupervisor._checkpoint.snapshot._walk_cache._batch_reader", spy)
         async with sv.managed_session() as sess:
             await sess.run_loop(lambda: bump(state), max_steps=20)
     assert [e["step"] for e in logs if e["event"] == "checkpoint.batched_read"] == [0]
@@ -397,7 +397,7 @@ def test_a_stop_ends_the_making_of_the_batched_read_between_its_functions(
     thread, which the final save waits for: ``stopping()`` is asked before each function
     of BATCH_CHUNK variables, and once it says yes nothing more is traced and the
     snapshots read one by one."""
-    from asupervisor._checkpoint import _walk_cache
+    from asupervisor._checkpoint.snapshot import _walk_cache
 
     monkeypatch.setattr(_walk_cache, "BATCH_CHUNK", 8)
     traced: list[int] = []
@@ -429,7 +429,7 @@ def test_preparing_the_next_save_never_fails_the_committed_one(tmp_path: Path, m
     """Staging buffers that cannot be allocated (a MemoryError, injected) and a batched read
     that cannot be traced (injected) are logged once; the save is committed, and the next
     ones are copy-on-write, read one by one, and restore."""
-    from asupervisor._checkpoint import _walk_cache
+    from asupervisor._checkpoint.snapshot import _walk_cache
 
     def no_memory(*args: Any) -> Any:
         raise MemoryError("injected")

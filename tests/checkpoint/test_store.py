@@ -17,9 +17,9 @@ import tensorflow as tf
 
 import asupervisor as asv
 from asupervisor._checkpoint import _write
-from asupervisor._checkpoint._iterator_state import index_entries
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint._write import SaveAbandoned
+from asupervisor._checkpoint.snapshot._iterator_state import index_entries
 from asupervisor._checkpoint.store import _commit
 from asupervisor._checkpoint.store._local import FastStore, PlainStore
 from asupervisor._checkpoint.store._options import ENV_VAR, PLAIN, FastPath, resolve_store

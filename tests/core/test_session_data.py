@@ -265,7 +265,7 @@ async def test_the_iterator_share_of_a_checkpoint_is_logged_once(tmp_path: Path)
     with capture_logs() as logs:
         async with sv.managed_session() as sess:
             await sess.run_loop(lambda b: v.assign(tf.reduce_mean(b, 0)), data=data, max_steps=10)
-    from asupervisor._checkpoint._iterator_state import entry_sizes
+    from asupervisor._checkpoint.snapshot._iterator_state import entry_sizes
 
     reports = _events(logs, "checkpoint.iterator_state")
     assert len(reports) == 1, reports
@@ -292,7 +292,7 @@ async def test_a_small_iterator_share_is_information(tmp_path: Path) -> None:
 def test_entry_sizes_reads_every_key_of_a_plain_tf_checkpoint(tmp_path: Path) -> None:
     """The index reader gives every key of a checkpoint written by plain TF, with the
     byte sizes of its values."""
-    from asupervisor._checkpoint._iterator_state import entry_sizes
+    from asupervisor._checkpoint.snapshot._iterator_state import entry_sizes
 
     ckpt = tf.train.Checkpoint(a=tf.Variable(tf.zeros((10, 3))), b=tf.Variable(1, dtype=tf.int64))
     path = ckpt.save(str(tmp_path / "c"))

@@ -336,7 +336,7 @@ async def test_in_a_cluster_local_checkpoints_the_remote_never_got_are_set_aside
     """Multi-worker training: the other workers restore the remote's newest checkpoint, so a
     chief whose local tier holds a newer one (never uploaded) sets it aside (kept, renamed)
     and restores the remote's newest too."""
-    from asupervisor._checkpoint._policies import LatestN
+    from asupervisor._checkpoint.policy._policies import LatestN
     from asupervisor._checkpoint.store._local import PlainStore
     from asupervisor._checkpoint.store.remote._tier import RemoteTier
 
@@ -393,7 +393,7 @@ def test_an_abandoned_upload_leaves_no_multipart_upload_behind(
 def test_opening_the_tier_again_keeps_its_own_lease(s3_url: str, tmp_path: Path) -> None:
     """A start-up retry (a transient error in the restore) opens the tier again: it keeps
     the lease it holds instead of finding itself "in use by another training"."""
-    from asupervisor._checkpoint._policies import LatestN
+    from asupervisor._checkpoint.policy._policies import LatestN
     from asupervisor._checkpoint.store.remote._tier import RemoteTier
 
     tier = RemoteTier(s3_url, tmp_path / "a", basename="model.ckpt", keep_policy=LatestN(2), owner=True)

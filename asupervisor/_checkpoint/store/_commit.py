@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ..._logging import describe, get_logger
-from .._policies import CheckpointRecord, Keep, KeepPolicy
+from ..policy._policies import CheckpointRecord, Keep, KeepPolicy
 from . import _names, _state_file, _writeback
 
 __all__ = [

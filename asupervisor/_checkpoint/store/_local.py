@@ -34,7 +34,7 @@ from ._options import PLAIN, FastPath
 from .fast._idle_io import IdleIO
 
 if TYPE_CHECKING:
-    from .._snapshot import Snapshot
+    from ..snapshot._snapshot import Snapshot
     from ._owner import OwnerLock
 
 __all__ = ["FastStore", "PlainStore", "open_store"]

@@ -52,7 +52,7 @@ import numpy as np
 
 from .... import _tf_internals
 from ...._tf import tf
-from ..._walk_cache import checkpoint_children, initialized, plain_variable
+from ...snapshot._walk_cache import checkpoint_children, initialized, plain_variable
 from . import _bundle, _direct, _index
 
 __all__ = ["Planned", "Prefetch", "assign", "plan", "read_index", "start"]

@@ -19,21 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from ...._exceptions import CheckpointError
 from ...._logging import describe, get_logger
-from ... import _metrics
+from ...snapshot import _metrics
 from .. import _commit, _names, _state_file
 from ._io import RemoteFS
-from ._layout import (
-    MARKER_SUFFIX,
-    Marker,
-    RemoteCheckpoint,
-    crc32c_of,
-    list_remote,
-    marker_problem,
-)
+from ._layout import MARKER_SUFFIX, Marker, RemoteCheckpoint, crc32c_of, list_remote, marker_problem
 from ._lease import RemoteLease
 
 if TYPE_CHECKING:
-    from ..._policies import KeepPolicy
+    from ...policy._policies import KeepPolicy
     from .._local import PlainStore
 
 __all__ = ["RemoteTier", "Uploaded"]

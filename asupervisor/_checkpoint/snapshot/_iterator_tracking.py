@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _tf_internals as internals
-from .._logging import describe, get_logger
-from .._tf import tf
+from ... import _tf_internals as internals
+from ..._logging import describe, get_logger
+from ..._tf import tf
 from ._iterator_state import ITERATOR_ATTR, PIPELINE_ATTR
 
 __all__ = ["IteratorTracker"]

@@ -32,13 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import _tf_internals as internals
-from .._exceptions import CheckpointError
-from .._logging import get_logger
-from .._tf import tf
+from ... import _tf_internals as internals
+from ..._exceptions import CheckpointError
+from ..._logging import get_logger
+from ..._tf import tf
+from ..store.fast._bundle import _PLAIN_DTYPES
+from ..store.fast._direct import aligned_empty
 from ._walk_cache import WalkCache, initialized, saved_variable
-from .store.fast._bundle import _PLAIN_DTYPES
-from .store.fast._direct import aligned_empty
 
 __all__ = ["Snapshot", "Staged", "Staging", "take_snapshot"]
 

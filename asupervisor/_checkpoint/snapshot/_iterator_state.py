@@ -26,10 +26,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .. import _tf_internals as internals
-from .._exceptions import CheckpointError
-from .._tf import tf
-from .store.fast import _index
+from ... import _tf_internals as internals
+from ..._exceptions import CheckpointError
+from ..._tf import tf
+from ..store.fast import _index
 
 __all__ = [
     "ITERATOR_ATTR",

@@ -28,8 +28,8 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from .._logging import describe, get_logger
-from .._tf import tf
+from ..._logging import describe, get_logger
+from ..._tf import tf
 
 __all__ = ["METRICS_KEY", "Recorded", "clean", "decode", "encode", "read", "record"]
 

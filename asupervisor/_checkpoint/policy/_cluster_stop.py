@@ -39,14 +39,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .. import _tf_internals as internals
-from .._core._abc import SessionPart
-from .._logging import describe, get_logger
-from .._tf import tf
+from ... import _tf_internals as internals
+from ..._core._abc import SessionPart
+from ..._logging import describe, get_logger
+from ..._tf import tf
 
 if TYPE_CHECKING:
-    from .._cluster import ClusterInfo
-    from .._core._abc import SessionContext
+    from ..._cluster import ClusterInfo
+    from ..._core._abc import SessionContext
 
 __all__ = ["ClusterStopPart", "ack_timeout"]
 

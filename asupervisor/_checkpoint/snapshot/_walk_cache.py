@@ -46,9 +46,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _tf
-from .. import _tf_internals as internals
-from .._logging import describe, get_logger
+from ... import _tf
+from ... import _tf_internals as internals
+from ..._logging import describe, get_logger
 
 __all__ = ["BATCH_MIN_VARIABLES", "WalkCache", "initialized", "plain_variable", "saved_variable"]
 

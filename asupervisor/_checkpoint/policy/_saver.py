@@ -52,25 +52,25 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._core._abc import SaveReason
-from .._core._clock import interval_ticks
-from .._core._services import FailureWindow, RestartPolicy, Service
-from .._core._threads import ThreadClosedError
-from .._logging import describe, get_logger
-from ._manager import Checkpointer
+from ..._core._abc import SaveReason
+from ..._core._clock import interval_ticks
+from ..._core._services import FailureWindow, RestartPolicy, Service
+from ..._core._threads import ThreadClosedError
+from ..._logging import describe, get_logger
+from .._manager import Checkpointer
+from .._write import SaveAbandoned
+from ..snapshot._snapshot import Snapshot
+from ..store.fast._idle_io import IdleIO
 from ._policies import interval_bound, takes_write_secs
-from ._snapshot import Snapshot
-from ._write import SaveAbandoned
-from .store.fast._idle_io import IdleIO
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
 
-    from .._core._abc import SessionContext
-    from .._core._handoff import Waiter
-    from .._core._services import ServiceContext
-    from .._core._status import CheckpointInfo
-    from .._core._threads import DedicatedThread
+    from ..._core._abc import SessionContext
+    from ..._core._handoff import Waiter
+    from ..._core._services import ServiceContext
+    from ..._core._status import CheckpointInfo
+    from ..._core._threads import DedicatedThread
 
 __all__ = ["WHEN_BUSY", "CheckpointSaver", "CheckpointService"]
 
