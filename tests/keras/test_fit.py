@@ -148,7 +148,7 @@ def _load(out: Path) -> tuple[list[np.ndarray], dict[str, list[float]]]:
         return [data[k] for k in data.files if k != "history"], history
 
 
-@pytest.mark.timeout(300)  # six trainings in child processes (~10 s each on 2 busy cores)
+@pytest.mark.timeout(300)  # five trainings in child processes (~10 s each on 2 busy cores)
 def test_a_fit_killed_at_random_moments_resumes_bitwise_and_matches_keras(tmp_path: Path) -> None:
     """SIGKILL at 2 seeded random steps of a 3-epoch Dropout model (24 steps per epoch,
     checkpoints every 5 steps and at each validated epoch's end): the final weights equal
