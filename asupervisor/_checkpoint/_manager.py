@@ -1,11 +1,11 @@
 """The checkpoints of one log directory: :class:`Checkpointer`.
 
 A save has two halves: :meth:`Checkpointer.snapshot` on the step thread
-(:mod:`._snapshot`), :meth:`Checkpointer.write` on the checkpoint writer thread
+(:mod:`.snapshot._snapshot`), :meth:`Checkpointer.write` on the checkpoint writer thread
 (:mod:`._write`, then the commit protocol of :mod:`.store` and retention, then
 :attr:`Checkpointer.last`). :meth:`Checkpointer.restore` restores the newest good
 checkpoint (:mod:`._restore`), setting damaged ones aside and repairing a damaged state
-file; :meth:`Checkpointer.track_iterator` (:mod:`._iterator_tracking`) puts ``run_loop``'s data iterator in the
+file; :meth:`Checkpointer.track_iterator` (:mod:`.snapshot._iterator_tracking`) puts ``run_loop``'s data iterator in the
 checkpoint. :func:`write_checkpoint_now` is the synchronous save of
 ``CheckpointSaverHook`` into another directory. This module never runs on the event
 loop thread.
@@ -53,12 +53,12 @@ class Checkpointer:
             state file with a commit time not in the future (as
             ``tf.train.CheckpointManager``, which leaves others' checkpoints alone).
         keep_checkpoint_every_n_hours: also keep one checkpoint per this many hours.
-        keep_policy: retention as a policy object (:mod:`._policies`), instead of the two
+        keep_policy: retention as a policy object (:mod:`.policy._policies`), instead of the two
             numbers above.
         wall_clock: wall-clock time for commit timestamps (``time.time``).
         staging: copy the variables into staging buffers kept for the session at each
             snapshot (one memcpy on the step thread, no copy-on-write in the next step;
-            the buffers cost the state's size in host memory), :mod:`._snapshot`.
+            the buffers cost the state's size in host memory), :mod:`.snapshot._snapshot`.
             Effective once the native bundle writer has passed its self-check (from the
             second save of a process); ``False``: copy-on-write snapshots only.
         fast_path: the store's fast path (:class:`.store._options.FastPath`;
@@ -67,7 +67,7 @@ class Checkpointer:
             through :attr:`store`, chosen here once.
         metrics: on the step thread, the metrics of the state at a snapshot
             (``SessionContext.current_metrics``), recorded in each checkpoint
-            (:mod:`._metrics`) and offered to the keep policy; ``None``: none.
+            (:mod:`.snapshot._metrics`) and offered to the keep policy; ``None``: none.
     """
 
     def __init__(

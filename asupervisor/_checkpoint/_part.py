@@ -7,7 +7,7 @@ step saves (its ``next_trigger``/``on_step``), runs the checkpoint service (time
 start-up saves), takes the final checkpoint and waits for writes in flight at the end.
 The chief owns the logdir for the session (:class:`.store._owner.OwnerLock`, let go in
 ``release``). It offers ``SessionAttribute.checkpoints`` (``save_now``, the last checkpoint, saves for
-``CheckpointSaverHook``). The decisions of when to save live in :mod:`._saver`; the
+``CheckpointSaverHook``). The decisions of when to save live in :mod:`.policy._saver`; the
 snapshots, writes and restores in :mod:`._manager`. Never imports another feature.
 """
 

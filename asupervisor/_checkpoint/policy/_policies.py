@@ -24,7 +24,7 @@ own, oldest first, the latest excluded — it is always kept), it says of each w
 * :class:`EveryNHours` — of the checkpoints nothing else keeps, keep one per ``hours``
   forever;
 * :class:`KeepBest` — keep the best ``n`` checkpoints by a metric each one records
-  (``val_loss``, ``loss``; see :mod:`._metrics`);
+  (``val_loss``, ``loss``; see :mod:`..snapshot._metrics`);
 * :class:`KeepAll` — keep everything (``max_to_keep=None``);
 * :class:`AnyKeepPolicy` — a checkpoint is kept if any of its policies keeps it; of the
   ones none keeps, those any keeps forever are kept forever.
@@ -35,7 +35,7 @@ basename's, stamped in the future) are never offered to a policy: they stay. The
 ``AnyKeepPolicy(LatestN(max_to_keep), EveryNHours(hours))``; ``keep_policy=`` takes a
 policy of one's own. While another save is in flight, the writer adds ``LatestN(2)``.
 
-Plain decisions: no file work here (:mod:`.store._commit` applies them).
+Plain decisions: no file work here (:mod:`..store._commit` applies them).
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@
 In multi-worker training every worker has a saver and snapshots at the same steps; a
 non-chief writes to a temporary directory (:mod:`._multi_worker` states the rule).
 
-Snapshots are taken on the step thread (see :mod:`._checkpoint`); writes run in order on
+Snapshots are taken on the step thread (see :mod:`..snapshot`); writes run in order on
 one dedicated writer thread, started with the session, never on the event loop nor on
 the step thread. The step thread hands each snapshot straight to the writer (a waited-for
 save's waiter is made on the loop beforehand), with no trip through the event loop. With
 the fast store, the kernel-heavy part of each write (the data's ``write(2)`` calls,
 deleting retired checkpoints) runs on a second thread at the OS's idle priority, so that
-an event loop beside the training stays responsive (:mod:`.store.fast._idle_io`).
+an event loop beside the training stays responsive (:mod:`..store.fast._idle_io`).
 
 Cadence (``checkpoint_when_busy``): with ``"wait"`` (the default) a step save that is due
 while the previous write is still in flight makes the step thread wait for it

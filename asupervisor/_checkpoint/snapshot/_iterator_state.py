@@ -171,7 +171,7 @@ def restore_mismatch_error(exc: BaseException, path: str | None) -> CheckpointEr
 
 
 def index_entries(prefix: str) -> dict[str, Any]:
-    """``{checkpoint key: BundleEntryProto}`` read from ``<prefix>.index`` (:mod:`._index`:
+    """``{checkpoint key: BundleEntryProto}`` read from ``<prefix>.index`` (:mod:`..store.fast._index`:
     TF's reader is not used, and neither is this project's writer)."""
     return _index.read(prefix)[1]
 

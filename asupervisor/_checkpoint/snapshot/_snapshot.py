@@ -157,7 +157,7 @@ class Staging:
 def _stageable(value: Any) -> bool:
     """Whether a read value is staged: a plain-numbered tensor of rank >= 1 on the CPU.
 
-    Runs once per variable on the step thread (:func:`._tf_internals.fast_stageable`).
+    Runs once per variable on the step thread (:func:`..._tf_internals.fast_stageable`).
     """
     return internals.fast_stageable(value, _PLAIN_DTYPES)
 
@@ -241,7 +241,7 @@ class _Stager:
 
 def _serialized(checkpoint: Any) -> tuple[dict[Any, dict[str, Any]], Any]:
     """TF's own walk of the object graph: ``{trackable: {key: value}}`` and the graph proto
-    (``None`` in the public fallback, :func:`.._tf_internals.gather_serialized_tensors`)."""
+    (``None`` in the public fallback, :func:`..._tf_internals.gather_serialized_tensors`)."""
     serialized, registered, proto = internals.gather_serialized_tensors(checkpoint)
     if registered:
         raise CheckpointError(

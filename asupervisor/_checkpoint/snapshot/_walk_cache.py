@@ -167,7 +167,7 @@ def _owned_iterator(obj: Any) -> Any:
 
 def _traversal(checkpoint: Any) -> tuple[list[Any], list[tuple[str, ...]]] | None:
     """TF's breadth-first traversal of the checkpoint: objects, and each one's path;
-    ``None`` without it (no walk cache, :mod:`.._tf_internals`)."""
+    ``None`` without it (no walk cache, :mod:`..._tf_internals`)."""
     found = internals.breadth_first_traversal_with_paths(checkpoint)
     if found is None:
         return None

@@ -3,7 +3,7 @@
 
 Used where TF's reader gives too little (it hides offsets and data files): the direct
 restore (:mod:`._direct_restore`), the iterator's share of a checkpoint
-(:mod:`._iterator_state`), and tests. Every block's masked CRC32C is checked when
+(:mod:`...snapshot._iterator_state`), and tests. Every block's masked CRC32C is checked when
 google-crc32c's C library is there (:func:`._bundle.available`).
 """
 
