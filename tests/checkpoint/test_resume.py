@@ -301,7 +301,9 @@ def test_crash_consistency_under_repeated_sigkill(tmp_path: Path, tracked_data: 
                 if i % 3 == 1:  # while a save is being written, at a random point of it
                     _wait(proc, lambda: _writing(logdir), "save in flight")
                     time.sleep(rng.uniform(0, typical_write / 2))
-                elif i % 3 == 2:  # between two saves
+                elif i % 3 == 2:  # between two saves, once this run committed one (progress
+                    # across kills, however slow the saves are on a loaded machine)
+                    _wait(proc, lambda: events[SAVED] > events[START], "a save after the restore")
                     _wait(proc, lambda: not _writing(logdir), "moment without a save in flight")
                 else:  # anywhere
                     time.sleep(rng.uniform(0, 0.2))
