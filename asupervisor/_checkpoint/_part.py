@@ -7,24 +7,26 @@ step saves (its ``next_trigger``/``on_step``), runs the checkpoint service (time
 start-up saves), takes the final checkpoint and waits for writes in flight at the end.
 The chief owns the logdir for the session (:class:`.store._owner.OwnerLock`, let go in
 ``release``). It offers ``SessionAttribute.checkpoints`` (``save_now``, the last checkpoint, saves for
-``CheckpointSaverHook``). The decisions of when to save live in :mod:`.policy._saver`; the
+``CheckpointSaverHook``). When to save is decided in one place, the session's
+:class:`.policy._cadence.Cadence`; how (the writer, waits, retries) in :mod:`.policy._saver`; the
 snapshots, writes and restores in :mod:`._manager`. Never imports another feature.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from .._core._abc import SaveReason, SessionAttribute, SessionPart
 from .._logging import get_logger
 from .._tf import tf
 from ._manager import Checkpointer, write_checkpoint_now
+from .policy._cadence import Cadence, MomentKind
 from .policy._multi_worker import WorkerTempWriter
-from .policy._policies import KeepPolicy, SaveMoment, SavePolicy, every_secs, every_steps, observes_save_cost
+from .policy._policies import KeepPolicy, SaveMoment, SavePolicy
 from .policy._saver import CheckpointSaver, CheckpointService
 from .store._options import FastPath
 from .store._owner import OwnerLock
@@ -251,20 +253,12 @@ class CheckpointPart(SessionPart):
             self.saver = CheckpointSaver(
                 ctx,
                 checkpointer,
-                save_steps=None if self.save_policy is None else every_steps(self.save_policy),
+                cadence=Cadence(self.save_policy, partial(self._moment, ctx), lambda: ctx.global_step),
                 write=None if worker_writer is None else worker_writer.write,
                 multi_worker=self.multi_worker,
                 when_busy=self.when_busy,
-                on_save_cost=self._save_cost_observer(),
             )
         return path
-
-    def _save_cost_observer(self) -> Callable[[float], float | None] | None:
-        """The save policy's ``observe_save_cost`` when its timer adapts to save costs."""
-        policy = self.save_policy
-        if policy is None or not observes_save_cost(policy):
-            return None
-        return cast("Callable[[float], float | None]", getattr(policy, "observe_save_cost"))  # noqa: B009
 
     async def settle(self, ctx: SessionContext) -> None:
         """Before a recovery's restore: a checkpoint being written is the one to restore."""
@@ -276,32 +270,21 @@ class CheckpointPart(SessionPart):
         return float("inf") if self.saver is None else self.saver.next_trigger(step)
 
     def on_step(self, ctx: SessionContext) -> None:
-        """A step the save policy asked about: snapshot now if it says so."""
+        """A step the cadence names: snapshot now if the save policy says so."""
         assert self.saver is not None
-        assert self.save_policy is not None
-        if self.save_policy.should_save(self._moment(ctx, "step")):
-            self.saver.on_step()
+        self.saver.on_step()
 
     def services(self, ctx: SessionContext) -> Iterable[Service]:
         """The checkpoint service (start-up and timed saves), when this session saves.
         Asked on the loop as the session starts: the writer thread starts here."""
         if self.saver is not None:
             self.saver.start_writer()
-        policy = self.save_policy
-        if self.saver is None or policy is None:
+        if not self.saving:
             return []  # saving disabled: no start-up, timed or final checkpoint
-        start = self._moment(ctx, "startup")
-        adaptive = observes_save_cost(policy)
-        return [
-            CheckpointService(
-                self.saver,
-                (lambda: every_secs(policy) or math.inf) if adaptive else every_secs(policy) or 0,
-                save_at_start=policy.should_save(start),
-                at_tick=lambda: policy.should_save(self._moment(ctx, "tick")),
-            )
-        ]
+        assert self.saver is not None
+        return [CheckpointService(self.saver, save_at_start=self.saver.cadence.due("startup"))]
 
-    def _moment(self, ctx: SessionContext, kind: str) -> SaveMoment:
+    def _moment(self, ctx: SessionContext, kind: MomentKind) -> SaveMoment:
         return SaveMoment(
             kind=kind,
             step=ctx.global_step,
@@ -343,9 +326,10 @@ class CheckpointPart(SessionPart):
 
     async def final(self, ctx: SessionContext) -> None:
         """The final checkpoint."""
-        if self.saver is None or self.save_policy is None:
+        if not self.saving:
             return
-        if not self.save_policy.should_save(self._moment(ctx, "stop")):
+        assert self.saver is not None
+        if not self.saver.cadence.due("stop"):
             log.warning(
                 "checkpoint.skipped",
                 reason="final",

@@ -148,3 +148,37 @@ def test_checkpoint_when_busy_is_validated() -> None:
         asv.Supervisor(None, checkpoint_when_busy=value, handle_signals=False)
     with pytest.raises(ValueError, match="'sometimes'"):
         asv.Supervisor(None, checkpoint_when_busy="sometimes", handle_signals=False)
+
+
+def test_one_cadence_answers_every_save_moment_from_its_policy() -> None:
+    """The session's Cadence is where the save policy is asked: the step trigger (the next
+    multiple of every_steps), the timer's interval (fixed or adaptive), and each moment's
+    decision with the moment made as it is asked; no policy: nothing is ever due."""
+    from asupervisor._checkpoint.policy._cadence import Cadence
+    from asupervisor._checkpoint.policy._policies import save_policy_for
+
+    step = [0]
+    asked: list[asv.SaveMoment] = []
+
+    def moment(kind: Any) -> asv.SaveMoment:
+        asked.append(asv.SaveMoment(kind, step[0], restored=True))
+        return asked[-1]
+
+    cadence = Cadence(save_policy_for(30.0, 100, multi_worker=False), moment, lambda: step[0])
+    assert not cadence.adaptive and cadence.meter is None
+    assert [cadence.next_step(s) for s in (0, 99, 100, 250)] == [100, 100, 200, 300]
+    assert cadence.interval_secs() == 30.0
+    step[0] = 200
+    assert cadence.due("step") and cadence.due("tick") and cadence.due("stop")
+    assert not cadence.due("startup")  # restored: no start-up save
+    step[0] = 201
+    assert not cadence.due("step")  # not a multiple of 100
+    assert [m.step for m in asked] == [200, 200, 200, 200, 201]
+
+    auto = Cadence(save_policy_for("auto", None, multi_worker=False), moment, lambda: step[0])
+    assert auto.adaptive and auto.meter is not None and auto.next_step(5) == float("inf")
+    assert auto.interval_secs() == asv.OverheadBudget().start_secs
+
+    never = Cadence(None, moment, lambda: 0)
+    assert never.next_step(0) == never.interval_secs() == float("inf")
+    assert not any(never.due(kind) for kind in ("step", "tick", "startup", "stop"))

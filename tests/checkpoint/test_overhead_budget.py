@@ -15,7 +15,8 @@ from eventfiles import tick
 
 import asupervisor as asv
 from asupervisor._checkpoint.policy._policies import SaveMoment, interval_bound, save_policy_for, takes_write_secs
-from asupervisor._checkpoint.policy._saver import CheckpointSaver, SaveCostMeter
+from asupervisor._checkpoint.policy._cadence import Cadence, SaveCostMeter
+from asupervisor._checkpoint.policy._saver import CheckpointSaver
 from asupervisor._checkpoint.snapshot._snapshot import Snapshot
 from asupervisor._core._abc import SessionAttribute
 from asupervisor.testing import ManualClock, capture_logs
@@ -148,6 +149,14 @@ class _Meter:
         return 0.03
 
 
+def _cadence(policy: asv.SavePolicy) -> Cadence:
+    """The cadence of ``policy``, its meter measuring every save at 0.03 s."""
+    cadence = Cadence(policy, lambda kind: SaveMoment(kind, 0), lambda: 0)
+    assert cadence.adaptive
+    cadence.meter = _Meter()  # type: ignore[assignment]
+    return cadence
+
+
 @pytest.mark.parametrize("commit_secs", [3.0, None])
 def test_the_saver_hands_the_write_time_over_and_logs_the_bound(commit_secs: float | None) -> None:
     """CheckpointSaver._measure passes the checkpointer's last commit time as write_secs
@@ -156,8 +165,7 @@ def test_the_saver_hands_the_write_time_over_and_logs_the_bound(commit_secs: flo
     budget = asv.OverheadBudget(0.02)
     ctx = SimpleNamespace(global_step=0)
     checkpointer = SimpleNamespace(last_commit_secs=commit_secs, write=None)
-    saver = CheckpointSaver(ctx, checkpointer, save_steps=None, on_save_cost=budget.observe_save_cost)  # type: ignore[arg-type]
-    saver._meter = _Meter()  # type: ignore[assignment]
+    saver = CheckpointSaver(ctx, checkpointer, cadence=_cadence(budget))  # type: ignore[arg-type]
     with capture_logs() as logs:
         saver._measure(_snap(7, 0.0, 0.0))
     (moved,) = [e for e in logs if e["event"] == "checkpoint.interval"]
@@ -169,16 +177,16 @@ def test_the_saver_hands_the_write_time_over_and_logs_the_bound(commit_secs: flo
 
 
 def test_the_saver_calls_an_observer_without_write_secs_with_the_cost_alone() -> None:
-    """An on_save_cost written before write_secs existed still works."""
+    """A policy's observe_save_cost written before write_secs existed still works."""
     calls: list[float] = []
 
-    def observe(cost_secs: float) -> float | None:
-        calls.append(cost_secs)
-        return 5.0
+    class CostOnly(asv.EverySeconds):
+        def observe_save_cost(self, cost_secs: float) -> float | None:
+            calls.append(cost_secs)
+            return 5.0
 
     checkpointer = SimpleNamespace(last_commit_secs=3.0, write=None)
-    saver = CheckpointSaver(SimpleNamespace(global_step=0), checkpointer, save_steps=None, on_save_cost=observe)  # type: ignore[arg-type]
-    saver._meter = _Meter()  # type: ignore[assignment]
+    saver = CheckpointSaver(SimpleNamespace(global_step=0), checkpointer, cadence=_cadence(CostOnly(10.0)))  # type: ignore[arg-type]
     with capture_logs() as logs:
         saver._measure(_snap(3, 0.0, 0.0))
     assert calls == [0.03]

@@ -1,6 +1,8 @@
-"""When checkpoints are taken: the checkpoint service, step triggers, ``save_now``, final save.
+"""How checkpoints are taken: the checkpoint service, step triggers, ``save_now``, final save.
 
-:class:`CheckpointSaver` coordinates every save of one session:
+Whether a moment saves is the session's :class:`._cadence.Cadence`'s answer (the save
+policy, asked in that one place). :class:`CheckpointSaver` carries out every save of one
+session:
 
 * the timer (``save_model_secs``), driven by :class:`CheckpointService` on the event
   loop with the injectable clock, asks for a snapshot at the next step boundary;
@@ -61,7 +63,7 @@ from .._manager import Checkpointer
 from .._write import SaveAbandoned
 from ..snapshot._snapshot import Snapshot
 from ..store.fast._idle_io import IdleIO
-from ._policies import interval_bound, takes_write_secs
+from ._cadence import Cadence
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
@@ -103,59 +105,20 @@ class _Launched:
 SAVE_RETRY = RestartPolicy(max_restarts=2, window_secs=600.0, backoff_secs=1.0)
 
 
-class SaveCostMeter:
-    """The training time a save cost, measured by the step count (writer thread).
-
-    From the snapshot's start to the commit, training made ``s1 - s0`` steps; at the
-    step rate measured before the save they would have taken ``(s1 - s0 + 0.5) *
-    secs_per_step`` (the half step: the commit falls inside a step on average). The
-    difference is what the save cost: the snapshot's blocked time, the next step's
-    copy-on-write, the background write's interference. The rate before is taken from
-    the last :meth:`sample` (the adaptive timer takes one halfway between saves, after
-    the previous save's after-effects) or else from the previous commit. ``None`` when
-    there is no baseline yet or training was not stepping (fewer than 3 steps in it).
-    """
-
-    def __init__(self, steps: Callable[[], int], clock: Callable[[], float] = time.perf_counter) -> None:
-        self._steps = steps
-        self._clock = clock
-        self._last: tuple[float, int] | None = None  # (time, step) at the last commit
-        self._mark: tuple[float, int] | None = None  # (time, step) of the last sample
-
-    def sample(self) -> None:
-        """From any thread: the baseline's start is now (training undisturbed since)."""
-        self._mark = (self._clock(), self._steps())
-
-    def committed(self, snapshot: Snapshot) -> float | None:
-        """At a commit of ``snapshot``: its cost to training in seconds, if measurable."""
-        now, s1 = self._clock(), self._steps()
-        start, s0 = snapshot.taken_at - snapshot.blocked_secs, snapshot.step
-        last, self._last = self._last, (now, s1)
-        mark = self._mark
-        if mark is not None and (last is None or mark[0] > last[0]) and mark[0] < start and s0 - mark[1] >= 3:
-            last = mark  # the later baseline: clear of the previous save's after-effects
-        if last is None or s0 - last[1] < 3 or start <= last[0]:
-            return None
-        secs_per_step = (start - last[0]) / (s0 - last[1])
-        return max(0.0, (now - start) - (s1 - s0 + 0.5) * secs_per_step)
-
-
 class CheckpointSaver:
     """Coordinates the saves of one session (see the module docstring).
 
     Args:
         ctx: the session.
         checkpointer: snapshots, restores and (by default) writes to ``logdir``.
-        save_steps: ``save_model_steps``.
+        cadence: when to save (:class:`._cadence.Cadence`): the step trigger, and the
+            measured save costs an adaptive timer feeds on.
         write: writes a snapshot on the writer thread (a non-chief's temporary save);
             ``checkpointer.write`` by default.
         multi_worker: every worker saves at the same steps: step saves queue instead of
             being skipped while a write is in flight, final saves follow the agreed rule.
         when_busy: ``"wait"`` (back-pressure) or ``"skip"``: what a periodic save does
             while the previous write is in flight (see the module docstring).
-        on_save_cost: called on the writer thread with each committed save's measured
-            cost to training (:class:`SaveCostMeter`); returns the new timer interval if
-            it changed (logged as ``checkpoint.interval``), else ``None``.
     """
 
     def __init__(
@@ -163,18 +126,17 @@ class CheckpointSaver:
         ctx: SessionContext,
         checkpointer: Checkpointer,
         *,
-        save_steps: int | None,
+        cadence: Cadence,
         write: Callable[..., CheckpointInfo | None] | None = None,
         multi_worker: bool = False,
         when_busy: str = "wait",
-        on_save_cost: Callable[[float], float | None] | None = None,
     ) -> None:
         if when_busy not in WHEN_BUSY:
             raise ValueError(f"checkpoint_when_busy must be 'wait' or 'skip', got {when_busy!r}")
         self.ctx = ctx
         self.when_busy = when_busy
         self.checkpointer = checkpointer
-        self.save_steps = save_steps
+        self.cadence = cadence
         self._write_fn = checkpointer.write if write is None else write
         self.multi_worker = multi_worker
         self._writer: DedicatedThread | None = None
@@ -184,21 +146,21 @@ class CheckpointSaver:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when a write ends, or on stop
         self._failures = FailureWindow(SAVE_RETRY)
-        self._on_save_cost = on_save_cost
-        self._meter = SaveCostMeter(lambda: ctx.global_step) if on_save_cost is not None else None
 
     # -- step thread -----------------------------------------------------------------
 
     def next_trigger(self, step: int) -> float:
         """The step at which :meth:`on_step` fires next, after ``step``."""
-        n = self.save_steps
-        return math.inf if n is None else (step // n + 1) * n
+        return self.cadence.next_step(step)
 
     def on_step(self) -> None:
-        """On the step thread, when the step trigger fires: snapshot and hand off.
+        """On the step thread, when the step trigger fires: snapshot and hand off, if the
+        cadence says this step is due.
 
         With ``when_busy="wait"``, a write still in flight is waited for first.
         """
+        if not self.cadence.due("step"):
+            return
         if self.when_busy == "wait" and not self.multi_worker:
             self._wait_for_writer()
         error = self._take_error()
@@ -306,35 +268,9 @@ class CheckpointSaver:
             observe(phase, secs)
         self.checkpointer.last_phase_secs = {}
 
-    def sample_baseline(self) -> None:
-        """Mark now as the start of the step-rate baseline of the next save's cost."""
-        if self._meter is not None:
-            self._meter.sample()
-
     def _measure(self, snap: Snapshot) -> None:
-        """After a commit: feed the save's cost to an adaptive policy; log a new interval."""
-        if self._meter is None or self._on_save_cost is None:
-            return
-        cost = self._meter.committed(snap)
-        if cost is None:
-            return
-        write_secs = self.checkpointer.last_commit_secs  # this save's: snapshot handed over → committed
-        write_rounded = None if write_secs is None else round(write_secs, 4)
-        log.debug("checkpoint.save_cost", secs=round(cost, 4), write_secs=write_rounded, step=snap.step)
-        observe: Callable[..., float | None] = self._on_save_cost
-        if write_secs is not None and takes_write_secs(observe):
-            interval = observe(cost, write_secs=write_secs)
-        else:  # an observer written before write_secs: the cost alone
-            interval = observe(cost)
-        if interval is not None:
-            log.info(
-                "checkpoint.interval",
-                secs=round(interval, 2),
-                bound=interval_bound(getattr(observe, "__self__", None)),  # the policy, when a bound method
-                save_cost_secs=round(cost, 4),
-                write_secs=write_rounded,
-                step=snap.step,
-            )
+        """After a commit: the save's cost to the cadence (an adaptive timer's next interval)."""
+        self.cadence.committed(snap, self.checkpointer.last_commit_secs)  # snapshot handed over → committed
 
     # -- event loop ------------------------------------------------------------------
 
@@ -465,32 +401,26 @@ class CheckpointSaver:
 
 
 class CheckpointService(Service):
-    """Saves every ``interval_secs`` (and once at start-up after an init).
+    """Saves at each tick of the cadence's timer (and once at start-up after an init).
+
+    The saver's :class:`._cadence.Cadence` says when: the interval between ticks (fixed,
+    or adaptive: read again once each timed save is committed, the next tick that long
+    after the last one, at once if that is past) and whether each tick and the start-up
+    save are due.
 
     Args:
         saver: the session's save coordinator.
-        interval_secs: seconds between timed saves; 0 for none. A callable is an
-            adaptive interval (:class:`._policies.OverheadBudget`), read again after each
-            tick: the next tick is that long after the last one (at once if that is past).
-        save_at_start: take a checkpoint right away (the state was initialised).
-        at_tick: asked at each tick whether to save (the save policy); always by default.
+        save_at_start: take a checkpoint right away (the cadence's ``"startup"``
+            moment, asked as the session starts).
     """
 
     name = "checkpoint"
     restart = SAVE_RETRY  # a failed timed save: the service restarts, the next tick retries
 
-    def __init__(
-        self,
-        saver: CheckpointSaver,
-        interval_secs: float | Callable[[], float],
-        *,
-        save_at_start: bool,
-        at_tick: Callable[[], bool] | None = None,
-    ) -> None:
+    def __init__(self, saver: CheckpointSaver, *, save_at_start: bool) -> None:
         self.saver = saver
-        self.interval_secs = interval_secs
+        self.cadence = saver.cadence
         self.save_at_start = save_at_start
-        self.at_tick = at_tick
 
     async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
         """Take the start-up checkpoint, then one per tick until cancelled."""
@@ -499,30 +429,31 @@ class CheckpointService(Service):
             self.save_at_start = False  # a restart of this service must not redo it
         task_status.started()
         ctx.set_service_state(self.name, "running")
-        interval = self.interval_secs
-        if callable(interval):
-            await self._adaptive_ticks(ctx, interval)
+        if self.cadence.adaptive:
+            await self._adaptive_ticks(ctx)
             return
-        if interval <= 0:
+        interval = self.cadence.interval_secs()
+        if math.isinf(interval):
             return
         first = ctx.clock.now() + interval
         async for _ in interval_ticks(ctx.clock, interval, first_at=first):
             await self._tick()
 
     async def _tick(self) -> None:
-        if self.at_tick is None or self.at_tick():
+        if self.cadence.due("tick"):
             await self.saver.save("timer")
 
-    async def _adaptive_ticks(self, ctx: ServiceContext, interval: Callable[[], float]) -> None:
-        secs = interval()
+    async def _adaptive_ticks(self, ctx: ServiceContext) -> None:
+        cadence = self.cadence
+        secs = cadence.interval_secs()
         next_at = ctx.clock.now() + secs
         while True:
             halfway = next_at - secs / 2
             if halfway > ctx.clock.now():  # the step rate from here on is the next save's baseline
                 await ctx.clock.sleep_until(halfway)
-                self.saver.sample_baseline()
+                cadence.sample_baseline()
             await ctx.clock.sleep_until(next_at)
             await self._tick()
             await self.saver.writer_free()  # this save's measured cost sets the next interval
-            secs = interval()
+            secs = cadence.interval_secs()
             next_at = max(next_at + secs, ctx.clock.now())
