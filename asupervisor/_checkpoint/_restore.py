@@ -33,9 +33,8 @@ from .._core._keras import KERAS_ATTR
 from .._exceptions import CheckpointError
 from .._logging import describe, get_logger
 from .._tf import tf
-from .snapshot import _snapshot
+from .snapshot import _graph
 from .snapshot._iterator_state import ITERATOR_ATTR, PIPELINE_ATTR
-from .snapshot._walk_cache import checkpoint_children
 from .store import _names, _state_file
 from .store._options import FastPath, resolve_store
 from .store.fast import _direct_restore
@@ -56,40 +55,6 @@ def _object_graph(reader: Any) -> Any:
     return graph
 
 
-def _matched_keys(checkpoint: Any, graph: Any) -> tuple[dict[int, str], set[int]]:
-    """``{id(live object): checkpoint key of its value}``, matched as TF's restore does,
-    and the ids of the live objects matched to a checkpoint object holding any value.
-
-    The checkpoint's object graph and the live one are walked together from the root,
-    child by child name. Keys are *not* compared as strings: a variable reachable by
-    several paths is keyed by whichever path was shortest when it was saved (a Keras
-    optimizer's variable list, built after start-up, makes the model's kernels' keys
-    ``optimizer/_trainable_variables/N``), so the live graph at start-up would name it
-    differently.
-    """
-    matched: dict[int, str] = {}
-    with_values: set[int] = set()
-    seen: set[tuple[int, int]] = set()
-    stack = [(0, checkpoint)]
-    while stack:
-        node_id, obj = stack.pop()
-        if (node_id, id(obj)) in seen:
-            continue
-        seen.add((node_id, id(obj)))
-        node = graph.nodes[node_id]
-        if node.attributes:
-            with_values.add(id(obj))
-        for attr in node.attributes:
-            if attr.name == "VARIABLE_VALUE":
-                matched[id(obj)] = attr.checkpoint_key
-        live = checkpoint_children(obj)
-        for ref in node.children:
-            child = live.get(ref.local_name)
-            if child is not None:
-                stack.append((ref.node_id, child))
-    return matched, with_values
-
-
 def _surely_matches(checkpoint: Any, matched: dict[int, str], with_values: set[int], shapes: Any, dtypes: Any) -> bool:
     """True if every object of the state with values has them in the checkpoint, each
     variable with its shape and dtype. Cheap: TF's walk of the object graph, no value read.
@@ -98,7 +63,7 @@ def _surely_matches(checkpoint: Any, matched: dict[int, str], with_values: set[i
     TF's own save would name them (a walk that reads every variable, ~10x the cost).
     """
     variable = tf().Variable
-    for obj in internals.graph_objects(checkpoint):
+    for obj in _graph.live_objects(checkpoint):
         if id(obj) not in with_values:
             if internals.holds_own_values(obj) is not False:  # None: not known, compare key by key
                 return False  # values of its own that the checkpoint lacks (or keeps elsewhere)
@@ -125,7 +90,7 @@ def check_matches(
     *,
     allow_missing: tuple[str, ...] = (),
     reader: Any = None,
-    graph: Any = None,
+    match: _graph.SavedGraphMatch | None = None,
     index: tuple[dict[str, list[int]], dict[str, Any]] | None = None,
 ) -> None:
     """Raise :class:`CheckpointError` if ``path`` holds another model than ``checkpoint``.
@@ -135,20 +100,22 @@ def check_matches(
     is named. Checkpoint values the state has no object for yet are allowed (objects
     created later, such as optimizer slots, are restored when they are created).
     ``reader``: the checkpoint's ``tf.train.load_checkpoint`` reader, if already open;
-    ``graph``: its object graph and ``index``: ``(shapes, dtypes)`` by key, if already
-    read (then no reader is opened).
+    ``match``: its object graph matched to the live one and ``index``: ``(shapes,
+    dtypes)`` by key, if already read (then no reader is opened).
     """
-    if index is not None and graph is not None:
+    if index is not None and match is not None:
         shapes, dtypes = index
     else:
         if reader is None:
             reader = tf().train.load_checkpoint(path)
         shapes = reader.get_variable_to_shape_map()
         dtypes = reader.get_variable_to_dtype_map()
-    matched, with_values = _matched_keys(checkpoint, graph if graph is not None else _object_graph(reader))
+    if match is None:
+        match = _graph.SavedGraphMatch(checkpoint, _object_graph(reader))
+    matched, with_values = match.keys()
     if _surely_matches(checkpoint, matched, with_values, shapes, dtypes):
         return
-    serialized, _ = _snapshot._serialized(checkpoint)
+    serialized, _ = _graph.serialized(checkpoint)
     missing, wrong = [], []
     for obj, tensor_dict in serialized.items():
         if obj is None:
@@ -277,10 +244,11 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True, fast: FastP
         if prefetch is not None:
             graph = prefetch.graph()
             if graph is not None:
+                match = _graph.SavedGraphMatch(checkpoint, graph)  # the one walk, for the check and the plan
                 if not checked:
-                    check_matches(checkpoint, path, allow_missing=allow_missing, graph=graph, index=prefetch.index())
+                    check_matches(checkpoint, path, allow_missing=allow_missing, match=match, index=prefetch.index())
                     checked = True
-                planned = _direct_restore.plan(checkpoint, graph, prefetch.entries)
+                planned = _direct_restore.plan(checkpoint, match, prefetch.entries)
                 if planned is not None:
                     _direct_restore.assign(planned, prefetch.finish())
                     log.debug("checkpoint.read", path=path, how="direct", values=len(planned))
@@ -321,7 +289,7 @@ def _forget_deferred(checkpoint: Any, path: str) -> None:
         return getattr(getattr(position, "checkpoint", None), "save_path_string", None) != path
 
     try:
-        objects = internals.graph_objects(checkpoint)
+        objects = _graph.live_objects(checkpoint)
     except Exception as exc:  # another TF: nothing more can be done here
         log.debug("checkpoint.deferred_not_cleared", path=path, error=describe(exc))
         return

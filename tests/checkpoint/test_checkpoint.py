@@ -15,6 +15,7 @@ from eventfiles import tick
 import asupervisor as asv
 from asupervisor._checkpoint import _write
 from asupervisor._checkpoint.policy._policies import keep_policy_for
+from asupervisor._checkpoint.snapshot import _graph
 from asupervisor._checkpoint.store import _commit, _names, _state_file, _writeback
 from asupervisor._checkpoint.store.fast import _bundle
 from asupervisor._core._abc import SessionAttribute
@@ -710,7 +711,6 @@ def test_model_check_reads_no_variable_unless_in_doubt(tmp_path: Path, monkeypat
     serialising walk, which reads every variable, is not run); a nested variable the
     checkpoint lacks is still refused by name before anything is restored."""
     from asupervisor._checkpoint import _manager, _restore
-    from asupervisor._checkpoint.snapshot import _snapshot
 
     state = {"layers": [make_state(), make_state()]}
     bump(state["layers"][1])()
@@ -720,13 +720,13 @@ def test_model_check_reads_no_variable_unless_in_doubt(tmp_path: Path, monkeypat
     assert snap is not None
     checkpointer.write(snap)
     walks: list[int] = []
-    real = _snapshot._serialized
+    real = _graph.serialized
 
     def counting(checkpoint: Any) -> Any:
         walks.append(1)
         return real(checkpoint)
 
-    monkeypatch.setattr(_snapshot, "_serialized", counting)
+    monkeypatch.setattr(_graph, "serialized", counting)
     assert _restore.restore_latest(tf.train.Checkpoint(layers=[make_state(), make_state()]), tmp_path)
     assert walks == []
     grown = [make_state(), {**make_state(), "new": tf.Variable(tf.ones([2]), name="new")}]
@@ -789,13 +789,13 @@ def test_snapshot_reads_what_tfs_own_walk_reads_and_is_copy_on_write() -> None:
     opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
     plain = tf.Variable([1.0, 2.0])
     ckpt = tf.train.Checkpoint(model=model, optimizer=opt, plain=plain)
-    serialized, _ = _snapshot._serialized(ckpt)
+    serialized, _ = _graph.serialized(ckpt)
     fast = [obj for obj in serialized if _walk_cache.plain_variable(obj) is not None]
     assert plain in fast and any(v is obj for v in model.variables for obj in fast)  # both kinds take the fast path
 
     snap = _snapshot.take_snapshot(ckpt, 1)
     expected = {}
-    for tensor_dict in _snapshot._serialized(ckpt)[0].values():
+    for tensor_dict in _graph.serialized(ckpt)[0].values():
         for key, value in tensor_dict.items():
             if key != "_CHECKPOINTABLE_OBJECT_GRAPH":
                 expected[key] = getattr(value, "tensor", value).numpy()  # TF's own closure
@@ -830,10 +830,9 @@ def test_every_snapshot_counts_one_save_as_tfs_own_save_does(where: str) -> None
 
 def _assert_holds_what_tf_saves(snap: Any, ckpt: Any) -> None:
     """``snap`` holds TF's own walk's keys, and each value TF's own closure reads now."""
-    from asupervisor._checkpoint.snapshot import _snapshot
 
     expected = {}
-    for tensor_dict in _snapshot._serialized(ckpt)[0].values():
+    for tensor_dict in _graph.serialized(ckpt)[0].values():
         for key, value in tensor_dict.items():
             if key != "_CHECKPOINTABLE_OBJECT_GRAPH":
                 expected[key] = np.asarray(getattr(value, "tensor", value).numpy())
@@ -844,9 +843,8 @@ def _assert_holds_what_tf_saves(snap: Any, ckpt: Any) -> None:
 
 
 def _tf_walk_keys(ckpt: Any) -> set[str]:
-    from asupervisor._checkpoint.snapshot import _snapshot
 
-    return {k for d in _snapshot._serialized(ckpt)[0].values() for k in d}
+    return {k for d in _graph.serialized(ckpt)[0].values() for k in d}
 
 
 def test_snapshots_reuse_the_walk_only_while_the_object_graph_is_unchanged(tmp_path: Path) -> None:

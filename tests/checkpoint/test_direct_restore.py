@@ -17,6 +17,7 @@ from checkpoint.test_bundle import flat, varied_state, zeros_like
 
 from asupervisor._checkpoint import _restore
 from asupervisor._checkpoint._manager import Checkpointer
+from asupervisor._checkpoint.snapshot._graph import SavedGraphMatch
 from asupervisor._checkpoint.store._options import FastPath
 from asupervisor._checkpoint.store.fast import _bundle, _direct_restore
 from asupervisor._exceptions import CheckpointError
@@ -210,7 +211,7 @@ def test_the_variables_adopt_the_arrays_read_without_a_copy(tmp_path: Path) -> N
     checkpoint = tf.train.Checkpoint(x=fresh)
     prefetch = _direct_restore.start(path)
     assert prefetch is not None
-    planned = _direct_restore.plan(checkpoint, prefetch.graph(), prefetch.entries)
+    planned = _direct_restore.plan(checkpoint, SavedGraphMatch(checkpoint, prefetch.graph()), prefetch.entries)
     assert planned is not None
     values = prefetch.finish()
     (array,) = [values[p.key] for p in planned if p.variable is fresh]
@@ -301,3 +302,38 @@ def test_a_read_error_names_the_file(tmp_path: Path) -> None:
         _restore.restore_path(tf.train.Checkpoint(x=fresh), path)
     assert caught.value.filename == str(data) and _restore._data_error(caught.value)
     assert fresh.numpy().tolist() == [0.0] * 64
+
+
+def test_a_restore_matches_the_object_graph_once_for_the_check_and_the_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model check and the direct read's plan share one walk of the saved object graph
+    with the live one (SavedGraphMatch); the save_counter TF's restore creates is added to
+    it, so the values are read directly. Two live objects for one saved object: no plan."""
+    from asupervisor._checkpoint.snapshot import _graph
+
+    state = {"a": tf.Variable(tf.fill([8], 2.0)), "b": [tf.Variable(3.0)]}
+    path = write(state, tmp_path, "asupervisor")
+    made: list[_graph.SavedGraphMatch] = []
+    real = _graph.SavedGraphMatch
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def __init__(self, checkpoint: Any, graph: Any) -> None:
+            made.append(self)
+            super().__init__(checkpoint, graph)
+
+    monkeypatch.setattr(_graph, "SavedGraphMatch", Counting)
+    fresh = tf.train.Checkpoint(a=tf.Variable(tf.zeros([8])), b=[tf.Variable(0.0)])
+    with capture_logs() as events:
+        _restore.restore_path(fresh, path)
+    assert reads(events) == ["direct"] and len(made) == 1
+    assert float(fresh.b[0]) == 3.0 and float(fresh.save_counter) == 1.0  # from the checkpoint
+    live = made[0].live_by_node()
+    assert live is not None and any(obj is fresh.save_counter for obj in live.values())
+
+    reader = tf.train.load_checkpoint(path)
+    shared = tf.train.Checkpoint(a=tf.Variable(tf.zeros([8])), b=[tf.Variable(0.0)])
+    other = real(shared, _restore._object_graph(reader))
+    other.pairs.append((other.pairs[1][0], tf.Variable(1.0)))  # a second live object for a node
+    assert other.live_by_node() is None
+    assert _direct_restore.plan(shared, other, {}) is None

@@ -1,6 +1,7 @@
 """A snapshot of a ``tf.train.Checkpoint``: taken on the step thread, at a step boundary.
 
-:func:`take_snapshot` walks the object graph (or reuses the last walk, :mod:`._walk_cache`)
+:func:`take_snapshot` walks the object graph (TF's serialising walk, :mod:`._graph`) or
+reuses the last walk (:mod:`._walk_cache`)
 and reads every value to save, consistent at that boundary, in one of two ways:
 
 * **Staged** (:class:`Staging`, the default once the native bundle writer is known to
@@ -33,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from ... import _tf_internals as internals
-from ..._exceptions import CheckpointError
 from ..._logging import get_logger
 from ..._tf import tf
 from ..store.fast._bundle import _PLAIN_DTYPES
 from ..store.fast._direct import aligned_empty
+from . import _graph
 from ._walk_cache import WalkCache, initialized, saved_variable
 
 __all__ = ["Snapshot", "Staged", "Staging", "take_snapshot"]
@@ -239,18 +240,6 @@ class _Stager:
             raise errors[0]
 
 
-def _serialized(checkpoint: Any) -> tuple[dict[Any, dict[str, Any]], Any]:
-    """TF's own walk of the object graph: ``{trackable: {key: value}}`` and the graph proto
-    (``None`` in the public fallback, :func:`..._tf_internals.gather_serialized_tensors`)."""
-    serialized, registered, proto = internals.gather_serialized_tensors(checkpoint)
-    if registered:
-        raise CheckpointError(
-            "the state holds objects with registered savers (e.g. DTensor), which "
-            "asupervisor cannot snapshot; save them with tf.train.Checkpoint directly"
-        )
-    return serialized, proto
-
-
 def _variable_reader() -> Callable[[Any], Any]:
     """``read(variable)``: its value as TF's checkpoint closure reads it, in fewer ops.
 
@@ -328,7 +317,7 @@ def take_snapshot(
         else:
             if stager is not None:
                 stager.reset()  # a stale walk may have read some variables already
-            serialized, _ = _serialized(checkpoint)
+            serialized, _ = _graph.serialized(checkpoint)
             if walks is not None:
                 walks.learn(checkpoint, serialized)
             keys, slices, tensors = _read_serialized(serialized, read)

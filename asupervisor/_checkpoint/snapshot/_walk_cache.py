@@ -49,6 +49,7 @@ from typing import Any
 from ... import _tf
 from ... import _tf_internals as internals
 from ..._logging import describe, get_logger
+from . import _graph
 
 __all__ = ["BATCH_MIN_VARIABLES", "WalkCache", "initialized", "plain_variable", "saved_variable"]
 
@@ -95,15 +96,6 @@ def plain_variable(obj: Any) -> Any:
     if internals.caching_device(obj) is not None:
         return None
     return obj
-
-
-def checkpoint_children(obj: Any) -> dict[str, Any]:
-    """``{local name: child}`` of a trackable as a checkpoint sees them (``{}`` for
-    anything else): what a restore walks to match the checkpoint's object graph."""
-    try:
-        return internals.trackable_children(obj)
-    except (AttributeError, TypeError):
-        return {}
 
 
 def initialized(variable: Any) -> bool:
@@ -163,16 +155,6 @@ def _owned_iterator(obj: Any) -> Any:
     owned = internals.owned_iterator_type()
     inner = getattr(obj, "obj", None)
     return inner if owned is not None and type(inner) is owned and internals.has_serialize(inner) else None
-
-
-def _traversal(checkpoint: Any) -> tuple[list[Any], list[tuple[str, ...]]] | None:
-    """TF's breadth-first traversal of the checkpoint: objects, and each one's path;
-    ``None`` without it (no walk cache, :mod:`..._tf_internals`)."""
-    found = internals.breadth_first_traversal_with_paths(checkpoint)
-    if found is None:
-        return None
-    objects, paths = found
-    return objects, [tuple(ref.name for ref in paths[obj]) for obj in objects]
 
 
 def _has_slots(obj: Any) -> bool:
@@ -247,7 +229,7 @@ class WalkCache:
         walk = self._walk
         if walk is None:
             return None
-        traversal = _traversal(checkpoint)
+        traversal = _graph.traversal(checkpoint)
         if traversal is None:
             return None
         objects, paths = traversal
@@ -358,7 +340,7 @@ class WalkCache:
                 owners.append(owner)
                 kinds.append(kind)
                 distributed.append(found)
-        traversal = _traversal(checkpoint) if graph is not None else None
+        traversal = _graph.traversal(checkpoint) if graph is not None else None
         if traversal is None:
             return
         objects, paths = traversal

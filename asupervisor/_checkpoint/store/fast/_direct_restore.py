@@ -5,8 +5,9 @@ its bundle reader (small buffered reads, a checksum, a copy) into new tensors th
 variables adopt. For the common checkpoint (every value a plain numeric variable that
 exists now, nothing deferred), this module does the same in fewer steps:
 
-1. :func:`plan`: walk the checkpoint's object graph and the live one together from the
-   root, child by child name, as TF's restore matches them. Only if every checkpoint
+1. :func:`plan`: the checkpoint's object graph and the live one, walked together from
+   the root, child by child name, as TF's restore matches them (the restore's one walk,
+   :class:`...snapshot._graph.SavedGraphMatch`, also used by its model check). Only if every checkpoint
    object holding values is matched to exactly one live, initialised plain
    ``ResourceVariable`` (or a Keras variable wrapping one) of the same shape and dtype,
    holding one value (``VARIABLE_VALUE``) of a plain numeric dtype in one piece, and
@@ -52,7 +53,8 @@ import numpy as np
 
 from .... import _tf_internals
 from ...._tf import tf
-from ...snapshot._walk_cache import checkpoint_children, initialized, plain_variable
+from ...snapshot._graph import SavedGraphMatch
+from ...snapshot._walk_cache import initialized, plain_variable
 from . import _bundle, _direct, _index
 
 __all__ = ["Planned", "Prefetch", "assign", "plan", "read_index", "start"]
@@ -74,11 +76,11 @@ class Planned:
     entry: Any
 
 
-def plan(checkpoint: Any, graph: Any, entries: dict[str, Any]) -> list[Planned] | None:
-    """Which variable of ``checkpoint``'s objects takes which of ``entries``, matched
-    through the checkpoint's object ``graph`` as TF's restore matches them; ``None`` if
-    TF's restore must do it (see the module docstring for when). Creates the
-    checkpoint's ``save_counter`` if it has none yet, as TF's restore does."""
+def plan(checkpoint: Any, match: SavedGraphMatch, entries: dict[str, Any]) -> list[Planned] | None:
+    """Which variable of ``checkpoint``'s objects takes which of ``entries``, as ``match``
+    (the checkpoint's object graph matched to the live one) pairs them; ``None`` if TF's
+    restore must do it (see the module docstring for when). Creates the checkpoint's
+    ``save_counter`` if it has none yet, as TF's restore does, and adds it to ``match``."""
     base = tf().train.Checkpoint
     if (
         not isinstance(checkpoint, base)
@@ -88,25 +90,15 @@ def plan(checkpoint: Any, graph: Any, entries: dict[str, Any]) -> list[Planned] 
         return None  # a subclass that restores its own way: it is asked to
     # as TF's restore does (after its read: the counter is then deferred)
     _tf_internals.maybe_create_save_counter(checkpoint)
-    live: dict[int, Any] = {}
-    stack = [(0, checkpoint)]
-    while stack:
-        node_id, obj = stack.pop()
-        known = live.get(node_id)
-        if known is not None:
-            if known is not obj:
-                return None  # two live objects for one checkpoint object
-            continue
-        live[node_id] = obj
+    match.add_root_child("save_counter")
+    graph = match.graph
+    live = match.live_by_node()
+    if live is None:
+        return None  # two live objects for one checkpoint object
+    for node_id in live:
         node = graph.nodes[node_id]
         if node.slot_variables or node.HasField("registered_saver"):
             return None
-        if node.children:
-            children = checkpoint_children(obj)
-            for ref in node.children:
-                child = children.get(ref.local_name)
-                if child is not None:
-                    stack.append((ref.node_id, child))
     planned: list[Planned] = []
     owners: set[int] = set()
     for node_id, node in enumerate(graph.nodes):
