@@ -35,11 +35,11 @@ from .._logging import describe, get_logger
 from .._tf import tf
 from .snapshot import _graph
 from .snapshot._iterator_state import ITERATOR_ATTR, PIPELINE_ATTR
-from .store import _names, _state_file
+from .store import _candidates, _names, _state_file
 from .store._options import FastPath, resolve_store
 from .store.fast import _direct_restore
 
-__all__ = ["RestoreOutcome", "candidates", "check_matches", "restore_latest", "restore_newest", "restore_path"]
+__all__ = ["RestoreOutcome", "check_matches", "restore_latest", "restore_newest", "restore_path"]
 
 log = get_logger(__name__)
 
@@ -360,50 +360,6 @@ class RestoreOutcome:
     state: _state_file.CheckpointState | None = None
 
 
-def _candidates(logdir: Path, basename: str | None) -> tuple[list[str], _state_file.CheckpointState | None, str | None]:
-    """Checkpoint prefixes (absolute) to try, newest first; the state read; its problem.
-
-    A readable state file naming an existing latest checkpoint is trusted: its
-    checkpoints come first, in its order. The complete checkpoints on disk
-    (``<basename>-<step>`` with its index and every data shard; with ``basename``
-    ``None`` only when the state file is damaged) follow as fallbacks. A damaged state
-    file (unreadable, naming nothing, or its latest gone), or a missing one while
-    checkpoints exist: every checkpoint, newest step first.
-    """
-    state, problem = _state_file.inspect_state(logdir)
-    names: list[str] = []
-    if state is not None:
-        names = [n for n in state.paths if n != state.latest] + ([state.latest] if state.latest is not None else [])
-        names.reverse()
-        if state.latest is None:
-            problem = "it names no checkpoint"
-        elif not os.path.exists(_absolute(logdir, state.latest) + ".index"):
-            problem = f"it names {state.latest}, whose files are gone"
-    on_disk = _names.scan_checkpoints(logdir, basename) if (basename is not None or problem is not None) else []
-    if state is None or problem is not None:
-        # unnamed and incomplete (an index alone, a shard missing): not a checkpoint of
-        # ours (with a sound state file, restore_newest checks only those it reaches)
-        on_disk = [n for n in on_disk if n in names or _names.missing_files(logdir / n) is None]
-    if state is None and problem is None and on_disk:
-        problem = "it is missing"
-    if problem is None:
-        ordered = names + [n for n in on_disk if n not in names]
-    else:
-        steps = {n: _names.step_of(Path(n).name) for n in {*names, *on_disk}}
-        stepped = sorted((n for n in steps if steps[n] is not None), key=lambda n: -(steps[n] or 0))
-        ordered = stepped + [n for n in names if steps[n] is None]
-    return [_absolute(logdir, n) for n in ordered], state, problem
-
-
-def _absolute(logdir: Path, name: str) -> str:
-    return name if os.path.isabs(name) else str(logdir / name)
-
-
-def candidates(logdir: Path, basename: str | None = None) -> list[str]:
-    """Checkpoint prefixes (absolute) a restore tries, newest first (see :func:`_candidates`)."""
-    return _candidates(logdir, basename)[0]
-
-
 def restore_latest(
     checkpoint: Any, logdir: Path, *, strict: bool = True, basename: str | None = None, fast: FastPath | None = None
 ) -> str | None:
@@ -430,7 +386,7 @@ def restore_newest(
     Only data errors (checksum, format, missing files) make a checkpoint count as
     corrupt; any other error (transient, permission, resources) propagates as itself.
     """
-    paths, state, problem = _candidates(logdir, basename)
+    paths, state, problem = _candidates.restore_candidates(logdir, basename)
     outcome = RestoreOutcome(state_problem=problem, state=state)
     if problem is not None:
         log.error(
@@ -440,7 +396,7 @@ def restore_newest(
             action="restoring the newest checkpoint on disk that loads",
         )
     failures: list[tuple[str, str]] = []
-    named = set() if state is None else {_absolute(logdir, n) for n in (*state.paths, state.latest) if n}
+    named = set() if state is None else {_candidates.absolute(logdir, n) for n in (*state.paths, state.latest) if n}
     for path in paths:
         reason = _names.missing_files(Path(path))
         if reason is not None and path not in named:

@@ -8,6 +8,7 @@ machinery is in :mod:`.fast`. What both share, split by guarantee: :mod:`._names
 the files are called, nothing written), :mod:`._state_file` (the ``checkpoint`` file,
 replaced atomically), :mod:`._writeback` (bytes and directories to disk),
 :mod:`._commit` (a checkpoint appears whole or not at all; removal; retention),
+:mod:`._candidates` (which checkpoints a restore tries, in order),
 :mod:`._owner` (one training per logdir). Nothing outside this package asks which store
 it runs on.
 """
