@@ -29,7 +29,7 @@ from .policy._policies import AnyKeepPolicy, KeepPolicy, LatestN, keep_policy_fo
 from .snapshot import _metrics, _snapshot
 from .snapshot._iterator_tracking import IteratorTracker
 from .snapshot._walk_cache import WalkCache
-from .store import _commit, _names, _state_file, _writeback
+from .store import _candidates, _commit, _names, _state_file, _writeback
 from .store._local import PlainStore, open_store
 from .store._options import FastPath, resolve_store
 from .store._owner import OwnerLock
@@ -187,26 +187,15 @@ class Checkpointer:
             state, problem = self.store.inspect_state()
             if outcome is not None and outcome.state_problem is not None:
                 problem = outcome.state_problem
-            restored_step = _names.step_of(Path(restored).name)
-            if problem is not None or state is None:
-                names = [
-                    n
-                    for n in reversed(self.store.complete_checkpoints(self.basename))
-                    if n not in bad and (restored_step is None or (_names.step_of(n) or 0) <= restored_step)
-                ]
-                if latest not in names:
-                    names.append(latest)
-                stamps = [self.store.committed_at(self.logdir / n) for n in names]
-                preserved = state.last_preserved if state is not None else 0.0
-                repaired = _state_file.CheckpointState(latest, names, stamps, preserved)
-            else:
-                kept = [(p, t) for p, t in zip(state.paths, state.timestamps) if p not in bad]
-                if latest not in [p for p, _ in kept]:
-                    kept.append((latest, self.store.committed_at(restored)))
-                    kept.sort(key=lambda pt: _names.step_of(Path(pt[0]).name) or -1)
-                repaired = _state_file.CheckpointState(
-                    latest, [p for p, _ in kept], [t for _, t in kept], state.last_preserved
-                )
+            on_disk = self.store.complete_checkpoints(self.basename) if problem is not None or state is None else []
+            repaired = _candidates.repaired_state(
+                state if problem is None else None,
+                latest,
+                bad=bad,
+                on_disk=on_disk,
+                committed_at=lambda name: self.store.committed_at(self.logdir / name),
+                last_preserved=state.last_preserved if state is not None else 0.0,
+            )
             self.store.write_state(repaired)
             if problem is not None or (outcome is not None and outcome.gone):
                 log.warning(

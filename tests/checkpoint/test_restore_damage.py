@@ -515,3 +515,31 @@ async def test_transient_error_in_a_recovery_restore_is_retried(tmp_path: Path) 
     assert flaky.restores == 2  # the failed one and the one that worked
     assert [e["attempt"] for e in logs if e["event"] == "session.recovering"] == [1, 2]
     assert not [e for e in logs if e["event"] in ("checkpoint.corrupt", "checkpoint.set_aside")]
+
+
+def test_the_repaired_state_drops_the_bad_and_names_the_restored_latest() -> None:
+    """A sound state file keeps its checkpoints but the bad ones, the restored one added in
+    step order; a damaged one is rebuilt from the complete checkpoints on disk up to the
+    restored step, oldest first, each stamped with its commit time."""
+    from asupervisor._checkpoint.store._candidates import repaired_state
+    from asupervisor._checkpoint.store._state_file import CheckpointState
+
+    def stamp(name: str) -> float:
+        return float(name.rsplit("-", 1)[1])
+
+    sound = CheckpointState("model.ckpt-30", ["model.ckpt-10", "model.ckpt-30"], [10.0, 30.0], 5.0)
+    kept = repaired_state(
+        sound, "model.ckpt-20", bad={"model.ckpt-30"}, on_disk=[], committed_at=stamp, last_preserved=5.0
+    )
+    assert (kept.latest, kept.paths, kept.timestamps) == (
+        "model.ckpt-20",
+        ["model.ckpt-10", "model.ckpt-20"],
+        [10.0, 20.0],
+    )
+    assert kept.last_preserved == 5.0
+    on_disk = ["model.ckpt-40", "model.ckpt-30", "model.ckpt-20", "model.ckpt-10"]  # newest first
+    rebuilt = repaired_state(
+        None, "model.ckpt-30", bad={"model.ckpt-20"}, on_disk=on_disk, committed_at=stamp, last_preserved=0.0
+    )
+    assert (rebuilt.latest, rebuilt.paths) == ("model.ckpt-30", ["model.ckpt-10", "model.ckpt-30"])
+    assert rebuilt.timestamps == [10.0, 30.0]

@@ -1,17 +1,23 @@
-"""Which checkpoints a restore tries, in order: the state file trusted when sound, the
-complete checkpoints on disk as fallbacks, every one newest step first when the state file
-is damaged. Names and files only: nothing is read but the state file and directory
-listings, nothing written (:mod:`.._restore` loads them; the writer repairs the file).
+"""Which checkpoints a restore tries, and the state file it leaves.
+
+:func:`restore_candidates`: the state file trusted when sound, the complete checkpoints
+on disk as fallbacks, every one newest step first when the state file is damaged.
+:func:`repaired_state`: after a restore that skipped damaged checkpoints (or found the
+state file damaged), what the state file must say. Names and files only: nothing is
+read but the state file and directory listings, nothing written (:mod:`.._restore`
+loads the checkpoints; the ``Checkpointer`` writes the repaired file and sets the
+damaged ones aside under the store's commit lock).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from . import _names, _state_file
 
-__all__ = ["absolute", "restore_candidates"]
+__all__ = ["absolute", "repaired_state", "restore_candidates"]
 
 
 def restore_candidates(
@@ -54,3 +60,42 @@ def restore_candidates(
 def absolute(logdir: Path, name: str) -> str:
     """``name`` (as the state file holds it) as a path: relative names are in ``logdir``."""
     return name if os.path.isabs(name) else str(logdir / name)
+
+
+def repaired_state(
+    state: _state_file.CheckpointState | None,
+    latest: str,
+    *,
+    bad: Collection[str],
+    on_disk: Sequence[str],
+    committed_at: Callable[[str], float],
+    last_preserved: float,
+) -> _state_file.CheckpointState:
+    """The state file after restoring ``latest`` (its name in the state file).
+
+    Args:
+        state: the state file, when sound: its checkpoints are kept, but for ``bad``
+            (damaged or gone), with ``latest`` added in step order if it was not named.
+            ``None`` (damaged or missing): it is rebuilt from ``on_disk``.
+        latest: the checkpoint restored: the latest from now on.
+        bad: names to drop.
+        on_disk: the complete checkpoints on disk, newest step first (used when
+            ``state`` is ``None``): those up to ``latest``'s step, oldest first.
+        committed_at: when the checkpoint of a name was committed (its index's time).
+        last_preserved: the state file's ``last_preserved`` to keep.
+    """
+    if state is None:
+        latest_step = _names.step_of(Path(latest).name)
+        names = [
+            n
+            for n in reversed(on_disk)
+            if n not in bad and (latest_step is None or (_names.step_of(n) or 0) <= latest_step)
+        ]
+        if latest not in names:
+            names.append(latest)
+        return _state_file.CheckpointState(latest, names, [committed_at(n) for n in names], last_preserved)
+    kept = [(p, t) for p, t in zip(state.paths, state.timestamps) if p not in bad]
+    if latest not in [p for p, _ in kept]:
+        kept.append((latest, committed_at(latest)))
+        kept.sort(key=lambda pt: _names.step_of(Path(pt[0]).name) or -1)
+    return _state_file.CheckpointState(latest, [p for p, _ in kept], [t for _, t in kept], last_preserved)
