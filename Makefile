@@ -10,10 +10,19 @@ STAMP := $(VENV)/.installed-stamp
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Azurite, the Azure Blob emulator that tests/remote/test_azure.py starts, is an npm
+# package: installed with the machine's npm into .venv/azurite (without npm those tests
+# are skipped, naming why).
+AZURITE := azurite@3.37.0
+
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	if command -v npm >/dev/null 2>&1; then \
+	  npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite $(AZURITE) \
+	    || echo "npm could not install $(AZURITE): the az:// tests will be skipped"; \
+	else echo "no npm on this machine: the az:// tests will be skipped"; fi
 	touch $(STAMP)
 
 demo: venv

@@ -1,13 +1,15 @@
 """Real object-storage servers on 127.0.0.1 for the remote-tier tests, started by the
-tests themselves: ``moto``'s S3 server and ``gcp-storage-emulator``, each in a child
-process; and :class:`FaultProxy`, a TCP proxy in front of one that can be cut (every
-connection refused and dropped) or throttled (a slow network), then healed.
+tests themselves: ``moto``'s S3 server, ``gcp-storage-emulator`` and Azurite (Azure
+Blob), each in a child process; and :class:`FaultProxy`, a TCP proxy in front of one
+that can be cut (every connection refused and dropped) or throttled (a slow network),
+then healed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -107,6 +110,37 @@ def gcs_emulator() -> Server:
         ],
         port,
         "the GCS emulator",
+    )
+
+
+#: where ``make venv`` installs Azurite (the Azure Storage emulator, an npm package)
+AZURITE_BLOB = Path(__file__).resolve().parents[2] / ".venv" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+#: Azurite's well-known development account (the emulator's documented key, not a secret)
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def azurite_missing() -> str | None:
+    """Why Azurite cannot run on this machine (``None``: it can)."""
+    if shutil.which("node") is None:
+        return "needs Node.js for Azurite, the Azure Blob emulator (no node on this machine's PATH)"
+    if not AZURITE_BLOB.exists():
+        return f"needs Azurite, which make venv installs with npm when the machine has it ({AZURITE_BLOB} missing)"
+    return None
+
+
+def azurite() -> Server:
+    """Azurite's Blob service (in memory), the Azure Storage emulator."""
+    port = free_port()
+    argv = [str(AZURITE_BLOB), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence"]
+    return Server([*argv, "--silent", "--skipApiVersionCheck", "--loose"], port, "Azurite")
+
+
+def azurite_connection_string(server: Server) -> str:
+    """The connection string of Azurite's development account on ``server``."""
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+        f"BlobEndpoint={server.endpoint}/{AZURITE_ACCOUNT};"
     )
 
 

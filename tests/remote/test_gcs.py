@@ -17,10 +17,6 @@ import pytest
 import training
 from servers import Server, gcs_emulator, running
 
-import asupervisor as asv
-from asupervisor._checkpoint.store.remote._io import RemoteFS
-from asupervisor._checkpoint.store.remote._lease import LEASE_PREFIX, RemoteLease
-
 pytestmark = pytest.mark.usefixtures("no_new_threads")
 
 
@@ -87,12 +83,6 @@ def _get(endpoint: str, url: str, name: str) -> bytes:
     return _api(endpoint, f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(f'{prefix}/{name}', safe='')}?alt=media")
 
 
-# -- training ------------------------------------------------------------------------------
-
-
-_model, _step, _train = training.model, training.step, training.train
-
-
 # -- the tests -----------------------------------------------------------------------------
 
 
@@ -113,37 +103,7 @@ async def test_a_second_training_is_refused_naming_the_owner(gcs_url: str, gcs_e
     """While a training owns the gs:// logdir (its lease object, created create-only), a
     second one (another machine: another local directory) fails at start naming the
     owner; after the first ends, it starts."""
-    state = _model()
-    sv = asv.Supervisor(gcs_url, local_dir=tmp_path / "a", state=state, save_model_secs=0, handle_signals=False)
-    async with sv.managed_session() as sess:
-        await sess.run_loop(lambda: _step(state), max_steps=3)
-        assert f"{LEASE_PREFIX}00000001" in _keys(gcs_env.endpoint, gcs_url)
-        second = asv.Supervisor(gcs_url, local_dir=tmp_path / "b", state=_model(), handle_signals=False)
-        with pytest.raises(asv.CheckpointError, match=r"in use by another training \(host .* pid \d+"):
-            async with second.managed_session():
-                pytest.fail("two owners")
-    assert not list((tmp_path / "b").glob("model.ckpt-*"))
-    sv3, _ = await _train(gcs_url, tmp_path / "b", 5)
-    assert sv3.status().global_step == 5
-
-
-class _ListingOnceStale:
-    """An fsspec file system whose first listing is taken just before another contender
-    created its lease: it lacks the lease objects; every later call is the real one."""
-
-    def __init__(self, fs: Any) -> None:
-        self._fs = fs
-        self._stale = True
-
-    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
-        names = self._fs.ls(path, detail=detail, **kwargs)
-        if self._stale:
-            self._stale = False
-            return [n for n in names if LEASE_PREFIX not in str(n if not detail else n["name"])]
-        return names
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fs, name)
+    await training.second_training_refused(gcs_url, tmp_path, lambda: _keys(gcs_env.endpoint, gcs_url))
 
 
 @pytest.mark.xfail(
@@ -159,28 +119,11 @@ def test_a_contender_that_lost_the_race_for_the_lease_is_refused(gcs_url: str, g
     """Two trainings start at once: one creates lease 1 after the other listed none. The
     other's create-only write of lease 1 (gcsfs: ``ifGenerationMatch=0``) is refused, it
     looks again and is refused naming the owner; the owner's lease stays its own."""
-    io = RemoteFS(gcs_url)
-    try:
-        first = RemoteLease(io.fs, io.root, gcs_url)
-        first.acquire()
-        owner_body = _get(gcs_env.endpoint, gcs_url, f"{LEASE_PREFIX}00000001")
-        second = RemoteLease(_ListingOnceStale(io.fs), io.root, gcs_url)
-        # the emulator's bug: "DID NOT RAISE" (the second overwrote lease 1 and owns it too)
-        with pytest.raises(asv.CheckpointError, match=r"in use by another training \(host .* pid \d+"):
-            second.acquire()
-        assert _get(gcs_env.endpoint, gcs_url, f"{LEASE_PREFIX}00000001") == owner_body
-        first.release()
-    finally:
-        io.close()
+    training.lost_race_refused(gcs_url, lambda name: _get(gcs_env.endpoint, gcs_url, name))
 
 
 @pytest.mark.anyio
 async def test_a_missing_bucket_fails_the_start(gcs_env: Server, tmp_path: Path) -> None:
     """A bucket that does not exist: a CheckpointError naming the URL before the first step."""
     url = f"gs://no-such-bucket-{uuid.uuid4().hex[:8]}/run"
-    local = tmp_path / "l"
-    sv = asv.Supervisor(url, local_dir=local, state=_model(), handle_signals=False)
-    with pytest.raises(asv.CheckpointError, match=rf"{url} cannot be written"):
-        async with sv.managed_session():
-            pytest.fail("the session started")
-    assert not list(local.glob("model.ckpt-*"))
+    await training.missing_bucket_fails_the_start(url, tmp_path)

@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import asupervisor as asv
+from asupervisor._checkpoint.store.remote._io import RemoteFS
+from asupervisor._checkpoint.store.remote._lease import LEASE_PREFIX, RemoteLease
 
 
 def model() -> dict[str, Any]:
@@ -65,3 +68,69 @@ async def fresh_machine_resumes_bitwise(
         "model.ckpt-12.data-00000-of-00001",
         "model.ckpt-12.index",
     ]
+
+
+async def second_training_refused(url: str, tmp_path: Path, keys: Callable[[], list[str]]) -> None:
+    """While a training owns ``url`` (its lease object, created create-only), a second one
+    (another machine: another local directory) fails at start naming the owner; after the
+    first ends, it starts."""
+    state = model()
+    sv = asv.Supervisor(url, local_dir=tmp_path / "a", state=state, save_model_secs=0, handle_signals=False)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: step(state), max_steps=3)
+        assert f"{LEASE_PREFIX}00000001" in keys()
+        second = asv.Supervisor(url, local_dir=tmp_path / "b", state=model(), handle_signals=False)
+        with pytest.raises(asv.CheckpointError, match=r"in use by another training \(host .* pid \d+"):
+            async with second.managed_session():
+                pytest.fail("two owners")
+    assert not list((tmp_path / "b").glob("model.ckpt-*"))
+    sv3, _ = await train(url, tmp_path / "b", 5)
+    assert sv3.status().global_step == 5
+
+
+class ListingOnceStale:
+    """An fsspec file system whose first listing is taken just before another contender
+    created its lease: it lacks the lease objects; every later call is the real one."""
+
+    def __init__(self, fs: Any) -> None:
+        self._fs = fs
+        self._stale = True
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        names = self._fs.ls(path, detail=detail, **kwargs)
+        if self._stale:
+            self._stale = False
+            return [n for n in names if LEASE_PREFIX not in str(n if not detail else n["name"])]
+        return names
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+
+def lost_race_refused(url: str, read: Callable[[str], bytes]) -> None:
+    """Two trainings start at once: one creates lease 1 after the other listed none. The
+    other's create-only write of lease 1 is refused, it looks again and is refused naming
+    the owner; the owner's lease (``read(name)``) stays its own."""
+    io = RemoteFS(url)
+    try:
+        first = RemoteLease(io.fs, io.root, url)
+        first.acquire()
+        owner_body = read(f"{LEASE_PREFIX}00000001")
+        second = RemoteLease(ListingOnceStale(io.fs), io.root, url)
+        with pytest.raises(asv.CheckpointError, match=r"in use by another training \(host .* pid \d+"):
+            second.acquire()
+        assert read(f"{LEASE_PREFIX}00000001") == owner_body
+        first.release()
+    finally:
+        io.close()
+
+
+async def missing_bucket_fails_the_start(url: str, tmp_path: Path) -> None:
+    """``url`` names a bucket (container) that does not exist: a CheckpointError naming the
+    URL before the first step, and nothing saved locally."""
+    local = tmp_path / "l"
+    sv = asv.Supervisor(url, local_dir=local, state=model(), handle_signals=False)
+    with pytest.raises(asv.CheckpointError, match=rf"{url} cannot be written"):
+        async with sv.managed_session():
+            pytest.fail("the session started")
+    assert not list(local.glob("model.ckpt-*"))

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -147,7 +149,36 @@ def _session_closers(fs: Any) -> list[tuple[str, Callable[[], Any]]]:
     session = getattr(fs, "_session", None)  # gcsfs: an aiohttp session
     if session is not None and hasattr(session, "close") and not getattr(session, "closed", True):
         closers.append(("session", session.close))
+    for name, run in _loop_finalizers(fs):  # adlfs: its service client and credential
+        closers.append((name, run))
     return closers
+
+
+def _loop_finalizers(fs: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """The closers an implementation registered as ``weakref.finalize(fs, fsspec.asyn.sync,
+    loop, close, ...)`` (adlfs: its Azure service client and credential), detached and
+    returned as coroutine functions to await on the loop now.
+
+    Such a finalizer holds ``fs`` itself, so it runs only at interpreter exit, on a loop
+    that :meth:`RemoteFS.close` has stopped by then ("Loop is not running", the clients'
+    connections left unclosed). ``weakref.finalize`` lists its finalizers only in a
+    private registry; without it nothing is detached (the exit-time noise stays).
+    """
+    from fsspec.asyn import sync
+
+    registry = getattr(weakref.finalize, "_registry", None)
+    if fs is None or not isinstance(registry, dict):
+        return []
+    found: list[tuple[str, Callable[[], Any]]] = []
+    for finalizer in list(registry):
+        info = finalizer.peek()
+        if info is None or info[0] is not fs or info[1] is not sync or len(info[2]) < 2:
+            continue
+        detached = finalizer.detach()
+        if detached is not None:
+            _, _, (_, close, *args), kwargs = detached
+            found.append((getattr(close, "__name__", "finalizer"), functools.partial(close, *args, **kwargs)))
+    return found
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
