@@ -87,6 +87,22 @@ def _reference(mb: float, steps: int) -> str:
 
 
 @pytest.mark.timeout(180)
+def test_a_file_system_option_comes_from_fsspec_config(
+    s3_env: Server, s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: list[Child]
+) -> None:
+    """An option the library's own environment does not give (here the S3 endpoint, as
+    for MinIO or R2) reaches every file system the training opens through fsspec's
+    configuration: ``FSSPEC_S3_ENDPOINT_URL`` in the training process's environment."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", s3_env.endpoint)
+    child = Child(s3_url, tmp_path / "local", 6, 3, 0.1)
+    children.append(child)
+    code, out, err = child.finish()
+    assert code == 0, err[-3000:]
+    assert out.splitlines()[-1].startswith("done 6 ")
+    assert _markers(s3_env.endpoint, s3_url)[-1] == 6  # uploaded: the endpoint came from the config
+
+
 def test_sigkill_during_an_upload_then_a_fresh_machine_resumes_exactly(
     s3_url: str, s3_env: Server, proxy: FaultProxy, tmp_path: Path, children: list[Child]
 ) -> None:

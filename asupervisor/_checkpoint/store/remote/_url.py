@@ -8,9 +8,8 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Any
 
-__all__ = ["EXTRAS", "check_url", "default_local_dir", "is_url", "open_filesystem"]
+__all__ = ["EXTRAS", "check_url", "default_local_dir", "is_url"]
 
 #: the extra that installs each protocol's implementation
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure"}
@@ -65,19 +64,6 @@ def check_url(url: str) -> str:
             f"logdir {url!r} needs the {scheme}:// implementation ({exc}): {_install_hint(scheme)}"
         ) from None
     return f"{scheme}://{rest}"
-
-
-def open_filesystem(url: str) -> tuple[Any, str]:
-    """The fsspec file system of ``url`` (a new instance: no cached listings shared with
-    other code) and ``url``'s path on it. Credentials and endpoints come from each
-    library's usual environment (``AWS_*``, ``GOOGLE_APPLICATION_CREDENTIALS``,
-    ``STORAGE_EMULATOR_HOST``, ...)."""
-    import fsspec
-
-    scheme = url.split("://", 1)[0]
-    cls = fsspec.get_filesystem_class(scheme)
-    fs = cls(skip_instance_cache=True)
-    return fs, str(cls._strip_protocol(url)).rstrip("/")
 
 
 def default_local_dir(url: str, task: str | None = None) -> Path:
