@@ -122,17 +122,30 @@ class SavedGraphMatch:
 
     def keys(self) -> tuple[dict[int, str], set[int]]:
         """``{id(live object): checkpoint key of its value}``, and the ids of the live
-        objects matched to a saved object holding any value."""
+        objects matched to a saved object holding any value. A TF1 optimizer's slot
+        variables (the saved graph's ``slot_variables``, not children) are matched as TF's
+        restore matches them: ``optimizer.get_slot(variable, slot name)``."""
         matched: dict[int, str] = {}
         with_values: set[int] = set()
         nodes = self.graph.nodes
+        first: dict[int, Any] = {}
         for node_id, obj in self.pairs:
+            first.setdefault(node_id, obj)
+
+        def match(node_id: int, obj: Any) -> None:
             attributes = nodes[node_id].attributes
             if attributes:
                 with_values.add(id(obj))
             for attr in attributes:
                 if attr.name == "VARIABLE_VALUE":
                     matched[id(obj)] = attr.checkpoint_key
+
+        for node_id, obj in self.pairs:
+            match(node_id, obj)
+            for slot in nodes[node_id].slot_variables:
+                live_slot = _slot_of(obj, first.get(slot.original_variable_node_id), slot.slot_name)
+                if live_slot is not None:
+                    match(slot.slot_variable_node_id, live_slot)
         return matched, with_values
 
     def live_by_node(self) -> dict[int, Any] | None:
@@ -143,3 +156,14 @@ class SavedGraphMatch:
             if known is not obj:
                 return None
         return live
+
+
+def _slot_of(optimizer: Any, variable: Any, name: str) -> Any:
+    """``optimizer``'s slot ``name`` of ``variable`` (a TF1 optimizer's ``get_slot``), or ``None``."""
+    get_slot = getattr(optimizer, "get_slot", None)
+    if variable is None or not callable(get_slot):
+        return None
+    try:
+        return get_slot(variable, name)
+    except Exception:  # not a TF1 optimizer's get_slot: no slot matched (the check compares by key)
+        return None
