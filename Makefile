@@ -17,12 +17,14 @@ AZURITE := azurite@3.37.0
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	# npm beside pip (each mostly waits on downloads)
 	if command -v npm >/dev/null 2>&1; then \
-	  npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite $(AZURITE) \
-	    || echo "npm could not install $(AZURITE): the az:// tests will be skipped"; \
-	else echo "no npm on this machine: the az:// tests will be skipped"; fi
+	  npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite $(AZURITE) & npm_pid=$$!; \
+	else echo "no npm on this machine: the az:// tests will be skipped"; npm_pid=; fi; \
+	$(PY) -m pip install --quiet --upgrade pip && $(PY) -m pip install --quiet -e '.[dev]'; pip_status=$$?; \
+	if [ -n "$$npm_pid" ] && ! wait $$npm_pid; then \
+	  echo "npm could not install $(AZURITE): the az:// tests will be skipped"; fi; \
+	exit $$pip_status
 	touch $(STAMP)
 
 demo: venv
