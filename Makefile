@@ -12,12 +12,11 @@ venv: $(STAMP)
 
 # Azurite, the Azure Blob emulator that tests/remote/test_azure.py starts, is an npm
 # package: installed with the machine's npm into .venv/azurite (without npm those tests
-# are skipped, naming why).
+# are skipped, naming why), beside pip's install: each mostly waits on downloads.
 AZURITE := azurite@3.37.0
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# npm beside pip (each mostly waits on downloads)
 	if command -v npm >/dev/null 2>&1; then \
 	  npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite $(AZURITE) & npm_pid=$$!; \
 	else echo "no npm on this machine: the az:// tests will be skipped"; npm_pid=; fi; \

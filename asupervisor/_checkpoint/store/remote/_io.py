@@ -149,8 +149,7 @@ def _session_closers(fs: Any) -> list[tuple[str, Callable[[], Any]]]:
     session = getattr(fs, "_session", None)  # gcsfs: an aiohttp session
     if session is not None and hasattr(session, "close") and not getattr(session, "closed", True):
         closers.append(("session", session.close))
-    for name, run in _loop_finalizers(fs):  # adlfs: its service client and credential
-        closers.append((name, run))
+    closers.extend(_loop_finalizers(fs))  # adlfs: its service client and credential
     return closers
 
 
