@@ -65,6 +65,8 @@ from ._core._services import ServiceContext as ServiceContext
 from ._core._services import WorkerThread as WorkerThread
 from ._core._session import Session as Session
 from ._core._session import StepContext as StepContext
+from ._core._status import EXIT_LEASE_LOST as EXIT_LEASE_LOST
+from ._core._status import EXIT_STORAGE_UNREACHABLE as EXIT_STORAGE_UNREACHABLE
 from ._core._status import CheckpointInfo as CheckpointInfo
 from ._core._status import Histogram as Histogram
 from ._core._status import QueueStatistics as QueueStatistics
@@ -73,8 +75,10 @@ from ._core._status import Status as Status
 from ._core._status import exit_code as exit_code
 from ._exceptions import CheckpointError as CheckpointError
 from ._exceptions import DeadlineExceededError as DeadlineExceededError
+from ._exceptions import LeaseLostError as LeaseLostError
 from ._exceptions import NanLossDuringTrainingError as NanLossDuringTrainingError
 from ._exceptions import ServiceError as ServiceError
+from ._exceptions import StorageUnreachableError as StorageUnreachableError
 from ._exceptions import SupervisorError as SupervisorError
 from ._gce import GcePreemptionNotice as GcePreemptionNotice
 from ._input._queue_runner import QueueRunner as QueueRunner
@@ -89,6 +93,8 @@ from ._supervisor import Supervisor as Supervisor
 __version__ = "0.1.0"
 
 __all__ = [
+    "EXIT_LEASE_LOST",
+    "EXIT_STORAGE_UNREACHABLE",
     "AnyKeepPolicy",
     "AnySavePolicy",
     "CheckpointError",
@@ -113,6 +119,7 @@ __all__ = [
     "KeepBest",
     "KeepPolicy",
     "LatestN",
+    "LeaseLostError",
     "LoggingTensorHook",
     "LoopedService",
     "MonitoredTrainingSession",
@@ -143,6 +150,7 @@ __all__ = [
     "StepCounterHook",
     "StopAtStepHook",
     "StopOptions",
+    "StorageUnreachableError",
     "SummaryOptions",
     "SummarySaverHook",
     "Supervisor",

@@ -5,6 +5,8 @@ Class tree::
     Exception
     └── SupervisorError                 base of everything asupervisor raises itself
         ├── CheckpointError             a checkpoint cannot be written, read or matched
+        │   ├── LeaseLostError          another training took a URL logdir over (exit 77)
+        │   └── StorageUnreachableError object storage did not answer in time (exit 69)
         ├── NanLossDuringTrainingError  NanTensorHook saw a NaN loss
         ├── ServiceError                a service failed more often than its policy allows
         └── DeadlineExceededError       (also a TimeoutError) waited too long
@@ -18,8 +20,10 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "DeadlineExceededError",
+    "LeaseLostError",
     "NanLossDuringTrainingError",
     "ServiceError",
+    "StorageUnreachableError",
     "SupervisorError",
 ]
 
@@ -27,9 +31,28 @@ __all__ = [
 class SupervisorError(Exception):
     """Base class of the errors asupervisor raises on its own behalf."""
 
+    #: the session's ``stop_reason`` when this error stops it (``None``: ``error:<Type>``)
+    stop_reason: str | None = None
+
 
 class CheckpointError(SupervisorError):
     """A checkpoint could not be written, read, or does not match the model's state."""
+
+
+class LeaseLostError(CheckpointError):
+    """Another training holds the lease of this URL logdir (this one was cut off longer
+    than the lease lasts and was presumed dead): this training writes nothing more to
+    the remote, keeps its local checkpoints and stops (stop reason ``lease_lost``,
+    ``exit_code`` 77)."""
+
+    stop_reason = "lease_lost"
+
+
+class StorageUnreachableError(CheckpointError):
+    """Object storage did not answer within its deadline (stop reason
+    ``storage_unreachable``, ``exit_code`` 69)."""
+
+    stop_reason = "storage_unreachable"
 
 
 class NanLossDuringTrainingError(SupervisorError):

@@ -143,11 +143,24 @@ def render(status: Status) -> str:
             "remote_uploaded_step", "gauge", "The newest step committed on the remote.", [(url, remote.uploaded_step)]
         )
         w.metric("remote_lag_steps", "gauge", "Steps the remote is behind the local tier.", [(url, remote.lag_steps)])
+        w.metric("remote_lag_seconds", "gauge", "Seconds of training the remote lacks.", [(url, remote.lag_secs)])
         w.metric(
-            "remote_lag_seconds", "gauge", "How long the newest local checkpoint has waited.", [(url, remote.lag_secs)]
+            "remote_error",
+            "gauge",
+            "1 while something is wrong with the remote.",
+            [(url, float(remote.error is not None))],
         )
         w.metric(
-            "remote_error", "gauge", "1 while the last upload failed.", [(url, 0.0 if remote.error is None else 1.0)]
+            "remote_last_commit_age_seconds",
+            "gauge",
+            "Seconds since the newest commit on the remote.",
+            [(url, remote.last_commit_age_secs)],
+        )
+        w.metric(
+            "remote_stalled", "gauge", "1 while the upload in flight makes no progress.", [(url, float(remote.stalled))]
+        )
+        w.metric(
+            "remote_fenced", "gauge", "1 once another training took the logdir over.", [(url, float(remote.fenced))]
         )
     return "\n".join(w.lines) + "\n"
 

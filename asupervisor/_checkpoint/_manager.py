@@ -13,11 +13,12 @@ loop thread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,7 @@ class Checkpointer:
         #: name → the metrics recorded in that checkpoint (writer thread, under the commit
         #: lock): filled at each commit, and when first asked for one of an earlier run
         self._recorded: dict[str, Mapping[str, float]] = {}
+        self._pinned: dict[str, int] = {}  # checkpoints retention must leave (an upload reads them)
 
     # -- step thread ---------------------------------------------------------------
 
@@ -374,7 +376,9 @@ class Checkpointer:
         def managed(path: str, stamp: float) -> bool:
             # ours (not plain tf.train.Checkpoint.save's, nor another basename's), and not
             # stamped in the future (a clock reset): as tf.train.CheckpointManager
-            return path.startswith(prefix) and path[len(prefix) :].isdigit() and stamp <= now
+            return (
+                path.startswith(prefix) and path[len(prefix) :].isdigit() and stamp <= now and path not in self._pinned
+            )
 
         policy = self.keep_policy
         if min_keep > 1:  # another save is in flight: never fewer than min_keep
@@ -384,6 +388,21 @@ class Checkpointer:
         named = set(state.paths)
         self._recorded = {n: m for n, m in self._recorded.items() if n in named}
         return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), state, delete
+
+    @contextlib.contextmanager
+    def pinned(self, path: str) -> Iterator[bool]:
+        """Keep the committed checkpoint ``path`` from retention while the block runs (its
+        upload reads it); yields whether it is still there to be read. Any thread."""
+        name = Path(path).name
+        with self.store.commit_lock:  # no retention decision is half made meanwhile
+            self._pinned[name] = self._pinned.get(name, 0) + 1
+        try:
+            yield _names.missing_files(self.logdir / name) is None
+        finally:
+            with self.store.commit_lock:
+                left = self._pinned.pop(name) - 1
+                if left:
+                    self._pinned[name] = left
 
     def _metrics_of(self, name: str) -> Mapping[str, float]:
         """The metrics recorded in checkpoint ``name``: those of its snapshot, or (one of

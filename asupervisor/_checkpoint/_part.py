@@ -14,6 +14,7 @@ snapshots, writes and restores in :mod:`._manager`. Never imports another featur
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
@@ -135,6 +136,16 @@ class CheckpointPart(SessionPart):
         """How many checkpoints this session committed into its logdir so far."""
         return 0 if self.checkpointer is None else self.checkpointer.commits
 
+    @contextlib.contextmanager
+    def pinned(self, path: str) -> Iterator[bool]:
+        """Keep the committed checkpoint ``path`` from retention while the block runs (an
+        upload reads it); yields whether it is still there. Any thread."""
+        if self.checkpointer is None:
+            yield False
+            return
+        with self.checkpointer.pinned(path) as there:
+            yield there
+
     def extra_attributes(self, ctx: SessionContext) -> Mapping[Any, Callable[[], Any]]:
         """``SessionAttribute.checkpoints``: this part."""
         return {SessionAttribute.checkpoints: lambda: self}
@@ -235,6 +246,8 @@ class CheckpointPart(SessionPart):
             checkpointer.prepare(self._owner)
         if self.remote is not None:  # both tiers' newest checkpoint becomes the local latest
             self.logdir.mkdir(parents=True, exist_ok=True)
+            if self._owner is not None and self._owner.held:
+                self.remote.own_lock = self._owner.path
             self.remote.open()
             self.remote.pull(checkpointer.store, agree=self.multi_worker)
         if not self.is_chief and self.multi_worker:

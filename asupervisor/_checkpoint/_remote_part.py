@@ -7,13 +7,19 @@ the same :class:`.store.remote._tier.RemoteTier`. Here: the upload service watch
 local tier's newest committed checkpoint and copies it up on its own thread
 (``asv-upload``) as the cadence says (every ``upload_every``-th, or once
 ``upload_every_secs`` passed), retrying with backoff after an error while training goes
-on; the lease service renews the lease (``asv-lease``); at the stop, after the final
-checkpoint, the newest local checkpoint is uploaded within what is left of
-``stop_grace_secs``, else the log says what was left where. Never imports another feature.
+on. The checkpoint being uploaded is pinned against local retention until the upload
+ends; when uploads fall behind, the newest local checkpoint goes up next (the ones in
+between are skipped, ``remote.behind``). The lease service renews the lease
+(``asv-lease``); a lost lease (:class:`LeaseLostError`, from either service) stops the
+session with ``lease_lost`` and nothing more is written to the remote. At the stop, after
+the final checkpoint, the newest local checkpoint is uploaded within what is left of
+``stop_grace_secs``, else the log says what was left where; then what cut uploads left is
+removed. Never imports another feature.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -24,7 +30,7 @@ import anyio
 from .._core._abc import SessionAttribute, SessionPart
 from .._core._services import Service, engine_context
 from .._core._status import RemoteStatus
-from .._exceptions import CheckpointError
+from .._exceptions import LeaseLostError
 from .._logging import describe, get_logger
 from .store.remote._tier import Abandoned, RemoteTier, Uploaded
 
@@ -66,7 +72,9 @@ class RemotePart(SessionPart):
         self._last_upload_at: float | None = None  # session clock
         self._uploading = False
         self._error: str | None = None
+        self._lease_error: str | None = None
         self._ctx: SessionContext | None = None
+        self._started_wall = time.time()
 
     # -- status ------------------------------------------------------------------------
 
@@ -76,22 +84,34 @@ class RemotePart(SessionPart):
 
     def status(self) -> RemoteStatus:
         """The remote tier's lag and errors, now (any thread)."""
-        uploaded = self.tier.uploaded
+        tier = self.tier
+        uploaded = tier.uploaded
         local = self._local()
+        now = time.time()
         lag_steps = 0
         lag_secs = 0.0
         if local is not None and (uploaded is None or local.step > uploaded.step):
             lag_steps = local.step - (uploaded.step if uploaded is not None else 0)
-            lag_secs = max(0.0, time.time() - local.time)
+            # the training the remote lacks: since its newest checkpoint was taken
+            lag_secs = max(0.0, now - (uploaded.time if uploaded is not None else self._started_wall))
+        error = self._error or self._lease_error
+        if tier.fenced and tier.lease is not None:
+            error = tier.lease.lost
+        elif tier.stalled:
+            error = f"the upload made no progress for {tier.timeout:g} s (stalled)"
+        committed = tier.committed_wall
         return RemoteStatus(
-            url=self.tier.url,
-            local_dir=str(self.tier.local_dir),
+            url=tier.url,
+            local_dir=str(tier.local_dir),
             uploaded_step=None if uploaded is None else uploaded.step,
             uploaded_at=None if uploaded is None else uploaded.time,
             lag_steps=lag_steps,
             lag_secs=lag_secs,
             uploading=self._uploading,
-            error=self._error,
+            error=error,
+            last_commit_age_secs=None if committed is None else max(0.0, now - committed),
+            stalled=tier.stalled,
+            fenced=tier.fenced,
         )
 
     # -- services ----------------------------------------------------------------------
@@ -115,7 +135,7 @@ class RemotePart(SessionPart):
         self._thread = ctx.new_thread("asv-upload")
         services: list[Service] = [_UploadService(self)]
         if self.tier.lease is not None:
-            services.append(_LeaseService(self.tier, ctx.new_thread("asv-lease")))
+            services.append(_LeaseService(self, ctx.new_thread("asv-lease")))
         return services
 
     def _due(self, commits: int, now: float) -> bool:
@@ -128,14 +148,19 @@ class RemotePart(SessionPart):
         return every is not None and now - self._last_upload_at >= every
 
     def _upload(self, local: CheckpointInfo) -> Uploaded | None:
-        """On the upload thread: upload ``local`` unless the remote has it already."""
+        """On the upload thread: upload ``local`` unless the remote has it already; it is
+        pinned against local retention meanwhile."""
         uploaded = self.tier.uploaded
         if uploaded is not None and uploaded.step >= local.step:
             return uploaded
+        checkpoints = self._checkpoints()
         self._uploading = True
         started = time.perf_counter()
         try:
-            done = self.tier.upload(Path(local.path), local.step, local.time)
+            with contextlib.ExitStack() as stack:
+                if checkpoints is not None and not stack.enter_context(checkpoints.pinned(local.path)):
+                    return None  # retired before it could be pinned: the newest goes up next
+                done = self.tier.upload(Path(local.path), local.step, local.time)
         finally:
             self._uploading = False
         if done is not None and self._ctx is not None:
@@ -149,11 +174,24 @@ class RemotePart(SessionPart):
         uploaded = self.tier.uploaded
         if checkpoints is None or local is None or (uploaded is not None and uploaded.step >= local.step):
             return False
+        if self.tier.fenced:
+            return False  # said once: nothing more goes there
         commits = checkpoints.commits
         if not force and not self._due(commits, ctx.clock.now()):
             return False
+        skipped = commits - self._commits_at_upload - 1
+        if self._last_upload_at is not None and skipped >= max(1, self.upload_every):
+            age = self.tier.committed_wall
+            log.warning(
+                "remote.behind",
+                url=self.tier.url,
+                lag_steps=local.step - (uploaded.step if uploaded is not None else 0),
+                last_commit_age_secs=None if age is None else round(max(0.0, time.time() - age), 1),
+                skipped=skipped,
+                hint="uploads are slower than saves: the newest local checkpoint goes up next",
+            )
         assert self._thread is not None
-        done = await self._thread.submit(self._upload, local).wait(grace_secs=0)
+        done = await self._thread.submit(self._upload, local).wait_cancellable()
         self._error = None
         self._commits_at_upload = commits
         self._last_upload_at = ctx.clock.now()
@@ -165,6 +203,8 @@ class RemotePart(SessionPart):
         """After the final checkpoint: upload the newest local checkpoint within the grace."""
         if self._thread is None:
             return
+        if self.tier.fenced:
+            return  # said once: this training's checkpoints stay in local_dir
         try:
             await self.upload_newest(ctx, force=True)
         except anyio.get_cancelled_exc_class():
@@ -193,8 +233,13 @@ class RemotePart(SessionPart):
         self.tier.abandon()
 
     def release(self) -> None:
-        """The lease released and the connection closed (the step thread, at the end)."""
-        self.tier.close()
+        """What cut uploads left removed (when the remote answers), the lease released and
+        the connection closed (the step thread, at the end)."""
+        try:
+            if self._thread is not None and self._error is None and not self.tier.stalled:
+                self.tier.finish()
+        finally:
+            self.tier.close()
 
 
 class _UploadService(Service):
@@ -215,6 +260,8 @@ class _UploadService(Service):
             try:
                 await self.part.upload_newest(engine_context(ctx), force=False)
                 failures = 0
+            except LeaseLostError:
+                raise  # another training holds the logdir: the session stops (lease_lost)
             except Exception as exc:
                 failures += 1
                 wait = min(_RETRY_SECS[1], _RETRY_SECS[0] * 2 ** (failures - 1))
@@ -233,21 +280,26 @@ class _LeaseService(Service):
     name = "lease"
     restart = None  # a lost lease escalates: the session stops
 
-    def __init__(self, tier: RemoteTier, thread: DedicatedThread) -> None:
-        self.tier = tier
+    def __init__(self, part: RemotePart, thread: DedicatedThread) -> None:
+        self.part = part
         self.thread = thread
 
     async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
-        """Renew until cancelled; a network error is retried at the next renewal."""
-        lease = self.tier.lease
+        """Renew until cancelled; a network error is retried at the next renewal (and
+        shown in ``status().remote.error`` meanwhile)."""
+        tier = self.part.tier
+        lease = tier.lease
         assert lease is not None
         task_status.started()
         ctx.set_service_state(self.name, "running")
         while True:
             await anyio.sleep(lease.ttl / 4)
             try:
-                await self.thread.submit(self.tier.renew).wait(grace_secs=0)
-            except CheckpointError:
+                await self.thread.submit(tier.renew).wait_cancellable()
+            except LeaseLostError:
                 raise  # taken over: this training must stop writing the logdir
             except Exception as exc:
-                log.warning("remote.lease_renewal_failed", url=self.tier.url, error=describe(exc))
+                self.part._lease_error = f"the lease's renewal failed: {describe(exc)}"
+                log.warning("remote.lease_renewal_failed", url=tier.url, error=describe(exc))
+            else:
+                self.part._lease_error = None

@@ -31,6 +31,7 @@ from anyio import TypedAttributeSet, typed_attribute
 from ._services import EngineContext
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
     from pathlib import Path
 
     from .._cluster import ClusterInfo
@@ -267,6 +268,11 @@ class CheckpointSaving(Protocol):
     @property
     def commits(self) -> int:
         """How many checkpoints this session committed into its logdir so far."""
+        ...
+
+    def pinned(self, path: str) -> AbstractContextManager[bool]:
+        """Any thread: keep the committed checkpoint ``path`` from retention while the
+        block runs; yields whether it is still there."""
         ...
 
     def save_on_step_thread(self, directory: str | None = None, basename: str | None = None) -> str:

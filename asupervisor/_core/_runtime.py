@@ -52,7 +52,7 @@ from ._signals import SignalHandlers
 from ._status import Status
 from ._step_errors import StepErrors, recovery_policy, retry_transient
 from ._steps import Steps
-from ._stop import Deadline, StopControl
+from ._stop import Deadline, StopControl, error_reason
 from ._threads import DedicatedThread
 from ._timings import Timings
 
@@ -458,7 +458,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
 
     async def _abort_start(self, exc: BaseException) -> None:
         """Start-up failed: undo what was started; the caller re-raises ``exc``."""
-        self.control.request_stop(exc if isinstance(exc, Exception) else None, reason=f"error:{type(exc).__name__}")
+        self.control.request_stop(exc if isinstance(exc, Exception) else None, reason=error_reason(exc))
         self.control.state_suspect = True
         with anyio.CancelScope(shield=True):
             if self._tg is not None:

@@ -373,7 +373,8 @@ async def supervise(
                             f"last error: {exc!r}"
                         )
                         cause.__cause__ = exc
-                    ctx.control.request_stop(cause, reason=f"service:{name}")
+                    own = getattr(cause, "stop_reason", None)  # LeaseLostError: lease_lost
+                    ctx.control.request_stop(cause, reason=own if isinstance(own, str) else f"service:{name}")
                     started.started()  # let a start-up that waits on us go on to stop
                     return
                 backoff = policy.backoff_for(failed)

@@ -10,9 +10,11 @@ from typing import Any
 __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
+    "EXIT_LEASE_LOST",
     "EXIT_OK",
     "EXIT_PEER_LOST",
     "EXIT_PREEMPTED",
+    "EXIT_STORAGE_UNREACHABLE",
     "CheckpointInfo",
     "Histogram",
     "QueueStatistics",
@@ -90,10 +92,17 @@ class RemoteStatus:
             (``None``: none yet).
         uploaded_at: when that checkpoint was committed (``time.time()``).
         lag_steps: how many steps the remote's newest checkpoint is behind the local one.
-        lag_secs: how long the local newest checkpoint has waited for its upload (0 when
-            the remote has it).
+        lag_secs: how much training the remote lacks, in seconds: since its newest
+            checkpoint was taken (0 when it has the local newest).
         uploading: whether an upload is in flight.
-        error: the last upload error, until an upload succeeds (``None``: none).
+        error: what is wrong now, until it is not: the last upload's error, a stalled
+            upload, a failed lease renewal, a lost lease (``None``: nothing).
+        last_commit_age_secs: seconds since the newest commit on the remote (``None``:
+            none known yet).
+        stalled: whether the upload in flight made no progress for
+            ``ASUPERVISOR_REMOTE_TIMEOUT_SECS`` (60 s by default).
+        fenced: whether another training took the logdir over: this one writes nothing
+            more there (it stops with ``LeaseLostError``).
     """
 
     url: str
@@ -104,6 +113,9 @@ class RemoteStatus:
     lag_secs: float = 0.0
     uploading: bool = False
     error: str | None = None
+    last_commit_age_secs: float | None = None
+    stalled: bool = False
+    fenced: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +202,12 @@ EXIT_PREEMPTED = 143
 #: task must be restarted, and resumes from the last checkpoint (sysexits' EX_TEMPFAIL,
 #: "a temporary failure: try again")
 EXIT_PEER_LOST = 75
+#: object storage did not answer within its deadline (stop reason ``storage_unreachable``,
+#: ``StorageUnreachableError``): sysexits' EX_UNAVAILABLE, run the job again later
+EXIT_STORAGE_UNREACHABLE = 69
+#: another training took the URL logdir over (stop reason ``lease_lost``,
+#: ``LeaseLostError``): this one wrote nothing more there; do not run it again as is
+EXIT_LEASE_LOST = 77
 
 _COMPLETED = frozenset({"completed", "max_steps", "epochs", "stop_training", "end_of_data", "requested", "hook"})
 
@@ -203,7 +221,9 @@ def exit_code(status: Status) -> int:
     ``128 + its number``; a notice that is not a signal, ``preempted:<source>`` such as
     ``GcePreemptionNotice``'s ``preempted:gce``), so a scheduler runs the job again and it
     resumes from its last checkpoint; ``75`` when a peer of a multi-worker training was
-    lost (``peer_lost:<task>``: restart every task of the job); ``1`` on an error (``error:<Type>``, a failed service). See
+    lost (``peer_lost:<task>``: restart every task of the job); ``69`` when object storage
+    did not answer in time (``storage_unreachable``); ``77`` when another training took
+    a URL logdir over (``lease_lost``: this one stopped writing it); ``1`` on an error (``error:<Type>``, a failed service). See
     ``docs/sessions.md`` ("Exit status") for how Kubernetes and SLURM treat them.
 
     Args:
@@ -224,6 +244,10 @@ def exit_code(status: Status) -> int:
         return EXIT_INTERRUPTED
     if reason == "peer_lost" or reason.startswith("peer_lost:"):
         return EXIT_PEER_LOST
+    if reason == "storage_unreachable":
+        return EXIT_STORAGE_UNREACHABLE
+    if reason == "lease_lost":
+        return EXIT_LEASE_LOST
     if reason.startswith("preempted:"):  # a notice that is not a signal (GCE's metadata server)
         return EXIT_PREEMPTED
     if reason.startswith("signal:"):

@@ -30,8 +30,10 @@ log = get_logger(__name__)
 
 
 def error_reason(exc: BaseException) -> str:
-    """The stop reason recorded for an error: ``error:<TypeName>``."""
-    return f"error:{type(exc).__name__}"
+    """The stop reason recorded for an error: its own (``LeaseLostError``: ``lease_lost``),
+    else ``error:<TypeName>``."""
+    own = getattr(exc, "stop_reason", None)
+    return own if isinstance(own, str) else f"error:{type(exc).__name__}"
 
 
 class StopControl:

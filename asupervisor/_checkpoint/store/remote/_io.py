@@ -1,4 +1,5 @@
-"""The file system of a URL logdir, with an event loop of the session's own.
+"""The file system of a URL logdir, with an event loop of the session's own, and a bound
+on every wait for it.
 
 fsspec's asynchronous implementations (``s3fs``, ``gcsfs``, ``adlfs``) run their
 coroutines on a loop in a background thread; by default a process-wide one that is never
@@ -6,6 +7,15 @@ joined. :class:`RemoteFS` gives the file system a loop on a thread of its own
 (``asv-remote-io``) and :meth:`RemoteFS.close` closes the HTTP sessions on it, stops it and
 joins it, so that no thread outlives ``managed_session()``. Synchronous implementations
 (``memory://``, ``file://``) need no loop.
+
+Every call the remote tier makes goes through :class:`RemoteFS`'s own methods
+(``ls``, ``cat_file``, ``pipe_file``, ``rm_file``, ``get_file``, ``put_file``): the
+calling thread waits for the coroutine in slices of 0.1 s, and between them asks the
+:class:`Bound` it runs under (``with io.bounded(Bound(...))``) whether it waited too long
+in all (``total``) or without progress (``idle``: a call answered, a part of a file
+sent): then the call is cancelled on the loop and :class:`StorageUnreachableError` is
+raised. The libraries' own connect and read timeouts and retries stay as they are
+(s3fs: 5 s, 15 s, five tries of botocore's); the bound is what makes the sum finite.
 """
 
 from __future__ import annotations
@@ -14,16 +24,115 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import os
 import threading
+import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from ...._exceptions import StorageUnreachableError
 from ...._logging import describe, get_logger
 
-__all__ = ["RemoteFS"]
+__all__ = ["DEFAULT_TIMEOUT_SECS", "Bound", "RemoteFS", "timeout_secs"]
 
 log = get_logger(__name__)
+
+#: the default bound on a remote wait (``ASUPERVISOR_REMOTE_TIMEOUT_SECS`` overrides it)
+DEFAULT_TIMEOUT_SECS = 60.0
+
+
+def timeout_secs() -> float:
+    """The bound on remote waits: ``ASUPERVISOR_REMOTE_TIMEOUT_SECS``, else 60 s.
+
+    Raises:
+        ValueError: the variable is not a positive number (the message names it).
+    """
+    raw = os.environ.get("ASUPERVISOR_REMOTE_TIMEOUT_SECS")
+    if raw is None:
+        return DEFAULT_TIMEOUT_SECS
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"ASUPERVISOR_REMOTE_TIMEOUT_SECS must be a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise ValueError(f"ASUPERVISOR_REMOTE_TIMEOUT_SECS must be > 0, got {raw!r}")
+    return value
+
+
+class Bound:
+    """How long the calls of a piece of remote work may wait (see the module docstring).
+
+    Args:
+        what: the work, for the error (``"the start's checks"``).
+        total: seconds the whole work may take (``None``: no limit).
+        idle: seconds it may go without progress (``None``: no limit).
+        stall: after this many seconds without progress, ``on_stall(True)`` is called
+            once (the work goes on); at the next progress, ``on_stall(False)``.
+        clock: the time source (monotonic seconds).
+    """
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        total: float | None = None,
+        idle: float | None = None,
+        stall: float | None = None,
+        on_stall: Callable[[bool], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what = what
+        self.total = total
+        self.idle = idle
+        self.stall = stall
+        self.on_stall = on_stall
+        self.clock = clock
+        self.started = self.last_progress = clock()
+        self.stalled = False
+
+    def progress(self) -> None:
+        """Something answered (any thread)."""
+        self.last_progress = self.clock()
+        if self.stalled:
+            self.stalled = False
+            if self.on_stall is not None:
+                self.on_stall(False)
+
+    def check(self, url: str) -> None:
+        """Raise if the work waited too long; report a stall once.
+
+        Raises:
+            StorageUnreachableError: naming ``url``, the work and the bound.
+        """
+        now = self.clock()
+        if self.total is not None and now - self.started > self.total:
+            raise StorageUnreachableError(
+                f"{url} is unreachable: {self.what} got no answer within {self.total:g} s "
+                "(ASUPERVISOR_REMOTE_TIMEOUT_SECS); check the endpoint, the network and the credentials"
+            )
+        quiet = now - self.last_progress
+        if self.stall is not None and not self.stalled and quiet > self.stall:
+            self.stalled = True
+            if self.on_stall is not None:
+                self.on_stall(True)
+        if self.idle is not None and quiet > self.idle:
+            raise StorageUnreachableError(
+                f"{url} is unreachable: {self.what} made no progress for {self.idle:g} s "
+                "(ASUPERVISOR_REMOTE_TIMEOUT_SECS)"
+            )
+
+
+def _progress_callback(bound: Bound | None) -> Any:
+    """An fsspec callback that counts each part sent or received as progress."""
+    from fsspec.callbacks import Callback
+
+    class _Progress(Callback):  # type: ignore[misc]
+        def call(self, *args: Any, **kwargs: Any) -> None:
+            if bound is not None:
+                bound.progress()
+
+    return _Progress()
 
 
 class RemoteFS:
@@ -44,6 +153,7 @@ class RemoteFS:
         self.root = str(cls._strip_protocol(url)).rstrip("/")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._local = threading.local()
         kwargs: dict[str, Any] = {"skip_instance_cache": True}
         if issubclass(cls, AsyncFileSystem):
             loop = asyncio.new_event_loop()
@@ -61,48 +171,137 @@ class RemoteFS:
         """The full path of ``name`` under the root."""
         return f"{self.root}/{name}"
 
-    def put_file(self, local: str, remote: str, check: Callable[[], None]) -> None:
-        """Upload ``local`` to ``remote`` as the implementation does best (multipart, in
-        parallel where it can); ``check`` is called every 0.1 s meanwhile, and what it
-        raises cancels the upload in flight (an asynchronous implementation's coroutine
-        is cancelled mid-file) and propagates."""
+    # -- bounded calls (any thread but the loop's) --------------------------------------
+
+    @contextlib.contextmanager
+    def bounded(self, bound: Bound) -> Iterator[Bound]:
+        """The calls this thread makes in the block wait no longer than ``bound`` says."""
+        stack = self._bounds()
+        stack.append(bound)
+        try:
+            yield bound
+        finally:
+            stack.remove(bound)
+
+    def _bounds(self) -> list[Bound]:
+        stack: list[Bound] | None = getattr(self._local, "bounds", None)
+        if stack is None:
+            stack = self._local.bounds = []
+        return stack
+
+    def _call(self, name: str, *args: Any, check: Callable[[], None] | None = None, **kwargs: Any) -> Any:
+        """``fs.<name>(*args, **kwargs)``, waited for under this thread's bounds."""
         loop = self._loop
-        if loop is None:
-            check()
-            self.fs.put_file(local, remote)
-            return
-        future = asyncio.run_coroutine_threadsafe(self.fs._put_file(local, remote), loop)
-        while True:
-            try:
-                future.result(timeout=0.1)
-            except concurrent.futures.TimeoutError:
+        bounds = list(self._bounds())
+        if loop is None:  # a synchronous implementation (memory://): no network
+            if check is not None:
+                check()
+            return getattr(self.fs, name)(*args, **kwargs)
+        future = asyncio.run_coroutine_threadsafe(getattr(self.fs, "_" + name)(*args, **kwargs), loop)
+        try:
+            while True:
                 try:
-                    check()
-                except BaseException:
-                    future.cancel()
-                    self._abort_partial(remote)
-                    raise
-            else:
-                return
+                    result = future.result(timeout=0.1)
+                except concurrent.futures.TimeoutError:
+                    if check is not None:
+                        check()
+                    for bound in bounds:
+                        bound.check(self.url)
+                else:
+                    break
+        except BaseException:
+            future.cancel()
+            raise
+        for bound in bounds:
+            bound.progress()
+        return result
+
+    def ls(self, path: str, detail: bool = True) -> Any:
+        """``fs.ls``, bounded."""
+        return self._call("ls", path, detail=detail)
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        """``fs.invalidate_cache`` (no network)."""
+        self.fs.invalidate_cache(path)
+
+    def cat_file(self, path: str) -> bytes:
+        """``fs.cat_file``, bounded."""
+        return bytes(self._call("cat_file", path))
+
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite") -> None:
+        """``fs.pipe_file``, bounded (``mode="create"``: fails with ``FileExistsError``)."""
+        if mode == "overwrite":
+            self._call("pipe_file", path, value)
+        else:
+            self._call("pipe_file", path, value, mode=mode)
+
+    def rm_file(self, path: str) -> None:
+        """``fs.rm_file``, bounded."""
+        self._call("rm_file", path)
+
+    def get_file(self, remote: str, local: str) -> None:
+        """Download ``remote`` to ``local``, bounded (each part received is progress)."""
+        bounds = self._bounds()
+        callback = _progress_callback(bounds[-1] if bounds else None)
+        self._call("get_file", remote, local, callback=callback)
+
+    def put_file(self, local: str, remote: str, check: Callable[[], None] | None = None) -> None:
+        """Upload ``local`` to ``remote`` as the implementation does best (multipart, in
+        parallel where it can), bounded (each part sent is progress); ``check`` is called
+        every 0.1 s meanwhile, and what it raises cancels the upload in flight (an
+        asynchronous implementation's coroutine is cancelled mid-file) and propagates.
+        A cut upload's multipart upload is aborted (S3 keeps, and bills, the parts of one
+        that is neither completed nor aborted; s3fs aborts only on an error, not on a
+        cancellation)."""
+        bounds = self._bounds()
+        if self._loop is None:
+            self._call("put_file", local, remote, check=check)
+            return
+        callback = _progress_callback(bounds[-1] if bounds else None)
+        try:
+            self._call("put_file", local, remote, check=check, callback=callback)
+        except BaseException:
+            self._abort_partial(remote)
+            raise
 
     def _abort_partial(self, remote: str) -> None:
-        """After a cancelled upload: abort the multipart upload it left (S3 keeps, and bills,
-        the parts of one that is neither completed nor aborted; s3fs aborts only on an
-        error, not on a cancellation). Best effort, S3 only."""
-        fs, loop = self.fs, self._loop
-        if loop is None or not hasattr(fs, "_list_multipart_uploads") or not hasattr(fs, "_abort_mpu"):
-            return
-
-        async def abort() -> None:
-            bucket, key, _ = fs.split_path(remote)
-            for upload in await fs._list_multipart_uploads(bucket):
-                if upload.get("Key") == key:
-                    await fs._abort_mpu(bucket, key, upload["UploadId"])
-
+        """After a cancelled upload: abort the multipart upload it left. Best effort, S3 only."""
         try:
-            asyncio.run_coroutine_threadsafe(abort(), loop).result(timeout=10)
-        except Exception as exc:  # an S3 lifecycle rule is the backstop
+            self.abort_multipart(remote, exact=True, timeout=10)
+        except Exception as exc:  # the next start, and an S3 lifecycle rule, are the backstops
             log.debug("remote.abort_failed", path=remote, error=describe(exc))
+
+    def abort_multipart(self, prefix: str, *, exact: bool = False, timeout: float = 30) -> list[str]:
+        """Abort the multipart uploads in progress under ``prefix`` (a path: bucket and key
+        prefix; ``exact``: that key only); the keys aborted. S3 only (elsewhere: none, an
+        interrupted resumable upload expires by itself)."""
+        fs, loop = self.fs, self._loop
+        if loop is None or not hasattr(fs, "_call_s3") or not hasattr(fs, "_abort_mpu"):
+            return []
+
+        async def abort() -> list[str]:
+            bucket, key, _ = fs.split_path(prefix)
+            if not exact and key:
+                key = key.rstrip("/") + "/"  # the logdir's objects, not a sibling's
+            aborted: list[str] = []
+            kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": key}
+            while True:
+                page = await fs._call_s3("list_multipart_uploads", **kwargs)
+                for upload in page.get("Uploads", []) or []:
+                    if upload.get("Key") == key or not exact:
+                        await fs._abort_mpu(bucket, upload["Key"], upload["UploadId"])
+                        aborted.append(str(upload["Key"]))
+                if not page.get("IsTruncated"):
+                    return aborted
+                kwargs["KeyMarker"] = page.get("NextKeyMarker")
+                kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker")
+
+        future = asyncio.run_coroutine_threadsafe(abort(), loop)
+        try:
+            return future.result(timeout=timeout)
+        except BaseException:
+            future.cancel()
+            raise
 
     def close(self) -> None:
         """Close the HTTP sessions, stop the loop and join its thread (idempotent)."""

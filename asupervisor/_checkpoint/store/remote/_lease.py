@@ -4,10 +4,17 @@ Object stores have no locks; they do have create-only writes (S3's ``If-None-Mat
 GCS's ``ifGenerationMatch=0``; fsspec's ``pipe_file(..., mode="create")``). The leases
 are numbered objects ``asupervisor.lease-<n>``: the newest is the current one. A training
 takes the logdir by creating lease ``n + 1`` create-only, which one contender alone can
-do, when lease ``n`` is released, expired (not renewed for ``ttl`` seconds), or held by
-a dead process of this host; otherwise it is refused, naming the owner. The owner renews
-its lease (overwrites its own object) every ``ttl / 4`` seconds and finds out there that
-it lost it (a newer lease exists: it was presumed dead); at the end it marks it released.
+do, when lease ``n`` is released, expired (not renewed for ``ttl`` seconds), its own
+(the same owner id: a create whose answer was lost, or a restart that kept the id in
+its local directory), or held by a process of this host that is gone (:func:`_gone_here`);
+otherwise it is refused, naming the owner. The owner renews its lease (overwrites its
+own object) every ``ttl / 4`` seconds; at the end it marks it released.
+
+Fencing: before each write to the remote the owner calls :meth:`RemoteLease.check`,
+which lists the leases and raises :class:`LeaseLostError` once a newer lease exists (it
+was presumed dead while cut off); from then on every check raises, and the training
+writes nothing more there. An owner whose own renewals failed for longer than the ttl
+renews (re-checking) before it writes again.
 """
 
 from __future__ import annotations
@@ -20,8 +27,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ...._exceptions import CheckpointError
+from ...._exceptions import CheckpointError, LeaseLostError
 from ...._logging import get_logger
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["LEASE_PREFIX", "RemoteLease", "describe_lease"]
 
@@ -51,14 +63,61 @@ def describe_lease(body: dict[str, Any], now: float) -> str:
     return f"host {body.get('host')} pid {body.get('pid')}, renewed {ago:.0f} s ago"
 
 
-def _pid_dead_here(body: dict[str, Any]) -> bool:
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _pidns() -> str | None:
+    """This process's pid namespace (``/proc/self/ns/pid``'s inode), or ``None``."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return None
+
+
+def _lock_free(path: str) -> bool:
+    """Whether the local owner lock file ``path`` exists here and nobody holds it (its
+    holder, whatever its pid namespace, is gone: the kernel dropped its ``flock``)."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # held (or no locks here): it may be alive
+    finally:
+        os.close(fd)  # the probe's lock, if taken, goes with it
+    return True
+
+
+def _gone_here(body: dict[str, Any], own_lock: str | None) -> bool:
     """Whether the lease ``body`` is held by a process of this host that no longer runs
-    (a SIGKILLed training restarted on the same machine need not wait for the ttl).
-    POSIX only: elsewhere ``os.kill(pid, 0)`` is no probe (on Windows it ends the process)."""
-    if os.name != "posix":
+    (a SIGKILLed training restarted on the same machine, or in a restarted container,
+    need not wait for the ttl). Same host name, then any of: the machine rebooted since
+    (its boot id differs); the holder's local owner lock is ours now, or free; the holder
+    ran in this pid namespace and its pid is gone. POSIX only: elsewhere
+    ``os.kill(pid, 0)`` is no probe (on Windows it ends the process)."""
+    if os.name != "posix" or body.get("host") != socket.gethostname():
         return False
-    if body.get("host") != socket.gethostname():
-        return False
+    boot = _read_text("/proc/sys/kernel/random/boot_id")
+    if boot is not None and body.get("boot") not in (None, boot):
+        return True
+    lock = body.get("lock")
+    if isinstance(lock, str) and lock:
+        if own_lock is not None and os.path.realpath(lock) == os.path.realpath(own_lock):
+            return True  # this training holds that lock now: its holder is gone
+        if _lock_free(lock):
+            return True
+    pidns = _pidns()
+    if body.get("pidns") is not None and body.get("pidns") != pidns:
+        return False  # another pid namespace: its pid means nothing here
     try:
         os.kill(int(body.get("pid", 0)), 0)
     except ProcessLookupError:
@@ -76,16 +135,45 @@ class RemoteLease:
         root: the logdir's path on it.
         url: the logdir's URL (for messages).
         wall_clock: the time source of lease times.
+        owner_id: this owner's id (kept in the local tier, so that a restart is the same
+            owner); ``None``: a new one.
+        own_lock: the local owner lock this training holds (``None``: none), recorded in
+            the lease so that a restart of this host can tell its holder is gone.
     """
 
-    def __init__(self, fs: Any, root: str, url: str, wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        fs: Any,
+        root: str,
+        url: str,
+        wall_clock: Callable[[], float] = time.time,
+        *,
+        owner_id: str | None = None,
+        own_lock: str | None = None,
+    ) -> None:
         self.fs = fs
         self.root = root
         self.url = url
         self.ttl = _ttl()
         self.wall_clock = wall_clock
         self.number: int | None = None
-        self._me = {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid()}
+        #: why this training may no longer write the remote (``None``: it may)
+        self.lost: str | None = None
+        self.own_lock = own_lock
+        self._renewed_at = 0.0  # wall clock of the last write of our lease that answered
+        self._me: dict[str, Any] = {
+            "owner": owner_id or uuid.uuid4().hex,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "pidns": _pidns(),
+            "boot": _read_text("/proc/sys/kernel/random/boot_id"),
+            "lock": own_lock,
+        }
+
+    @property
+    def owner_id(self) -> str:
+        """This owner's id (in the lease object as ``owner``)."""
+        return str(self._me["owner"])
 
     def _path(self, n: int) -> str:
         return f"{self.root}/{LEASE_PREFIX}{n:08d}"
@@ -127,7 +215,10 @@ class RemoteLease:
             now = self.wall_clock()
             if current:
                 body = self._read(current)
-                if self._live(body, now) and not _pid_dead_here(body):
+                if body.get("owner") == self.owner_id and not body.get("released"):
+                    self._adopt(current, leases)  # ours: an answer that was lost, or a restart
+                    return
+                if self._live(body, now) and not _gone_here(body, self.own_lock):
                     expires = float(body.get("renewed", 0) or 0) + self._ttl_of(body) - now
                     raise CheckpointError(
                         f"logdir {self.url} is in use by another training ({describe_lease(body, now)}; "
@@ -141,12 +232,24 @@ class RemoteLease:
                 self.fs.pipe_file(self._path(current + 1), self._body(now), mode="create")
             except FileExistsError:
                 continue
-            self.number = current + 1
-            for old in leases:  # history: only the newest matters
-                self._remove(old)
-            log.debug("remote.lease_taken", url=self.url, lease=self.number)
+            self._renewed_at = now
+            self._adopt(current + 1, leases, write=False)
             return
         raise CheckpointError(f"logdir {self.url}: could not take its lease (other trainings keep starting)")
+
+    def _adopt(self, n: int, leases: list[int], *, write: bool = True) -> None:
+        """Lease ``n`` is ours: keep its number (renewed now unless just written) and
+        remove the older ones (history: only the newest matters)."""
+        if write:
+            now = self.wall_clock()
+            self.fs.pipe_file(self._path(n), self._body(now))
+            self._renewed_at = now
+        self.number = n
+        self.lost = None
+        for old in leases:
+            if old < n:
+                self._remove(old)
+        log.debug("remote.lease_taken", url=self.url, lease=n, owner=self.owner_id)
 
     def _remove(self, n: int) -> None:
         try:
@@ -174,24 +277,44 @@ class RemoteLease:
         """Renew the lease (the renewal service, every ``ttl / 4`` seconds).
 
         Raises:
-            CheckpointError: another training took the logdir over (this one was
+            LeaseLostError: another training took the logdir over (this one was
                 presumed dead): this one must stop writing it.
         """
+        self.check(renewing=True)
+        now = self.wall_clock()
         assert self.number is not None
+        self.fs.pipe_file(self._path(self.number), self._body(now))
+        self._renewed_at = now
+
+    def check(self, *, renewing: bool = False) -> None:
+        """The fence, just before a write to the remote: whether this training still holds
+        the lease (the newest lease object is its own). An owner whose renewals failed
+        for longer than the ttl renews first.
+
+        Raises:
+            LeaseLostError: the lease is lost (now or before): write nothing.
+        """
+        if self.lost is not None:
+            raise LeaseLostError(self.lost)
+        if self.number is None:
+            raise LeaseLostError(f"logdir {self.url}: this training holds no lease; it writes nothing there")
         newest = self._leases()
-        if newest and newest[-1] > self.number:
-            body = self._read(newest[-1])
-            self.number = None
-            raise CheckpointError(
-                f"logdir {self.url} was taken over by another training ({describe_lease(body, self.wall_clock())}) "
-                "while this one was not renewing its lease in time; this training stops writing it"
+        if not newest or newest[-1] != self.number:
+            body = self._read(newest[-1]) if newest else {}
+            who = describe_lease(body, self.wall_clock()) if body else "its lease object is gone"
+            self.lost = (
+                f"logdir {self.url} was taken over by another training ({who}) while this one could not "
+                "renew its lease in time; this training stops writing it and keeps its local checkpoints"
             )
-        self.fs.pipe_file(self._path(self.number), self._body(self.wall_clock()))
+            self.number = None
+            raise LeaseLostError(self.lost)
+        if not renewing and self.wall_clock() - self._renewed_at > self.ttl:
+            self.renew()  # expired by our clock, yet nobody took it: make it ours again first
 
     def release(self) -> None:
         """Mark the lease released (the next training takes over at once); idempotent."""
         n, self.number = self.number, None
-        if n is None:
+        if n is None or self.lost is not None:
             return
         newest = self._leases()
         if newest and newest[-1] == n:

@@ -5,6 +5,15 @@ Every method blocks (network calls) and runs on a thread of the session's: start
 :meth:`RemoteTier.open` and :meth:`RemoteTier.pull` on the step thread before the first
 step, :meth:`RemoteTier.upload` on the upload thread (``asv-upload``), the lease's
 renewal on its own. Never on the event loop.
+
+Every wait is bounded (:class:`._io.Bound`, ``ASUPERVISOR_REMOTE_TIMEOUT_SECS``, 60 s by
+default): the start's checks in all, a download and an upload by their progress (an
+upload without progress for that long is reported stalled, for three times that long it
+is cut and retried). Every write (objects, marker, state object, deletions) is fenced by
+the lease (:meth:`._lease.RemoteLease.check`): once another training holds it, this one
+writes nothing more there (``remote.fenced``, once). Objects of an upload that did not
+commit are removed after the next one commits and at a clean stop, and multipart
+uploads left under the logdir are aborted at the start and at a clean stop.
 """
 
 from __future__ import annotations
@@ -17,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...._exceptions import CheckpointError
+from ...._exceptions import CheckpointError, LeaseLostError
 from ...._logging import describe, get_logger
 from ...snapshot import _metrics
 from .. import _commit, _names, _state_file
-from ._io import RemoteFS
+from ._io import Bound, RemoteFS, timeout_secs
 from ._layout import MARKER_SUFFIX, Marker, RemoteCheckpoint, crc32c_of, list_remote, marker_problem
 from ._lease import RemoteLease
 
@@ -34,6 +43,8 @@ __all__ = ["RemoteTier", "Uploaded"]
 log = get_logger(__name__)
 
 _EVENTS = "events.out.tfevents."
+#: the owner id of the remote's lease, kept in the local tier (a restart is the same owner)
+OWNER_ID_FILE = "asupervisor.remote-owner"
 
 
 class Abandoned(Exception):
@@ -91,6 +102,17 @@ class RemoteTier:
         self._events_sent: dict[str, int] = {}
         self._markers: dict[str, Marker] = {}  # commit markers read so far (never rewritten)
         self._abandon = False
+        #: the bound on remote waits (``ASUPERVISOR_REMOTE_TIMEOUT_SECS``)
+        self.timeout = timeout_secs()
+        #: the local owner lock this training holds (set by the checkpoint part), recorded
+        #: in the lease so that a restart on this host can tell its holder is gone
+        self.own_lock: Path | None = None
+        #: when the newest remote commit happened (``time.time()``; ``None``: none known)
+        self.committed_wall: float | None = None
+        #: whether the upload in flight made no progress for ``timeout`` seconds
+        self.stalled = False
+        self._unfinished: set[str] = set()  # checkpoints whose upload began and did not commit
+        self._fence_said = False
 
     def __repr__(self) -> str:
         return f"RemoteTier({self.url!r}, local_dir={str(self.local_dir)!r})"
@@ -98,19 +120,65 @@ class RemoteTier:
     # -- start-up (the step thread) ----------------------------------------------------
 
     @property
-    def fs(self) -> Any:
+    def fs(self) -> RemoteFS:
+        """The remote's file system, every call bounded (:class:`._io.RemoteFS`)."""
         assert self.io is not None, "open() first"
-        return self.io.fs
+        return self.io
+
+    @property
+    def fenced(self) -> bool:
+        """Whether another training took the lease: this one writes nothing more there."""
+        return self.lease is not None and self.lease.lost is not None
+
+    def _guard(self) -> None:
+        """The fence, before each write (the owner's): raise if the lease is lost; the
+        first time, say so."""
+        if self.lease is None:
+            return
+        try:
+            self.lease.check()
+        except LeaseLostError as exc:
+            if not self._fence_said:
+                self._fence_said = True
+                log.error(
+                    "remote.fenced",
+                    url=self.url,
+                    error=str(exc),
+                    local_dir=str(self.local_dir),
+                    hint="nothing more is written there; this training's checkpoints stay in local_dir",
+                )
+            raise
+
+    def _owner_id(self) -> str:
+        """The owner id kept in the local tier (made on first use)."""
+        path = self.local_dir / OWNER_ID_FILE
+        try:
+            kept = path.read_text().strip()
+        except OSError:
+            kept = ""
+        if len(kept) == 32 and all(c in "0123456789abcdef" for c in kept):
+            return kept
+        made = uuid.uuid4().hex
+        try:
+            self.local_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+            tmp.write_text(made + "\n")
+            os.replace(tmp, path)
+        except OSError as exc:  # a new id each start: a restart waits for the lease to expire
+            log.warning("remote.owner_id_unsaved", path=str(path), error=describe(exc))
+        return made
 
     def _path(self, name: str) -> str:
         assert self.io is not None
         return self.io.path(name)
 
     def open(self) -> None:
-        """Connect, prove the remote can be used (written, for the owner), take its lease
-        and remove the objects of checkpoints never committed (the owner).
+        """Connect, prove the remote can be used (written, for the owner), take its lease,
+        remove the objects of checkpoints never committed and abort the multipart uploads
+        left under the logdir (the owner); all within ``timeout`` seconds.
 
         Raises:
+            StorageUnreachableError: no answer within ``timeout`` seconds.
             CheckpointError: the bucket does not exist, credentials are refused, the
                 remote cannot be written, or another training holds the lease.
         """
@@ -120,24 +188,30 @@ class RemoteTier:
                 self.io = RemoteFS(self.url)
             except Exception as exc:
                 raise CheckpointError(f"logdir {self.url} cannot be opened: {describe(exc)}") from exc
-        try:
+        with self.io.bounded(Bound("the start's checks", total=self.timeout)):
+            try:
+                if self.owner:
+                    probe = self._path(f".asv-probe-{uuid.uuid4().hex[:8]}")
+                    self.fs.pipe_file(probe, b"")
+                    self.fs.rm_file(probe)
+                else:
+                    self._listing()
+            except CheckpointError:
+                raise
+            except Exception as exc:
+                raise CheckpointError(
+                    f"logdir {self.url} cannot be {'written' if self.owner else 'read'} "
+                    f"(bucket, path or credentials): {describe(exc)}"
+                ) from exc
             if self.owner:
-                probe = self._path(f".asv-probe-{uuid.uuid4().hex[:8]}")
-                self.fs.pipe_file(probe, b"")
-                self.fs.rm_file(probe)
-            else:
-                self._listing()
-        except Exception as exc:
-            raise CheckpointError(
-                f"logdir {self.url} cannot be {'written' if self.owner else 'read'} "
-                f"(bucket, path or credentials): {describe(exc)}"
-            ) from exc
-        if self.owner:
-            if self.lease is None:
-                self.lease = RemoteLease(self.fs, self.io.root, self.url, self.wall_clock)
-            if self.lease.number is None:  # a start-up retry holds it already
-                self.lease.acquire()
-            self._clean_leftovers()
+                if self.lease is None:
+                    own_lock = None if self.own_lock is None else str(self.own_lock)
+                    self.lease = RemoteLease(
+                        self.fs, self.io.root, self.url, self.wall_clock, owner_id=self._owner_id(), own_lock=own_lock
+                    )
+                if self.lease.number is None:  # a start-up retry holds it already
+                    self.lease.acquire()
+                self._clean_leftovers()
 
     def _listing(self) -> list[dict[str, Any]]:
         assert self.io is not None
@@ -156,6 +230,16 @@ class RemoteTier:
             if not ckpt.committed:
                 self._delete(ckpt, marker_first=False)
                 log.warning("remote.leftover_removed", url=self.url, checkpoint=ckpt.name, objects=len(ckpt.sizes))
+        self._abort_multipart("a crashed upload's")
+
+    def _abort_multipart(self, whose: str) -> None:
+        """Abort the multipart uploads in progress under the logdir (S3: stored and billed,
+        yet in no listing); the lease holds, so none of them is another training's."""
+        assert self.io is not None
+        self._guard()
+        aborted = self.io.abort_multipart(self.io.root, timeout=self.timeout)
+        if aborted:
+            log.warning("remote.multipart_aborted", url=self.url, whose=whose, keys=len(aborted))
 
     def _delete(self, ckpt: RemoteCheckpoint, *, marker_first: bool = True) -> None:
         self._markers.pop(ckpt.name, None)
@@ -168,6 +252,7 @@ class RemoteTier:
                 self._rm(name)
 
     def _rm(self, name: str) -> None:
+        self._guard()
         try:
             self.fs.rm_file(self._path(name))
         except FileNotFoundError:
@@ -214,12 +299,18 @@ class RemoteTier:
         return lease.holder()
 
     def read_state(self) -> tuple[_state_file.CheckpointState | None, str | None]:
-        """The remote state object and what is wrong with it (``None``: nothing)."""
+        """The remote state object and what is wrong with its content (``None``: nothing).
+
+        Raises:
+            Exception: it could not be read (a network error): not a damaged object.
+        """
         try:
-            text = self.fs.cat_file(self._path(_names.STATE_FILE)).decode()
+            raw = self.fs.cat_file(self._path(_names.STATE_FILE))
         except FileNotFoundError:
             return None, None
-        except Exception as exc:
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError as exc:
             return None, describe(exc)
         state = _state_file.parse_state_text(text)
         return state, None if state is not None else "not a checkpoint state"
@@ -237,10 +328,12 @@ class RemoteTier:
         """
         assert self.basename is not None, "a training's tier"
         local = store.complete_checkpoints(self.basename)
-        committed = self.committed()
+        with self.fs.bounded(Bound("the start's checks", total=self.timeout)):
+            committed = self.committed()
         if committed:
             newest = committed[0][1]
             self.uploaded = Uploaded(newest.name, newest.step, newest.committed_at)
+            self.committed_wall = newest.committed_at
         remote_step = committed[0][0].step if committed else None
         if agree:
             newer = [n for n in local if remote_step is None or (_names.step_of(n) or 0) > remote_step]
@@ -289,14 +382,8 @@ class RemoteTier:
         tmp = self.local_dir / f"{marker.name}{_names.TMP_MARKER}dl{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
         try:
-            for name, (size, crc) in marker.files.items():
-                target = Path(f"{tmp}{name[len(marker.name) :]}")
-                self.fs.get_file(self._path(name), str(target))
-                got = os.path.getsize(target)
-                if got != size or crc32c_of(target) != crc:
-                    raise CheckpointError(
-                        f"{name}: its bytes do not match its commit marker (size {got}, expected {size})"
-                    )
+            with self.fs.bounded(Bound(f"the download of {marker.name}", idle=self.timeout)):
+                self._download_files(marker, tmp)
             with store.commit_lock:
                 state = store.read_state() or _state_file.CheckpointState()
                 paths = [p for p in state.paths if p != marker.name] + [marker.name]
@@ -315,6 +402,15 @@ class RemoteTier:
             secs=round(time.monotonic() - started, 3),
         )
 
+    def _download_files(self, marker: Marker, tmp: Path) -> None:
+        """Download ``marker``'s files beside ``tmp``, each verified against it."""
+        for name, (size, crc) in marker.files.items():
+            target = Path(f"{tmp}{name[len(marker.name) :]}")
+            self.fs.get_file(self._path(name), str(target))
+            got = os.path.getsize(target)
+            if got != size or crc32c_of(target) != crc:
+                raise CheckpointError(f"{name}: its bytes do not match its commit marker (size {got}, expected {size})")
+
     # -- uploads (the upload thread) ---------------------------------------------------
 
     def abandon(self) -> None:
@@ -326,24 +422,50 @@ class RemoteTier:
             raise Abandoned("the upload was abandoned at the stop's deadline")
 
     def _put(self, local: Path, name: str) -> tuple[int, str]:
-        """Upload ``local`` as ``name`` (abandonable mid-file); its size and CRC32C."""
-        assert self.io is not None
+        """Upload ``local`` as ``name`` (fenced; abandonable mid-file); its size and CRC32C."""
         crc = crc32c_of(local)
         size = os.path.getsize(local)
-        self.io.put_file(str(local), self._path(name), self._check)
+        self._guard()
+        self.fs.put_file(str(local), self._path(name), self._check)
         return size, crc
+
+    def _on_stall(self, stalled: bool) -> None:
+        """An upload went ``timeout`` seconds without progress (or moved again)."""
+        self.stalled = stalled
+        if stalled:
+            log.warning(
+                "remote.stalled",
+                url=self.url,
+                no_progress_secs=self.timeout,
+                hint="the upload goes on; it is cut and retried after three times that",
+            )
+        else:
+            log.info("remote.moving", url=self.url)
 
     def upload(self, prefix: Path, step: int, committed_at: float) -> Uploaded | None:
         """Copy the local checkpoint ``prefix`` to the remote and commit it there: its
-        files, then its marker, then the state object; then retention on the remote and
-        the summaries. ``None`` when the checkpoint is no longer on the local disk
-        (retention deleted it meanwhile: a newer one follows).
+        files, then its marker, then the state object; then retention on the remote, the
+        objects of earlier uploads that never committed, and the summaries. Each write is
+        fenced by the lease. ``None`` when the checkpoint is no longer on the local disk
+        (retention deleted it meanwhile: a newer one follows); its objects are removed.
 
         Raises:
             Abandoned: the stop's deadline came first (the previous remote checkpoint
                 stays the latest).
+            LeaseLostError: another training holds the lease: nothing more is written.
+            StorageUnreachableError: no progress for three times ``timeout`` seconds.
             Exception: a network or storage error (the caller retries).
         """
+        with self.fs.bounded(
+            Bound(f"the upload of {prefix.name}", stall=self.timeout, idle=3 * self.timeout, on_stall=self._on_stall)
+        ):
+            try:
+                return self._upload(prefix, step, committed_at)
+            finally:
+                if self.stalled:
+                    self._on_stall(False)
+
+    def _upload(self, prefix: Path, step: int, committed_at: float) -> Uploaded | None:
         name = prefix.name
         files = _names.checkpoint_files(prefix)
         if _names.missing_files(prefix) is not None:
@@ -353,23 +475,43 @@ class RemoteTier:
         sums: dict[str, tuple[int, str]] = {}
         data = [f for f in files if not f.name.endswith(".index")]
         index = [f for f in files if f.name.endswith(".index")]
+        self._unfinished.add(name)
         try:
             for f in data + index:
                 sums[f.name] = self._put(f, f.name)
         except FileNotFoundError:
-            return None  # retired locally meanwhile
+            log.info("remote.upload_superseded", url=self.url, checkpoint=name, why="retired locally meanwhile")
+            self._remove_unfinished()
+            return None
         self._check()
         marker = Marker(name, step, sums, committed_at, metrics)
+        self._guard()
         self.fs.pipe_file(self._path(name + MARKER_SUFFIX), marker.to_bytes())
+        self._unfinished.discard(name)
         self._markers[name] = marker
         uploaded = Uploaded(name, step, committed_at)
         self.uploaded = uploaded
+        self.committed_wall = self.wall_clock()
         self._write_state(marker)
         size = sum(s for s, _ in sums.values())
         secs = time.monotonic() - started
         log.info("remote.uploaded", url=self.url, checkpoint=name, step=step, bytes=size, secs=round(secs, 3))
+        self._remove_unfinished()
         self.sync_events()
         return uploaded
+
+    def _remove_unfinished(self) -> None:
+        """Remove the objects of uploads that began and never committed (cut by an error,
+        by the stop's deadline, or superseded), unless they committed meanwhile."""
+        if not self._unfinished:
+            return
+        by_name = {c.name: c for c in self.checkpoints()}
+        for name in sorted(self._unfinished):
+            ckpt = by_name.get(name)
+            if ckpt is not None and not ckpt.committed:
+                self._delete(ckpt, marker_first=False)
+                log.info("remote.unfinished_removed", url=self.url, checkpoint=name, objects=len(ckpt.sizes))
+            self._unfinished.discard(name)
 
     def _read_remote_state(self) -> _state_file.CheckpointState | None:
         state, problem = self.read_state()
@@ -399,6 +541,7 @@ class RemoteTier:
             managed=lambda p, t: p.startswith(prefix) and p[len(prefix) :].isdigit(),
             metrics=lambda p: marker.metrics if p == marker.name else committed[p].metrics if p in committed else {},
         )
+        self._guard()
         self.fs.pipe_file(self._path(_names.STATE_FILE), _state_file.state_text(state).encode())
         by_name = {c.name: c for c in self.checkpoints()}
         for name in delete:
@@ -420,22 +563,42 @@ class RemoteTier:
             if self._events_sent.get(entry) == size:
                 continue
             self._check()
+            self._guard()
             self.fs.put_file(str(self.local_dir / entry), self._path(entry))
             self._events_sent[entry] = size
 
     # -- the end -----------------------------------------------------------------------
 
     def renew(self) -> None:
-        """Renew the lease (the lease thread)."""
+        """Renew the lease (the lease thread), within ``timeout`` seconds.
+
+        Raises:
+            LeaseLostError: another training took the logdir over.
+        """
         if self.lease is not None and self.lease.number is not None:
-            self.lease.renew()
+            with self.fs.bounded(Bound("the lease's renewal", total=self.timeout)):
+                self.lease.renew()
+
+    def finish(self) -> None:
+        """A clean stop (the step thread, after the final upload): remove what uploads that
+        never committed left, and abort multipart uploads under the logdir; best effort,
+        within ``timeout`` seconds, and only while this training holds the lease."""
+        if self.io is None or self.lease is None or self.lease.number is None or self.fenced:
+            return
+        try:
+            with self.fs.bounded(Bound("the stop's clean-up", total=self.timeout)):
+                self._remove_unfinished()
+                self._abort_multipart("this training's cut uploads")
+        except Exception as exc:  # the next start removes them
+            log.warning("remote.cleanup_failed", url=self.url, error=describe(exc), hint="the next start removes them")
 
     def close(self) -> None:
         """Release the lease and close the connection (the step thread, at the end)."""
         try:
-            if self.lease is not None:
+            if self.lease is not None and self.io is not None:
                 try:
-                    self.lease.release()
+                    with self.fs.bounded(Bound("the lease's release", total=self.timeout)):
+                        self.lease.release()
                 except Exception as exc:  # expires by itself: the next training waits for it
                     log.warning("remote.lease_release_failed", url=self.url, error=describe(exc))
         finally:
