@@ -65,8 +65,6 @@ from ._core._services import ServiceContext as ServiceContext
 from ._core._services import WorkerThread as WorkerThread
 from ._core._session import Session as Session
 from ._core._session import StepContext as StepContext
-from ._core._status import EXIT_LEASE_LOST as EXIT_LEASE_LOST
-from ._core._status import EXIT_STORAGE_UNREACHABLE as EXIT_STORAGE_UNREACHABLE
 from ._core._status import CheckpointInfo as CheckpointInfo
 from ._core._status import Histogram as Histogram
 from ._core._status import QueueStatistics as QueueStatistics
@@ -93,8 +91,6 @@ from ._supervisor import Supervisor as Supervisor
 __version__ = "0.1.0"
 
 __all__ = [
-    "EXIT_LEASE_LOST",
-    "EXIT_STORAGE_UNREACHABLE",
     "AnyKeepPolicy",
     "AnySavePolicy",
     "CheckpointError",

@@ -42,6 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from ._exceptions import SupervisorError
 
+    if not args.debug:
+        from ._logging import reported_by_caller
+
+        reported_by_caller("session.start_failed")  # the one line below says it
     try:
         if args.command == "demo":
             from . import _demo

@@ -344,6 +344,16 @@ else:  # not subscriptable at run time before Python 3.11
     _StreamHandler = logging.StreamHandler
 
 
+#: events a command line reports itself, in its own one line (not printed a second time)
+_REPORTED_BY_CALLER: set[str] = set()
+
+
+def reported_by_caller(*events: str) -> None:
+    """The command line reports these events itself (the start's error, in one line):
+    ``configure_logging``'s handler does not print them."""
+    _REPORTED_BY_CALLER.update(events)
+
+
 class _Handler(_StreamHandler):
     """configure_logging's handler: writes to ``stream`` (standard error, looked up at each
     line, when none was given); a dead stream drops the line quietly."""
@@ -362,6 +372,9 @@ class _Handler(_StreamHandler):
         pass
 
     def emit(self, record: logging.LogRecord) -> None:
+        carried = getattr(record, "event_dict", None)
+        if _REPORTED_BY_CALLER and isinstance(carried, dict) and carried.get("event") in _REPORTED_BY_CALLER:
+            return
         console = _console_for(self.stream)
         if console is None:
             super().emit(record)

@@ -88,5 +88,7 @@ def test_an_error_is_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> N
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("asupervisor demo: CheckpointError: logdir ") and str(bad / "run") in last, last
     assert "Traceback" not in out.stderr
+    said = [line for line in out.stderr.splitlines() if "CheckpointError: logdir" in line]
+    assert len(said) == 1, out.stderr[-2000:]  # said once, not logged as well
     debug = cli("demo", "--logdir", str(bad / "run"), "--max-steps", "3", "--debug")
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr, debug.stderr[-2000:]
