@@ -229,17 +229,16 @@ class RemotePart(SessionPart):
         )
 
     async def aclose(self, ctx: SessionContext) -> None:
-        """An upload still in flight stops at its next part."""
+        """An upload still in flight stops at its next part; then, on the upload thread
+        (after it), what cut uploads left is removed while the remote answers."""
         self.tier.abandon()
+        tier = self.tier
+        if self._thread is not None and self._error is None and not tier.stalled and not tier.fenced:
+            await self._thread.submit(tier.finish).wait_cancellable()
 
     def release(self) -> None:
-        """What cut uploads left removed (when the remote answers), the lease released and
-        the connection closed (the step thread, at the end)."""
-        try:
-            if self._thread is not None and self._error is None and not self.tier.stalled:
-                self.tier.finish()
-        finally:
-            self.tier.close()
+        """The lease released and the connection closed (the step thread, at the end)."""
+        self.tier.close()
 
 
 class _UploadService(Service):

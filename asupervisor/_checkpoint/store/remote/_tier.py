@@ -43,6 +43,8 @@ __all__ = ["RemoteTier", "Uploaded"]
 log = get_logger(__name__)
 
 _EVENTS = "events.out.tfevents."
+#: the most a stop's clean-up of the remote waits (it runs in the stop's wind-down)
+_FINISH_SECS = 3.0
 #: the owner id of the remote's lease, kept in the local tier (a restart is the same owner)
 OWNER_ID_FILE = "asupervisor.remote-owner"
 
@@ -232,12 +234,12 @@ class RemoteTier:
                 log.warning("remote.leftover_removed", url=self.url, checkpoint=ckpt.name, objects=len(ckpt.sizes))
         self._abort_multipart("a crashed upload's")
 
-    def _abort_multipart(self, whose: str) -> None:
+    def _abort_multipart(self, whose: str, timeout: float | None = None) -> None:
         """Abort the multipart uploads in progress under the logdir (S3: stored and billed,
         yet in no listing); the lease holds, so none of them is another training's."""
         assert self.io is not None
         self._guard()
-        aborted = self.io.abort_multipart(self.io.root, timeout=self.timeout)
+        aborted = self.io.abort_multipart(self.io.root, timeout=self.timeout if timeout is None else timeout)
         if aborted:
             log.warning("remote.multipart_aborted", url=self.url, whose=whose, keys=len(aborted))
 
@@ -580,15 +582,16 @@ class RemoteTier:
                 self.lease.renew()
 
     def finish(self) -> None:
-        """A clean stop (the step thread, after the final upload): remove what uploads that
+        """A stop (the upload thread, after the final upload): remove what uploads that
         never committed left, and abort multipart uploads under the logdir; best effort,
-        within ``timeout`` seconds, and only while this training holds the lease."""
+        within a few seconds (the stop's wind-down), and only while this training holds
+        the lease."""
         if self.io is None or self.lease is None or self.lease.number is None or self.fenced:
             return
         try:
-            with self.fs.bounded(Bound("the stop's clean-up", total=self.timeout)):
+            with self.fs.bounded(Bound("the stop's clean-up", total=min(self.timeout, _FINISH_SECS))):
                 self._remove_unfinished()
-                self._abort_multipart("this training's cut uploads")
+                self._abort_multipart("this training's cut uploads", timeout=min(self.timeout, _FINISH_SECS))
         except Exception as exc:  # the next start removes them
             log.warning("remote.cleanup_failed", url=self.url, error=describe(exc), hint="the next start removes them")
 
