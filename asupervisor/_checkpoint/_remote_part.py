@@ -163,8 +163,10 @@ class RemotePart(SessionPart):
                 done = self.tier.upload(Path(local.path), local.step, local.time)
         finally:
             self._uploading = False
-        if done is not None and self._ctx is not None:
-            self._ctx.observe_save_secs("upload", time.perf_counter() - started)
+        if done is not None:
+            self._error = self._lease_error = None  # the remote answered: nothing is wrong now
+            if self._ctx is not None:
+                self._ctx.observe_save_secs("upload", time.perf_counter() - started)
         return done
 
     async def upload_newest(self, ctx: EngineContext, *, force: bool) -> bool:

@@ -1,5 +1,6 @@
 """Fixtures of the remote-tier tests: a real S3 server (moto's, in a child process) per
-test worker, a fresh bucket per test, and the environment that points s3fs at them."""
+test worker, a fresh bucket per test, the environment that points s3fs at them, a fault
+proxy in front of it, and the child trainings a test started (killed at its end)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from servers import S3_ENV, Server, make_bucket, moto_server, running
+from servers import S3_ENV, Child, FaultProxy, Server, make_bucket, moto_server, running
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +44,23 @@ def anyio_backend() -> str:
     (its start-up, uploads, outage and stop: the parts that touch the event loop) on
     trio too."""
     return "asyncio"
+
+
+@pytest.fixture
+def proxy(s3_env: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
+    """A proxy in front of the S3 server; the environment's endpoint is the proxy."""
+    p = FaultProxy(s3_env.port)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    """The child trainings of a test: each is killed, if it still runs, at its end."""
+    made: list[Child] = []
+    yield made
+    for child in made:
+        child.close()

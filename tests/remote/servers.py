@@ -1,23 +1,27 @@
 """Real object-storage servers on 127.0.0.1 for the remote-tier tests, started by the
 tests themselves: ``moto``'s S3 server, ``gcp-storage-emulator`` and Azurite (Azure
-Blob), each in a child process; and :class:`FaultProxy`, a TCP proxy in front of one
-that can be cut (every connection refused and dropped) or throttled (a slow network),
-then healed.
+Blob), each in a child process; :class:`FaultProxy`, a TCP proxy in front of one
+that can be cut (every connection refused and dropped), blackholed (every packet
+dropped: connections hang) or throttled (a slow network), then healed; and
+:class:`Child`, ``scripts/remote_train.py`` in a child process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -199,12 +203,51 @@ def s3_write(endpoint: str, url: str, name: str, body: bytes) -> None:
     s3_call(endpoint, "put_object", Bucket=bucket, Key=f"{prefix}/{name}", Body=body)
 
 
+def s3_objects(endpoint: str, url: str) -> dict[str, tuple[str, int, str]]:
+    """Each object under the logdir ``url`` (relative name): its ETag, size and time of
+    last modification, so that a rewrite of the same bytes shows too."""
+    bucket, prefix = _split(url)
+    listing = s3_call(endpoint, "list_objects_v2", Bucket=bucket, Prefix=prefix + "/")
+    return {
+        o["Key"][len(prefix) + 1 :]: (str(o["ETag"]), int(o["Size"]), o["LastModified"].isoformat())
+        for o in listing.get("Contents", [])
+    }
+
+
+def s3_multipart_uploads(endpoint: str, url: str) -> list[str]:
+    """The objects (relative names) under the logdir ``url`` with a multipart upload in
+    progress: started, neither completed nor aborted."""
+    bucket, prefix = _split(url)
+    listing = s3_call(endpoint, "list_multipart_uploads", Bucket=bucket, Prefix=prefix + "/")
+    return sorted(u["Key"][len(prefix) + 1 :] for u in listing.get("Uploads", []))
+
+
+def step_of(name: str) -> int:
+    """The step of a checkpoint object's name: ``model.ckpt-12.index`` -> 12."""
+    return int(name.split("-")[1].split(".")[0])
+
+
+def markers(endpoint: str, url: str) -> list[int]:
+    """The steps of the committed checkpoints (their markers) under ``url``, ascending."""
+    return sorted(step_of(k) for k in s3_keys(endpoint, url) if k.endswith(".asv-commit"))
+
+
+def orphans(endpoint: str, url: str) -> list[str]:
+    """The checkpoint objects under ``url`` whose checkpoint has no commit marker."""
+    keys = s3_keys(endpoint, url)
+    committed = {step_of(k) for k in keys if k.endswith(".asv-commit")}
+    return [k for k in keys if k.startswith("model.ckpt-") and step_of(k) not in committed]
+
+
 class FaultProxy:
     """A TCP proxy on 127.0.0.1 in front of ``upstream_port``.
 
     ``cut()``: connections in flight are dropped and new ones closed at once (a network
-    outage); ``heal()`` ends it. ``throttle(bytes_per_sec)``: what clients send goes no
-    faster (a slow uplink); ``None`` lifts it.
+    outage); ``blackhole()``: nothing passes either way, and nothing is answered, but no
+    connection is closed: new ones are accepted and hang like those in flight (a firewall
+    dropping every packet); ``heal()`` ends either (what a blackhole held then flows on).
+    ``throttle(bytes_per_sec)``: what clients send goes no faster (a slow uplink);
+    ``None`` lifts it.
     """
 
     def __init__(self, upstream_port: int) -> None:
@@ -215,10 +258,12 @@ class FaultProxy:
         self.port = int(self._sock.getsockname()[1])
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._down = False
+        self._black = False
         self._rate: float | None = None
         self._conns: set[socket.socket] = set()
         self._pumps: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._flow = threading.Condition(self._lock)  # notified when a blackhole ends or connections drop
         self._closed = False
         self.sent = 0  # bytes passed from clients upstream
         self._thread = threading.Thread(target=self._accept, name="test-proxy", daemon=True)
@@ -228,13 +273,21 @@ class FaultProxy:
         with self._lock:
             self._down = True
             conns, self._conns = self._conns, set()
+            self._flow.notify_all()
         for c in conns:
             with contextlib.suppress(OSError):
                 c.shutdown(socket.SHUT_RDWR)
             c.close()
 
+    def blackhole(self) -> None:
+        with self._lock:
+            self._black = True
+
     def heal(self) -> None:
-        self._down = False
+        with self._lock:
+            self._down = False
+            self._black = False
+            self._flow.notify_all()
 
     def throttle(self, bytes_per_sec: float | None) -> None:
         self._rate = bytes_per_sec
@@ -248,6 +301,14 @@ class FaultProxy:
         self._thread.join(timeout=5)
         for pump in self._pumps:  # each ends at its next read or write of a cut connection
             pump.join(timeout=5)
+
+    def _held(self, src: socket.socket) -> bool:
+        """In a blackhole: hold what ``src`` sent until it ends; whether the connection was
+        dropped meanwhile (a cut, the proxy closed)."""
+        with self._lock:
+            while self._black and src in self._conns:
+                self._flow.wait()
+            return src not in self._conns
 
     def _accept(self) -> None:
         while not self._closed:
@@ -277,6 +338,8 @@ class FaultProxy:
                 data = src.recv(16384 if rate is None else max(1024, int(rate / 20)))
                 if not data:
                     break
+                if self._black and self._held(src):
+                    break
                 if rate is not None:
                     time.sleep(len(data) / rate)
                 dst.sendall(data)
@@ -292,6 +355,7 @@ class FaultProxy:
             with self._lock:
                 self._conns.discard(src)
                 self._conns.discard(dst)
+                self._flow.notify_all()  # the other direction, if held, drops too
 
 
 @contextlib.contextmanager
@@ -300,3 +364,116 @@ def running(server: Server) -> Iterator[Server]:
         yield server
     finally:
         server.stop()
+
+
+#: the training the field tests run in child processes
+TRAIN_SCRIPT = Path(__file__).parent / "scripts" / "remote_train.py"
+
+
+class Child:
+    """``scripts/remote_train.py URL LOCAL MAX_STEPS SAVE_STEPS MB GRACE`` in a child
+    process; ``env``: variables over this process's environment; ``wrap``: a command the
+    training runs under (``unshare ...``), in a process group of its own that
+    :meth:`kill` ends whole. What it prints goes to files (read any time: :meth:`out`,
+    :meth:`err`), so that a long run never blocks on a full pipe."""
+
+    def __init__(
+        self,
+        url: str,
+        local: Path,
+        max_steps: int,
+        save_steps: int,
+        mb: float,
+        grace: float = 60,
+        *,
+        env: dict[str, str] | None = None,
+        wrap: list[str] | None = None,
+    ) -> None:
+        full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
+        argv = [str(a) for a in (url, local, max_steps, save_steps, mb, grace)]
+        self._out = tempfile.TemporaryFile()
+        self._err = tempfile.TemporaryFile()
+        self.group = wrap is not None
+        self.proc = subprocess.Popen(
+            [*(wrap or []), sys.executable, str(TRAIN_SCRIPT), *argv],
+            stdout=self._out,
+            stderr=self._err,
+            env=full_env,
+            start_new_session=self.group,
+        )
+
+    @staticmethod
+    def _read(f: Any) -> str:
+        if f.closed:
+            return ""
+        return os.pread(f.fileno(), os.fstat(f.fileno()).st_size, 0).decode(errors="replace")
+
+    def out(self) -> str:
+        """What it printed on stdout so far."""
+        return self._read(self._out)
+
+    def err(self) -> str:
+        """What it printed on stderr so far (its log)."""
+        return self._read(self._err)
+
+    def started(self) -> int | None:
+        """The step of its ``started <step>`` line (``None``: not started yet)."""
+        found = re.search(r"^started (\d+)$", self.out(), re.MULTILINE)
+        return None if found is None else int(found.group(1))
+
+    def finish(self, timeout: float = 120) -> tuple[int, str, str]:
+        """Wait for its exit: its status, stdout and stderr."""
+        self.proc.wait(timeout=timeout)
+        return self.proc.returncode, self.out(), self.err()
+
+    def _descendants(self) -> list[int]:
+        found: list[int] = []
+        todo = [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            with contextlib.suppress(OSError):
+                kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+                found += kids
+                todo += kids
+        return found
+
+    def kill(self) -> None:
+        """SIGKILL it (its whole process group if wrapped) and wait until every process of
+        it is gone (a zombie holds no lock any more)."""
+        if self.proc.poll() is None:
+            if self.group:
+                inner = self._descendants()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                for pid in inner:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                until("the killed training's processes to be gone", lambda: not any(map(_running, inner)), secs=30)
+            else:
+                self.proc.kill()
+        self.proc.wait()
+
+    def close(self) -> None:
+        """Kill it if it runs, and close its output files."""
+        self.kill()
+        self._out.close()
+        self._err.close()
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (not a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def until(what: str, cond: Callable[[], bool], child: Child | None = None, secs: float = 60) -> None:
+    """Poll ``cond`` until it holds, failing after ``secs`` or when ``child`` exits first."""
+    deadline = time.monotonic() + secs
+    while not cond():
+        if child is not None and child.proc.poll() is not None:
+            raise AssertionError(f"the training exited ({child.proc.returncode}) before {what}: {child.err()[-3000:]}")
+        assert time.monotonic() < deadline, f"no {what} within {secs} s"
+        time.sleep(0.02)  # polling a condition, with a deadline

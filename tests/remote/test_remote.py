@@ -147,12 +147,16 @@ async def test_a_second_training_is_refused_naming_the_owner(s3_url: str, s3_env
     local directory) fails at start naming the owner; after the first ends, it starts."""
     state = _model()
     sv = asv.Supervisor(s3_url, local_dir=tmp_path / "a", state=state, save_model_secs=0, handle_signals=False)
+    refused = False
     async with sv.managed_session() as sess:
-        await sess.run_loop(lambda: _step(state), max_steps=3)
+        for _ in range(3):  # one at a time: a run_loop reaching max_steps would stop the session
+            await sess.run(_step, state)
         second = asv.Supervisor(s3_url, local_dir=tmp_path / "b", state=_model(), handle_signals=False)
         with pytest.raises(asv.CheckpointError, match=r"in use by another training \(host .* pid \d+"):
             async with second.managed_session():
                 pytest.fail("two owners")
+        refused = True
+    assert refused  # the refusal above was reached, inside the first session
     sv3, _ = await _train(s3_url, tmp_path / "b", 5)
     assert sv3.status().global_step == 5
 

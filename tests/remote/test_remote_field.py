@@ -4,79 +4,22 @@ SIGTERM on a slow network, an outage during training."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
-from servers import FaultProxy, Server, both_backends, s3_keys
+from servers import TRAIN_SCRIPT, Child, FaultProxy, Server, both_backends, markers, until
 
 import asupervisor as asv
 
-SCRIPT = Path(__file__).parent / "scripts" / "remote_train.py"
-sys.path.insert(0, str(SCRIPT.parent))
-import remote_train  # noqa: E402
+sys.path.insert(0, str(TRAIN_SCRIPT.parent))
+import remote_train
 
-sys.path.remove(str(SCRIPT.parent))
-
-
-@pytest.fixture
-def proxy(s3_env: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
-    """A proxy in front of the S3 server; the environment's endpoint is the proxy."""
-    p = FaultProxy(s3_env.port)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
-    try:
-        yield p
-    finally:
-        p.close()
-
-
-def _markers(endpoint: str, url: str) -> list[int]:
-    """The steps of the committed checkpoints (their markers) under ``url``."""
-    keys = s3_keys(endpoint, url)
-    return sorted(int(k.split("-")[1].split(".")[0]) for k in keys if k.endswith(".asv-commit"))
-
-
-def _until(what: str, cond: Callable[[], bool], proc: subprocess.Popen[str] | None = None, secs: float = 60) -> None:
-    deadline = time.monotonic() + secs
-    while not cond():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(
-                f"the training exited ({proc.returncode}) before {what}: {proc.communicate()[1][-3000:]}"
-            )
-        assert time.monotonic() < deadline, f"no {what} within {secs} s"
-        time.sleep(0.02)  # polling a condition, with a deadline
-
-
-class Child:
-    """``scripts/remote_train.py`` in a child process."""
-
-    def __init__(self, url: str, local: Path, max_steps: int, save_steps: int, mb: float, grace: float = 60) -> None:
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-        argv = [sys.executable, str(SCRIPT), url, str(local), str(max_steps), str(save_steps), str(mb), str(grace)]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-    def finish(self, timeout: float = 120) -> tuple[int, str, str]:
-        out, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, out, err
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.communicate()
-
-
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    made: list[Child] = []
-    yield made
-    for child in made:
-        child.kill()
+sys.path.remove(str(TRAIN_SCRIPT.parent))
 
 
 def _reference(mb: float, steps: int) -> str:
@@ -100,7 +43,7 @@ def test_a_file_system_option_comes_from_fsspec_config(
     code, out, err = child.finish()
     assert code == 0, err[-3000:]
     assert out.splitlines()[-1].startswith("done 6 ")
-    assert _markers(s3_env.endpoint, s3_url)[-1] == 6  # uploaded: the endpoint came from the config
+    assert markers(s3_env.endpoint, s3_url)[-1] == 6  # uploaded: the endpoint came from the config
 
 
 def test_sigkill_during_an_upload_then_a_fresh_machine_resumes_exactly(
@@ -112,15 +55,15 @@ def test_sigkill_during_an_upload_then_a_fresh_machine_resumes_exactly(
     mb = 4.0
     first = Child(s3_url, tmp_path / "a", 10_000, 20, mb)
     children.append(first)
-    _until("a first committed upload", lambda: bool(_markers(s3_env.endpoint, s3_url)), first.proc)
-    committed = _markers(s3_env.endpoint, s3_url)
+    until("a first committed upload", lambda: bool(markers(s3_env.endpoint, s3_url)), first)
+    committed = markers(s3_env.endpoint, s3_url)
     proxy.throttle(256 << 10)  # 4 MB at 256 KB/s: an upload now takes ~16 s
     sent = proxy.sent
-    _until("an upload in flight", lambda: proxy.sent - sent > (1 << 20), first.proc)
+    until("an upload in flight", lambda: proxy.sent - sent > (1 << 20), first)
     first.proc.send_signal(signal.SIGKILL)
-    first.proc.communicate()
+    first.proc.wait()
     proxy.throttle(None)
-    after = _markers(s3_env.endpoint, s3_url)
+    after = markers(s3_env.endpoint, s3_url)
     assert after[-1] >= committed[-1] and len(after) <= len(committed) + 1, (committed, after)
     resumed_from = after[-1]
 
@@ -133,7 +76,7 @@ def test_sigkill_during_an_upload_then_a_fresh_machine_resumes_exactly(
     assert started == resumed_from, out
     done = out.split("done ")[1].split()
     assert int(done[0]) == target and done[1] == _reference(mb, target), out
-    assert _markers(s3_env.endpoint, s3_url)[-1] == target
+    assert markers(s3_env.endpoint, s3_url)[-1] == target
 
 
 @pytest.mark.timeout(180)
@@ -147,9 +90,8 @@ def test_sigterm_on_a_slow_network_leaves_the_previous_remote_latest(
     mb = 8.0
     child = Child(s3_url, tmp_path / "a", 10_000, 10_000, mb, grace=3)
     children.append(child)
-    _until("the start-up upload", lambda: bool(_markers(s3_env.endpoint, s3_url)), child.proc)
-    assert child.proc.stdout is not None
-    assert child.proc.stdout.readline().startswith("started")
+    until("the start-up upload", lambda: bool(markers(s3_env.endpoint, s3_url)), child)
+    until("its start", lambda: child.started() is not None, child)
     proxy.throttle(64 << 10)  # 8 MB at 64 KB/s: two minutes
     sent_before = proxy.sent
     started = time.monotonic()
@@ -160,7 +102,7 @@ def test_sigterm_on_a_slow_network_leaves_the_previous_remote_latest(
     assert took < 3 + 20, took  # the grace, plus the wind-down and the interpreter's exit
     assert "remote.left_behind" in err, err[-3000:]
     assert proxy.sent > sent_before  # it did try
-    assert _markers(s3_env.endpoint, s3_url) == [0]
+    assert markers(s3_env.endpoint, s3_url) == [0]
     local = sorted(p.name for p in (tmp_path / "a").glob("model.ckpt-*.index"))
     assert len(local) == 2, local  # the start-up checkpoint and the final one, committed locally
 
@@ -170,17 +112,20 @@ def test_sigterm_on_a_slow_network_leaves_the_previous_remote_latest(
     code, _out, err = again.finish()
     assert code == 0, err[-3000:]
     final_step = int(local[-1].split("-")[1].split(".")[0])
-    assert _markers(s3_env.endpoint, s3_url)[-1] == final_step
+    assert markers(s3_env.endpoint, s3_url)[-1] == final_step
 
 
 @pytest.mark.anyio
 @both_backends
 @pytest.mark.timeout(120)
 async def test_an_outage_during_training_is_retried_and_training_goes_on(
-    s3_url: str, proxy: FaultProxy, tmp_path: Path
+    s3_url: str, proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The network goes down: steps go on, ``status().remote`` shows the error and the
-    lag; once it is back, the newest checkpoint is uploaded."""
+    """The network goes down: steps go on, ``status().remote`` shows the error (the upload
+    stalled: no progress within ASUPERVISOR_REMOTE_TIMEOUT_SECS, while the libraries
+    still retry) and the lag; once it is back, the newest checkpoint is uploaded and the
+    error clears."""
+    monkeypatch.setenv("ASUPERVISOR_REMOTE_TIMEOUT_SECS", "3")
     state = remote_train.state_of(0.1)
     sv = asv.Supervisor(s3_url, local_dir=tmp_path / "a", state=state, save_model_secs=0, handle_signals=False)
 
@@ -190,19 +135,27 @@ async def test_an_outage_during_training_is_retried_and_training_goes_on(
                 await anyio.sleep(0.02)  # polling a condition, with a deadline
         return status
 
+    reached = False
     async with sv.managed_session() as sess:
-        await sess.run_loop(lambda: remote_train.step(state), max_steps=5)
+        # one step at a time (a run_loop reaching max_steps would stop the session)
+        for _ in range(5):
+            await sess.run(remote_train.step, state)
         await sv.save_now()
         await status_until("an upload", lambda s: s.remote is not None and s.remote.uploaded_step == 5)
         proxy.cut()
-        await sess.run_loop(lambda: remote_train.step(state), max_steps=10)
+        for _ in range(5):
+            await sess.run(remote_train.step, state)
         await sv.save_now()
         down = await status_until("the error", lambda s: s.remote is not None and s.remote.error is not None)
         assert down.remote is not None and down.remote.lag_steps == 5 and down.remote.uploaded_step == 5
-        await sess.run_loop(lambda: remote_train.step(state), max_steps=12)  # training goes on
+        for _ in range(2):  # training goes on
+            await sess.run(remote_train.step, state)
         assert sv.global_step == 12
         proxy.heal()
         up = await status_until(
-            "the upload after the outage", lambda s: s.remote is not None and s.remote.uploaded_step == 10
+            "the upload after the outage and no error",
+            lambda s: s.remote is not None and s.remote.uploaded_step == 10 and s.remote.error is None,
         )
-        assert up.remote is not None and up.remote.error is None
+        assert up.remote is not None and up.remote.lag_steps == 0 and not up.remote.stalled
+        reached = True
+    assert reached  # the body ran to its end: it was not cut short by a stop

@@ -76,13 +76,17 @@ async def second_training_refused(url: str, tmp_path: Path, keys: Callable[[], l
     first ends, it starts."""
     state = model()
     sv = asv.Supervisor(url, local_dir=tmp_path / "a", state=state, save_model_secs=0, handle_signals=False)
+    refused = False
     async with sv.managed_session() as sess:
-        await sess.run_loop(lambda: step(state), max_steps=3)
+        for _ in range(3):  # one at a time: a run_loop reaching max_steps would stop the session
+            await sess.run(step, state)
         assert f"{LEASE_PREFIX}00000001" in keys()
         second = asv.Supervisor(url, local_dir=tmp_path / "b", state=model(), handle_signals=False)
         with pytest.raises(asv.CheckpointError, match=r"in use by another training \(host .* pid \d+"):
             async with second.managed_session():
                 pytest.fail("two owners")
+        refused = True
+    assert refused  # the refusal above was reached, inside the first session
     assert not list((tmp_path / "b").glob("model.ckpt-*"))
     sv3, _ = await train(url, tmp_path / "b", 5)
     assert sv3.status().global_step == 5

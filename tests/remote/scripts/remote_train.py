@@ -5,7 +5,9 @@ Usage: ``remote_train.py URL LOCAL_DIR MAX_STEPS SAVE_STEPS MB [GRACE_SECS]``. T
 (:func:`state_of` / :func:`step`), so a resumed run ends bitwise where an uninterrupted one
 does. Saves every ``SAVE_STEPS``; SIGTERM/SIGINT stop it gracefully. On stdout:
 ``started <step>`` once running, ``done <step> <sha256 of the state>`` at the end; log
-events on stderr. Exits with ``asv.exit_code``.
+events on stderr. Exits with ``asv.exit_code``, also when the session fails (a refused
+start, a lost lease, storage unreachable): then nothing more on stdout, the error on
+stderr.
 """
 
 from __future__ import annotations
@@ -57,9 +59,13 @@ async def main() -> None:
         save_summaries_secs=0,
         stop_grace_secs=grace,
     )
-    async with sv.managed_session() as sess:
-        print(f"started {sv.global_step}", flush=True)
-        await sess.run_loop(lambda: step(state), max_steps=max_steps)
+    try:
+        async with sv.managed_session() as sess:
+            print(f"started {sv.global_step}", flush=True)
+            await sess.run_loop(lambda: step(state), max_steps=max_steps)
+    except Exception as exc:  # its exit status says which (an error is never 0)
+        print(f"remote_train: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(asv.exit_code(sv.status()) or 1)
     print(f"done {sv.global_step} {digest(state)}", flush=True)
     sys.exit(asv.exit_code(sv.status()))
 

@@ -69,6 +69,8 @@ class Bound:
         idle: seconds it may go without progress (``None``: no limit).
         stall: after this many seconds without progress, ``on_stall(True)`` is called
             once (the work goes on); at the next progress, ``on_stall(False)``.
+        until: the seconds left before the work must have ended, asked anew each time
+            (a moving deadline: the lease's expiry, pushed on by each renewal).
         clock: the time source (monotonic seconds).
     """
 
@@ -80,6 +82,7 @@ class Bound:
         idle: float | None = None,
         stall: float | None = None,
         on_stall: Callable[[bool], None] | None = None,
+        until: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.what = what
@@ -87,6 +90,7 @@ class Bound:
         self.idle = idle
         self.stall = stall
         self.on_stall = on_stall
+        self.until = until
         self.clock = clock
         self.started = self.last_progress = clock()
         self.stalled = False
@@ -110,6 +114,10 @@ class Bound:
             raise StorageUnreachableError(
                 f"{url} is unreachable: {self.what} got no answer within {self.total:g} s "
                 "(ASUPERVISOR_REMOTE_TIMEOUT_SECS); check the endpoint, the network and the credentials"
+            )
+        if self.until is not None and self.until() <= 0:
+            raise StorageUnreachableError(
+                f"{url}: {self.what} did not finish in time; it was cut (it is retried once the remote answers)"
             )
         quiet = now - self.last_progress
         if self.stall is not None and not self.stalled and quiet > self.stall:
@@ -191,13 +199,21 @@ class RemoteFS:
 
     def _call(self, name: str, *args: Any, check: Callable[[], None] | None = None, **kwargs: Any) -> Any:
         """``fs.<name>(*args, **kwargs)``, waited for under this thread's bounds."""
-        loop = self._loop
-        bounds = list(self._bounds())
-        if loop is None:  # a synchronous implementation (memory://): no network
+        if self._loop is None:  # a synchronous implementation (memory://): no network
             if check is not None:
                 check()
             return getattr(self.fs, name)(*args, **kwargs)
-        future = asyncio.run_coroutine_threadsafe(getattr(self.fs, "_" + name)(*args, **kwargs), loop)
+        return self._wait(getattr(self.fs, "_" + name)(*args, **kwargs), check)
+
+    def _wait(self, coro: Any, check: Callable[[], None] | None = None, timeout: float | None = None) -> Any:
+        """Run ``coro`` on the loop and wait for it under this thread's bounds (and
+        ``timeout`` seconds, when given: then ``TimeoutError``); what ``check`` raises
+        cancels it and propagates."""
+        loop = self._loop
+        assert loop is not None
+        bounds = list(self._bounds())
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        ends = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
                 try:
@@ -207,6 +223,8 @@ class RemoteFS:
                         check()
                     for bound in bounds:
                         bound.check(self.url)
+                    if ends is not None and time.monotonic() > ends:
+                        raise TimeoutError(f"{self.url}: no answer within {timeout:g} s") from None
                 else:
                     break
         except BaseException:
@@ -245,14 +263,16 @@ class RemoteFS:
         callback = _progress_callback(bounds[-1] if bounds else None)
         self._call("get_file", remote, local, callback=callback)
 
-    def put_file(self, local: str, remote: str, check: Callable[[], None] | None = None) -> None:
+    def put_file(
+        self, local: str, remote: str, check: Callable[[], None] | None = None, *, abort_cut: bool = True
+    ) -> None:
         """Upload ``local`` to ``remote`` as the implementation does best (multipart, in
         parallel where it can), bounded (each part sent is progress); ``check`` is called
         every 0.1 s meanwhile, and what it raises cancels the upload in flight (an
         asynchronous implementation's coroutine is cancelled mid-file) and propagates.
         A cut upload's multipart upload is aborted (S3 keeps, and bills, the parts of one
         that is neither completed nor aborted; s3fs aborts only on an error, not on a
-        cancellation)."""
+        cancellation), unless ``abort_cut`` is false (the caller does it, fenced)."""
         bounds = self._bounds()
         if self._loop is None:
             self._call("put_file", local, remote, check=check)
@@ -261,10 +281,11 @@ class RemoteFS:
         try:
             self._call("put_file", local, remote, check=check, callback=callback)
         except BaseException:
-            self._abort_partial(remote)
+            if abort_cut:
+                self.abort_cut(remote)
             raise
 
-    def _abort_partial(self, remote: str) -> None:
+    def abort_cut(self, remote: str) -> None:
         """After a cancelled upload: abort the multipart upload it left. Best effort, S3 only."""
         try:
             self.abort_multipart(remote, exact=True, timeout=10)
@@ -296,12 +317,8 @@ class RemoteFS:
                 kwargs["KeyMarker"] = page.get("NextKeyMarker")
                 kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker")
 
-        future = asyncio.run_coroutine_threadsafe(abort(), loop)
-        try:
-            return future.result(timeout=timeout)
-        except BaseException:
-            future.cancel()
-            raise
+        aborted: list[str] = self._wait(abort(), timeout=timeout)
+        return aborted
 
     def close(self) -> None:
         """Close the HTTP sessions, stop the loop and join its thread (idempotent)."""

@@ -42,6 +42,8 @@ log = get_logger(__name__)
 LEASE_PREFIX = "asupervisor.lease-"
 #: seconds a lease lasts without renewal (``ASUPERVISOR_LEASE_SECS`` overrides it)
 DEFAULT_TTL = 60.0
+#: the share of the ttl after its last renewal in which an owner's write must end
+_HELD_SHARE = 0.8
 
 
 def _ttl() -> float:
@@ -169,6 +171,14 @@ class RemoteLease:
             "boot": _read_text("/proc/sys/kernel/random/boot_id"),
             "lock": own_lock,
         }
+
+    def held_for(self) -> float:
+        """Seconds this training may still write as the holder, by its own clock: until
+        ``0.8 x ttl`` after its last renewal that answered (a contender takes over only
+        ``ttl`` after it, by its clock: the rest is room for clock skew). A write still in
+        flight then is cut (:class:`._io.Bound`'s ``until``), so that none lands after a
+        takeover."""
+        return self._renewed_at + _HELD_SHARE * self.ttl - self.wall_clock()
 
     @property
     def owner_id(self) -> str:

@@ -18,10 +18,11 @@ uploads left under the logdir are aborted at the start and at a clean stop.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -132,24 +133,35 @@ class RemoteTier:
         """Whether another training took the lease: this one writes nothing more there."""
         return self.lease is not None and self.lease.lost is not None
 
-    def _guard(self) -> None:
-        """The fence, before each write (the owner's): raise if the lease is lost; the
-        first time, say so."""
-        if self.lease is None:
+    @contextlib.contextmanager
+    def _fenced(self, what: str) -> Iterator[None]:
+        """A write to the remote (the owner's): only while this training holds the lease,
+        checked just before it (:meth:`._lease.RemoteLease.check`), and cut if it is
+        still in flight when the lease could expire (the network went away meanwhile)."""
+        lease = self.lease
+        if lease is None:
+            yield
             return
         try:
-            self.lease.check()
+            lease.check()
         except LeaseLostError as exc:
-            if not self._fence_said:
-                self._fence_said = True
-                log.error(
-                    "remote.fenced",
-                    url=self.url,
-                    error=str(exc),
-                    local_dir=str(self.local_dir),
-                    hint="nothing more is written there; this training's checkpoints stay in local_dir",
-                )
+            self._say_fenced(exc)
             raise
+        with self.fs.bounded(Bound(f"{what}, while this training holds the lease", until=lease.held_for)):
+            yield
+
+    def _say_fenced(self, exc: LeaseLostError) -> None:
+        """The first time the lease is found lost (by a write's fence or the renewal): say so."""
+        if self._fence_said:
+            return
+        self._fence_said = True
+        log.error(
+            "remote.fenced",
+            url=self.url,
+            error=str(exc),
+            local_dir=str(self.local_dir),
+            hint="nothing more is written there; this training's checkpoints stay in local_dir",
+        )
 
     def _owner_id(self) -> str:
         """The owner id kept in the local tier (made on first use)."""
@@ -238,8 +250,8 @@ class RemoteTier:
         """Abort the multipart uploads in progress under the logdir (S3: stored and billed,
         yet in no listing); the lease holds, so none of them is another training's."""
         assert self.io is not None
-        self._guard()
-        aborted = self.io.abort_multipart(self.io.root, timeout=self.timeout if timeout is None else timeout)
+        with self._fenced("aborting multipart uploads"):
+            aborted = self.io.abort_multipart(self.io.root, timeout=self.timeout if timeout is None else timeout)
         if aborted:
             log.warning("remote.multipart_aborted", url=self.url, whose=whose, keys=len(aborted))
 
@@ -254,11 +266,8 @@ class RemoteTier:
                 self._rm(name)
 
     def _rm(self, name: str) -> None:
-        self._guard()
-        try:
+        with self._fenced(f"deleting {name}"), contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(self._path(name))
-        except FileNotFoundError:
-            pass
 
     def _marker(self, ckpt: RemoteCheckpoint) -> Marker | None:
         marker = self._markers.get(ckpt.name)
@@ -427,8 +436,15 @@ class RemoteTier:
         """Upload ``local`` as ``name`` (fenced; abandonable mid-file); its size and CRC32C."""
         crc = crc32c_of(local)
         size = os.path.getsize(local)
-        self._guard()
-        self.fs.put_file(str(local), self._path(name), self._check)
+        path = self._path(name)
+        try:
+            with self._fenced(f"the upload of {name}"):
+                self.fs.put_file(str(local), path, self._check, abort_cut=False)
+        except BaseException:
+            if not self.fenced:  # its multipart upload, unless that could be another owner's now
+                with contextlib.suppress(Exception), self._fenced(f"aborting the cut upload of {name}"):
+                    self.fs.abort_cut(path)
+            raise
         return size, crc
 
     def _on_stall(self, stalled: bool) -> None:
@@ -487,8 +503,8 @@ class RemoteTier:
             return None
         self._check()
         marker = Marker(name, step, sums, committed_at, metrics)
-        self._guard()
-        self.fs.pipe_file(self._path(name + MARKER_SUFFIX), marker.to_bytes())
+        with self._fenced(f"the commit marker of {name}"):
+            self.fs.pipe_file(self._path(name + MARKER_SUFFIX), marker.to_bytes())
         self._unfinished.discard(name)
         self._markers[name] = marker
         uploaded = Uploaded(name, step, committed_at)
@@ -543,8 +559,8 @@ class RemoteTier:
             managed=lambda p, t: p.startswith(prefix) and p[len(prefix) :].isdigit(),
             metrics=lambda p: marker.metrics if p == marker.name else committed[p].metrics if p in committed else {},
         )
-        self._guard()
-        self.fs.pipe_file(self._path(_names.STATE_FILE), _state_file.state_text(state).encode())
+        with self._fenced("the state object"):
+            self.fs.pipe_file(self._path(_names.STATE_FILE), _state_file.state_text(state).encode())
         by_name = {c.name: c for c in self.checkpoints()}
         for name in delete:
             if name in by_name:
@@ -565,8 +581,8 @@ class RemoteTier:
             if self._events_sent.get(entry) == size:
                 continue
             self._check()
-            self._guard()
-            self.fs.put_file(str(self.local_dir / entry), self._path(entry))
+            with self._fenced(f"the upload of {entry}"):
+                self.fs.put_file(str(self.local_dir / entry), self._path(entry))
             self._events_sent[entry] = size
 
     # -- the end -----------------------------------------------------------------------
@@ -578,8 +594,12 @@ class RemoteTier:
             LeaseLostError: another training took the logdir over.
         """
         if self.lease is not None and self.lease.number is not None:
-            with self.fs.bounded(Bound("the lease's renewal", total=self.timeout)):
-                self.lease.renew()
+            try:
+                with self.fs.bounded(Bound("the lease's renewal", total=self.timeout)):
+                    self.lease.renew()
+            except LeaseLostError as exc:
+                self._say_fenced(exc)
+                raise
 
     def finish(self) -> None:
         """A stop (the upload thread, after the final upload): remove what uploads that
