@@ -24,7 +24,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import os
 import threading
 import time
 import weakref
@@ -34,30 +33,9 @@ from typing import Any
 from ...._exceptions import StorageUnreachableError
 from ...._logging import describe, get_logger
 
-__all__ = ["DEFAULT_TIMEOUT_SECS", "Bound", "RemoteFS", "timeout_secs"]
+__all__ = ["Bound", "RemoteFS"]
 
 log = get_logger(__name__)
-
-#: the default bound on a remote wait (``ASUPERVISOR_REMOTE_TIMEOUT_SECS`` overrides it)
-DEFAULT_TIMEOUT_SECS = 60.0
-
-
-def timeout_secs() -> float:
-    """The bound on remote waits: ``ASUPERVISOR_REMOTE_TIMEOUT_SECS``, else 60 s.
-
-    Raises:
-        ValueError: the variable is not a positive number (the message names it).
-    """
-    raw = os.environ.get("ASUPERVISOR_REMOTE_TIMEOUT_SECS")
-    if raw is None:
-        return DEFAULT_TIMEOUT_SECS
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"ASUPERVISOR_REMOTE_TIMEOUT_SECS must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
-        raise ValueError(f"ASUPERVISOR_REMOTE_TIMEOUT_SECS must be > 0, got {raw!r}")
-    return value
 
 
 class Bound:

@@ -29,6 +29,7 @@ from typing import Any
 
 from ...._exceptions import CheckpointError, LeaseLostError
 from ...._logging import get_logger
+from ._settings import lease_secs
 
 try:
     import fcntl
@@ -40,23 +41,8 @@ __all__ = ["LEASE_PREFIX", "RemoteLease", "describe_lease"]
 log = get_logger(__name__)
 
 LEASE_PREFIX = "asupervisor.lease-"
-#: seconds a lease lasts without renewal (``ASUPERVISOR_LEASE_SECS`` overrides it)
-DEFAULT_TTL = 60.0
 #: the share of the ttl after its last renewal in which an owner's write must end
 _HELD_SHARE = 0.8
-
-
-def _ttl() -> float:
-    raw = os.environ.get("ASUPERVISOR_LEASE_SECS")
-    if raw is None:
-        return DEFAULT_TTL
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"ASUPERVISOR_LEASE_SECS must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
-        raise ValueError(f"ASUPERVISOR_LEASE_SECS must be > 0, got {raw!r}")
-    return value
 
 
 def describe_lease(body: dict[str, Any], now: float) -> str:
@@ -156,7 +142,7 @@ class RemoteLease:
         self.fs = fs
         self.root = root
         self.url = url
-        self.ttl = _ttl()
+        self.ttl = lease_secs()
         self.wall_clock = wall_clock
         self.number: int | None = None
         #: why this training may no longer write the remote (``None``: it may)

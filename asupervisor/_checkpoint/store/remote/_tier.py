@@ -31,9 +31,10 @@ from ...._exceptions import CheckpointError, LeaseLostError
 from ...._logging import describe, get_logger
 from ...snapshot import _metrics
 from .. import _commit, _names, _state_file
-from ._io import Bound, RemoteFS, timeout_secs
+from ._io import Bound, RemoteFS
 from ._layout import MARKER_SUFFIX, Marker, RemoteCheckpoint, crc32c_of, list_remote, marker_problem
 from ._lease import RemoteLease
+from ._settings import timeout_secs
 
 if TYPE_CHECKING:
     from ...policy._policies import KeepPolicy
