@@ -273,7 +273,8 @@ def bench_upload(prefix: Path, step_no: int, rounds: int, url: str, server: Serv
     size = sum(f.stat().st_size for f in files)
     tier = RemoteTier(url, prefix.parent, basename="model.ckpt", keep_policy=keep_policy_for(2, None), owner=True)
     tier.open()
-    fs = tier.fs
+    assert tier.io is not None
+    fs = tier.io.fs  # the raw fsspec file system (the baseline's)
     raw_root = f"{BUCKET}/raw-put"
     modes = ["upload", "put_file", "put_file_1"]
     times: dict[str, list[float]] = {m: [] for m in modes}

@@ -8,8 +8,10 @@ renewal on its own. Never on the event loop.
 
 Every wait is bounded (:class:`._io.Bound`, ``ASUPERVISOR_REMOTE_TIMEOUT_SECS``, 60 s by
 default): the start's checks in all, a download and an upload by their progress (an
-upload without progress for that long is reported stalled, for three times that long it
-is cut and retried). Every write (objects, marker, state object, deletions) is fenced by
+upload without progress for that long is reported stalled; it is cut, and retried, when
+the lease could expire (the renewals fail too: the network is gone) or after ten times
+that bound without progress (a slow link is not cut: a file under 100 MiB goes up in
+one request, whose progress shows only at its end). Every write (objects, marker, state object, deletions) is fenced by
 the lease (:meth:`._lease.RemoteLease.check`): once another training holds it, this one
 writes nothing more there (``remote.fenced``, once). Objects of an upload that did not
 commit are removed after the next one commits and at a clean stop, and multipart
@@ -45,6 +47,9 @@ __all__ = ["RemoteTier", "Uploaded"]
 log = get_logger(__name__)
 
 _EVENTS = "events.out.tfevents."
+#: an upload without progress for this many times the bound is cut (a last resort: the
+#: lease's expiry cuts it first when the network is gone)
+_IDLE_CUT = 10
 #: the most a stop's clean-up of the remote waits (it runs in the stop's wind-down)
 _FINISH_SECS = 3.0
 #: the owner id of the remote's lease, kept in the local tier (a restart is the same owner)
@@ -456,7 +461,7 @@ class RemoteTier:
                 "remote.stalled",
                 url=self.url,
                 no_progress_secs=self.timeout,
-                hint="the upload goes on; it is cut and retried after three times that",
+                hint="the upload goes on; it is cut and retried if the lease could expire, or after ten times that",
             )
         else:
             log.info("remote.moving", url=self.url)
@@ -472,11 +477,12 @@ class RemoteTier:
             Abandoned: the stop's deadline came first (the previous remote checkpoint
                 stays the latest).
             LeaseLostError: another training holds the lease: nothing more is written.
-            StorageUnreachableError: no progress for three times ``timeout`` seconds.
+            StorageUnreachableError: no progress for ten times ``timeout`` seconds, or a
+                write still in flight when the lease could expire.
             Exception: a network or storage error (the caller retries).
         """
         with self.fs.bounded(
-            Bound(f"the upload of {prefix.name}", stall=self.timeout, idle=3 * self.timeout, on_stall=self._on_stall)
+            Bound(f"the upload of {prefix.name}", stall=self.timeout, idle=_IDLE_CUT * self.timeout, on_stall=self._on_stall)
         ):
             try:
                 return self._upload(prefix, step, committed_at)
