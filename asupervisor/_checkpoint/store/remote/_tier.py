@@ -482,7 +482,12 @@ class RemoteTier:
             Exception: a network or storage error (the caller retries).
         """
         with self.fs.bounded(
-            Bound(f"the upload of {prefix.name}", stall=self.timeout, idle=_IDLE_CUT * self.timeout, on_stall=self._on_stall)
+            Bound(
+                f"the upload of {prefix.name}",
+                stall=self.timeout,
+                idle=_IDLE_CUT * self.timeout,
+                on_stall=self._on_stall,
+            )
         ):
             try:
                 return self._upload(prefix, step, committed_at)
