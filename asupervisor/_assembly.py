@@ -12,10 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._checkpoint._part import CheckpointPart
-from ._checkpoint._remote_part import RemotePart
 from ._checkpoint.policy._cluster_stop import ClusterStopPart
 from ._checkpoint.policy._policies import keep_policy_for, save_policy_for
-from ._checkpoint.store.remote._tier import RemoteTier
 from ._progress._part import ProgressPart
 from ._summary._part import SummaryPart
 
@@ -36,6 +34,10 @@ def session_parts(config: SupervisorConfig) -> list[SessionPart]:
     remote: list[SessionPart] = []
     tier = None
     if config.remote_url is not None and config.logdir is not None:
+        # a URL logdir only: the remote store is optional code (checked at construction)
+        from ._checkpoint._remote_part import RemotePart
+        from ._checkpoint.store.remote._tier import RemoteTier
+
         tier = RemoteTier(
             config.remote_url,
             config.logdir,

@@ -109,7 +109,7 @@ class SupervisorConfig:
     def _check_remote(self) -> None:
         """A URL logdir: checked (its scheme served), and ``logdir`` set to its local
         working directory."""
-        from ._checkpoint.store.remote._url import check_url, default_local_dir, is_url
+        from ._checkpoint.store._url import check_url, default_local_dir, is_url
 
         if is_url(self.logdir):
             url = check_url(str(self.logdir))

@@ -41,7 +41,7 @@ _MODES = ("min", "max")
 
 async def export(sv: Any, model: Any, path: str | os.PathLike[str], *, best: str | None, mode: str) -> str | None:
     """See :meth:`asupervisor.Supervisor.export` (``sv``: the supervisor)."""
-    from ._checkpoint.store.remote._url import check_url, is_url
+    from ._checkpoint.store._url import check_url, is_url
     from ._core._handoff import LoopHandle
     from ._core._threads import DedicatedThread
 
@@ -76,7 +76,7 @@ async def export(sv: Any, model: Any, path: str | os.PathLike[str], *, best: str
 
 def _export(sv: Any, model: Any, target: str, best: str | None, mode: str) -> str:
     """On the export thread: the weights chosen, written, put back."""
-    from ._checkpoint.store.remote._url import is_url
+    from ._checkpoint.store._url import is_url
 
     saved = None
     source = "current weights"

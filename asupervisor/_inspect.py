@@ -70,9 +70,9 @@ def _scalars(logdir: Path) -> dict[str, dict[str, float]]:
 def _inspect_remote(url: str) -> dict[str, Any]:
     """:func:`inspect_logdir` of a URL logdir, from its listing, markers and state object
     (nothing is downloaded: "loads" means the objects match their commit marker)."""
+    from ._checkpoint.store._url import check_url, default_local_dir
     from ._checkpoint.store.remote._layout import MARKER_SUFFIX, Marker, marker_problem
     from ._checkpoint.store.remote._tier import RemoteTier
-    from ._checkpoint.store.remote._url import check_url, default_local_dir
 
     url = check_url(url)
     tier = RemoteTier(url, default_local_dir(url, "inspect"), basename=None, keep_policy=None, owner=False)
@@ -133,7 +133,7 @@ def inspect_logdir(logdir: str | os.PathLike[str]) -> dict[str, Any]:
             cannot be read.
         ValueError: a URL nothing serves.
     """
-    from ._checkpoint.store.remote._url import is_url
+    from ._checkpoint.store._url import is_url
 
     if is_url(logdir):
         return _inspect_remote(str(logdir))

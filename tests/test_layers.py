@@ -233,3 +233,76 @@ def test_features_never_reach_into_the_engine() -> None:
             if isinstance(node, ast.Attribute) and node.attr == "_rt":
                 offenders.append(f"{module}:{node.lineno}")
     assert offenders == []
+
+
+#: the optional stores: imported by no module outside them at module level
+OPTIONAL_STORES = ("_checkpoint.store.fast", "_checkpoint.store.remote")
+
+
+def _module_level_lines(tree: ast.Module) -> set[int]:
+    """The lines of the imports a module runs when it is imported: at its top level, in
+    top-level ``try``/``if``/``with`` blocks, but not under ``if TYPE_CHECKING:``."""
+    lines: set[int] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                lines.add(node.lineno)
+            elif isinstance(node, ast.If):
+                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+            elif isinstance(node, ast.With):
+                visit(node.body)
+
+    visit(tree.body)
+    return lines
+
+
+def eager_optional_imports(root: Path) -> list[str]:
+    """Module-level imports of an optional store by a module outside it."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        module = module_name(root, path)
+        eager = _module_level_lines(ast.parse(path.read_text(), str(path)))
+        for imp in imports_of(root):
+            if imp.module != module or imp.line not in eager:
+                continue
+            for store in OPTIONAL_STORES:
+                inside = module == store or module.startswith(store + ".")
+                if not inside and (imp.target == store + ".__init__" or imp.target.startswith(store + ".")):
+                    found.append(f"{module}:{imp.line} imports {imp.target} when it is imported")
+    return found
+
+
+def test_the_optional_stores_are_imported_only_when_used() -> None:
+    """``store/fast/`` and ``store/remote/`` are optional code: no module outside them
+    imports them at module level (a function imports them when their store is chosen;
+    type-only imports are free), so ``import asupervisor`` and the plain store work
+    without them (``tests/checkpoint/test_optional_stores.py`` runs that)."""
+    assert eager_optional_imports(PACKAGE) == []
+
+
+def test_the_eager_import_check_finds_one(tmp_path: Path) -> None:
+    """Fed a module importing the fast store at its top, the check reports it; the same
+    import in a function or under ``TYPE_CHECKING`` it leaves alone."""
+    for name in ("__init__.py", "_checkpoint/__init__.py", "_checkpoint/store/__init__.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    (tmp_path / "_checkpoint/store/fast").mkdir()
+    (tmp_path / "_checkpoint/store/fast/__init__.py").write_text("")
+    (tmp_path / "_checkpoint/store/fast/_bundle.py").write_text("")
+    (tmp_path / "_checkpoint/_lazy.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .store.fast import _bundle\n"
+        "def f():\n    from .store.fast import _bundle\n"
+    )
+    (tmp_path / "_checkpoint/_eager.py").write_text("from .store.fast import _bundle\n")
+    assert eager_optional_imports(tmp_path) == [
+        "_checkpoint._eager:1 imports _checkpoint.store.fast._bundle when it is imported"
+    ]

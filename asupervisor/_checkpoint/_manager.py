@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._core._status import CheckpointInfo
 from .._exceptions import CheckpointError
@@ -34,8 +34,9 @@ from .store import _candidates, _commit, _names, _state_file, _writeback
 from .store._local import PlainStore, open_store
 from .store._options import FastPath, resolve_store
 from .store._owner import OwnerLock
-from .store.fast import _bundle
-from .store.fast._idle_io import IdleIO
+
+if TYPE_CHECKING:
+    from .store.fast._idle_io import IdleIO
 
 __all__ = ["Checkpointer", "write_checkpoint_now"]
 
@@ -237,9 +238,11 @@ class Checkpointer:
     def _staging_ready(self) -> _snapshot.Staging | None:
         """The staging buffers, if snapshots are to be staged now: not before the native
         writer has proven itself (``SaveV2`` would need tensors again)."""
-        if self._staging is None or not (self.store.fast.native_writer and _bundle.checked()):
+        if self._staging is None or not self.store.fast.native_writer:
             return None
-        return self._staging
+        from .store.fast import _bundle  # the fast store's writer (imported once it is chosen)
+
+        return self._staging if _bundle.checked() else None
 
     def _prepare_staging(self, snapshot: _snapshot.Snapshot, stopping: Callable[[], bool] | None) -> None:
         """On the writer thread after a save: have the staging buffers ready for the next."""

@@ -32,7 +32,6 @@ from .._core._services import Service, engine_context
 from .._core._status import RemoteStatus
 from .._exceptions import LeaseLostError
 from .._logging import describe, get_logger
-from .store.remote._tier import Abandoned, RemoteTier, Uploaded
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
@@ -41,6 +40,7 @@ if TYPE_CHECKING:
     from .._core._services import EngineContext, ServiceContext
     from .._core._status import CheckpointInfo
     from .._core._threads import DedicatedThread
+    from .store.remote._tier import RemoteTier, Uploaded
 
 __all__ = ["RemotePart"]
 
@@ -207,6 +207,8 @@ class RemotePart(SessionPart):
             return
         if self.tier.fenced:
             return  # said once: this training's checkpoints stay in local_dir
+        from .store.remote._tier import Abandoned  # loaded with the tier (optional code)
+
         try:
             await self.upload_newest(ctx, force=True)
         except anyio.get_cancelled_exc_class():

@@ -37,7 +37,6 @@ from .snapshot import _graph
 from .snapshot._iterator_state import ITERATOR_ATTR, PIPELINE_ATTR
 from .store import _candidates, _names, _state_file
 from .store._options import FastPath, resolve_store
-from .store.fast import _direct_restore
 
 __all__ = ["RestoreOutcome", "check_matches", "restore_latest", "restore_newest", "restore_path"]
 
@@ -235,13 +234,15 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True, fast: FastP
     allow_missing = (f"{ITERATOR_ATTR}/", f"{PIPELINE_ATTR}/", f"{EPOCH_ATTR}/", f"{KERAS_ATTR}/")
     checked = not strict
     fast = resolve_store() if fast is None else fast
-    prefetch = (
-        _direct_restore.start(path, direct_reads=fast.direct_reads, huge_pages=fast.huge_pages)
-        if fast.own_restore
-        else None
-    )
+    prefetch = None
+    if fast.own_restore:
+        from .store.fast import _direct_restore  # the fast store's reader, optional code
+
+        prefetch = _direct_restore.start(path, direct_reads=fast.direct_reads, huge_pages=fast.huge_pages)
     try:
         if prefetch is not None:
+            from .store.fast import _direct_restore
+
             graph = prefetch.graph()
             if graph is not None:
                 match = _graph.SavedGraphMatch(checkpoint, graph)  # the one walk, for the check and the plan

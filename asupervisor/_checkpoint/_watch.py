@@ -201,7 +201,7 @@ def watch_checkpoints(
         or not (interval_secs > 0 and math.isfinite(interval_secs))
     ):
         raise ValueError(f"interval_secs must be a positive number of seconds, got {interval_secs!r}")
-    from .store.remote._url import check_url, default_local_dir, is_url
+    from .store._url import check_url, default_local_dir, is_url
 
     if is_url(logdir):
         url = check_url(str(logdir))

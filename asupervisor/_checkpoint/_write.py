@@ -14,14 +14,15 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._exceptions import CheckpointError
 from .._logging import get_logger
 from .._tf import tf
 from .snapshot import _snapshot
-from .store.fast import _bundle
-from .store.fast._idle_io import IdleIO
+
+if TYPE_CHECKING:
+    from .store.fast._idle_io import IdleIO
 
 __all__ = ["SaveAbandoned", "write_snapshot"]
 
@@ -113,6 +114,8 @@ def write_snapshot(
     if not native:
         _save_v2_in_pieces(snapshot, prefix, check)
         return
+    from .store.fast import _bundle  # the native writer: the fast store's, optional code
+
     if not (_bundle.available() and _bundle.self_check()):
         _save_v2(snapshot, prefix, _shards(snapshot.tensors))
         return
@@ -163,6 +166,8 @@ def _write_native(
     io: IdleIO | None = None,
     direct: bool = True,
 ) -> None:
+    from .store.fast import _bundle
+
     groups = _shards(snapshot.tensors)
     if len(groups) == 1:
         _bundle.write_bundle(prefix, snapshot.keys, snapshot.tensors, groups, check=check, io=io, direct=direct)

@@ -37,13 +37,16 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..._cluster import ClusterInfo
 from ..._logging import describe, get_logger
 from .._write import write_snapshot
 from ..snapshot._snapshot import Snapshot
 from ..store._options import FastPath, resolve_store
-from ..store.fast._idle_io import IdleIO
+
+if TYPE_CHECKING:
+    from ..store.fast._idle_io import IdleIO
 
 __all__ = ["AGREED_STOP_REASONS", "WorkerTempWriter"]
 

@@ -62,7 +62,6 @@ from ..._logging import describe, get_logger
 from .._manager import Checkpointer
 from .._write import SaveAbandoned
 from ..snapshot._snapshot import Snapshot
-from ..store.fast._idle_io import IdleIO
 from ._cadence import Cadence
 
 if TYPE_CHECKING:
@@ -73,6 +72,7 @@ if TYPE_CHECKING:
     from ..._core._services import ServiceContext
     from ..._core._status import CheckpointInfo
     from ..._core._threads import DedicatedThread
+    from ..store.fast._idle_io import IdleIO
 
 __all__ = ["WHEN_BUSY", "CheckpointSaver", "CheckpointService"]
 
@@ -281,6 +281,8 @@ class CheckpointSaver:
         if self._writer is None:
             self._writer = self.ctx.new_thread("asv-checkpoint")
             if self.checkpointer.store.fast.idle_io:
+                from ..store.fast._idle_io import IdleIO  # the fast store's, optional code
+
                 self._io = IdleIO(self.ctx.new_thread("asv-checkpoint-io").submit_nowait)
 
     def _hand_off(self, snap: Snapshot, keep: _Launched | None) -> None:

@@ -29,7 +29,6 @@ from typing import Any
 from ... import _tf_internals as internals
 from ..._exceptions import CheckpointError
 from ..._tf import tf
-from ..store.fast import _index
 
 __all__ = [
     "ITERATOR_ATTR",
@@ -172,7 +171,13 @@ def restore_mismatch_error(exc: BaseException, path: str | None) -> CheckpointEr
 
 def index_entries(prefix: str) -> dict[str, Any]:
     """``{checkpoint key: BundleEntryProto}`` read from ``<prefix>.index`` (:mod:`..store.fast._index`:
-    TF's reader is not used, and neither is this project's writer)."""
+    TF's reader is not used, and neither is this project's writer).
+
+    Raises:
+        ImportError: the fast store's code, which holds the index reader, is not there.
+    """
+    from ..store.fast import _index
+
     return _index.read(prefix)[1]
 
 
@@ -183,8 +188,11 @@ def entry_sizes(prefix: str) -> dict[str, int]:
 
 def iterator_share(prefix: str) -> tuple[int, int] | None:
     """``(iterator bytes, all bytes)`` of the checkpoint at ``prefix``; ``None`` if it
-    holds no ``run_loop`` iterator."""
-    sizes = entry_sizes(prefix)
+    holds no ``run_loop`` iterator (or the index reader is not there)."""
+    try:
+        sizes = entry_sizes(prefix)
+    except ImportError:  # the fast store's code is not installed: the share is not measured
+        return None
     mine = [n for key, n in sizes.items() if key.startswith(f"{ITERATOR_ATTR}/")]
     if not mine:
         return None

@@ -23,6 +23,7 @@ Never on the event loop.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -36,8 +37,6 @@ import numpy as np
 from ... import _tf_internals as internals
 from ..._logging import get_logger
 from ..._tf import tf
-from ..store.fast._bundle import _PLAIN_DTYPES
-from ..store.fast._direct import aligned_empty
 from . import _graph
 from ._walk_cache import WalkCache, initialized, saved_variable
 
@@ -123,6 +122,8 @@ class Staging:
             if buf.shape == like.shape and buf.dtype == like.dtype:
                 return buf
             self.nbytes -= buf.nbytes
+        from ..store.fast._direct import aligned_empty  # staging is the fast store's: it is there
+
         buf = aligned_empty(like.shape, like.dtype)  # aligned: the writer sends it to disk with direct I/O
         buf.reshape(-1).view(np.uint8)[::4096] = 0  # touch every page now, not in the next save
         self.nbytes += buf.nbytes
@@ -160,7 +161,15 @@ def _stageable(value: Any) -> bool:
 
     Runs once per variable on the step thread (:func:`..._tf_internals.fast_stageable`).
     """
-    return internals.fast_stageable(value, _PLAIN_DTYPES)
+    return internals.fast_stageable(value, _plain_dtypes())
+
+
+@functools.cache
+def _plain_dtypes() -> frozenset[int]:
+    """The dtypes the native writer stages (staging is the fast store's: only asked with it)."""
+    from ..store.fast._bundle import _PLAIN_DTYPES
+
+    return _PLAIN_DTYPES
 
 
 # Copies at the boundary run on this many threads (the step thread and short-lived

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 from .. import _restore, _write
 from . import _commit, _names, _state_file, _writeback
 from ._options import PLAIN, FastPath
-from .fast._idle_io import IdleIO
 
 if TYPE_CHECKING:
     from ..snapshot._snapshot import Snapshot
     from ._owner import OwnerLock
+    from .fast._idle_io import IdleIO
 
 __all__ = ["FastStore", "PlainStore", "open_store"]
 

@@ -10,6 +10,7 @@ its own. Pure decisions: no file work, no TensorFlow.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass, fields
@@ -71,8 +72,18 @@ PLAIN = FastPath(
 
 
 def fast_store_available() -> bool:
-    """Whether this platform runs the fast store (Linux: the system calls it is built on)."""
-    return sys.platform.startswith("linux")
+    """Whether this platform runs the fast store (Linux: the system calls it is built on)
+    and its code is there (``store/fast/`` is optional: without it, the plain store)."""
+    return sys.platform.startswith("linux") and _fast_code_present()
+
+
+@functools.cache
+def _fast_code_present() -> bool:
+    try:
+        import asupervisor._checkpoint.store.fast  # noqa: F401 - its package only: no native code yet
+    except ImportError:
+        return False
+    return True
 
 
 def check_store_kind(value: object, where: str = "checkpoint_store") -> str | None:
@@ -94,7 +105,7 @@ def resolve_store(setting: str | FastPath | None = None) -> FastPath:
     """
     if isinstance(setting, FastPath):
         if setting.kind == "fast" and not fast_store_available():
-            raise ValueError(f"the fast store needs Linux, this is {sys.platform}")
+            raise ValueError(f"the fast store needs Linux and its code, this is {sys.platform}")
         return setting
     kind = check_store_kind(setting)
     if kind is None:
@@ -103,6 +114,11 @@ def resolve_store(setting: str | FastPath | None = None) -> FastPath:
         return PLAIN
     if not fast_store_available():
         if kind == "fast":
-            raise ValueError(f"checkpoint_store='fast' needs Linux, this is {sys.platform}; use 'auto' or 'plain'")
+            why = (
+                f"needs Linux, this is {sys.platform}"
+                if not sys.platform.startswith("linux")
+                else "needs its code, asupervisor._checkpoint.store.fast, which cannot be imported here"
+            )
+            raise ValueError(f"checkpoint_store='fast' {why}; use 'auto' or 'plain'")
         return PLAIN
     return FastPath()
