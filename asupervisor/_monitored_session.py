@@ -30,8 +30,9 @@ from ._core._hooks import SessionRunHook
 from ._supervisor import Supervisor
 
 if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
     from ._core._clock import Clock
-    from ._core._runtime import Runtime
     from ._core._session import Session
 
 __all__ = ["MonitoredTrainingSession"]
@@ -148,7 +149,7 @@ class MonitoredTrainingSession:
                 "chief-only CheckpointSaverHook would save without the other workers, which must "
                 "take part in every save; use asv.Supervisor(logdir, save_model_steps=...) instead"
             )
-        self._runtime: Runtime | None = None
+        self._runtime: AbstractAsyncContextManager[Session] | None = None
 
     async def __aenter__(self) -> Session:
         config = self.supervisor.config
@@ -163,8 +164,8 @@ class MonitoredTrainingSession:
                 clock=config.clock,
             )
             await manager.wait_for_session(config.logdir, max_wait_secs=self.max_wait_secs)
-        self._runtime = self.supervisor.managed_session()
-        return await self._runtime.__aenter__()
+        runtime = self._runtime = self.supervisor.managed_session()
+        return await runtime.__aenter__()
 
     async def __aexit__(
         self,

@@ -12,7 +12,8 @@ import functools
 import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
 
 from ._assembly import session_parts
 from ._checkpoint.policy._policies import KeepPolicy, SavePolicy
@@ -26,6 +27,9 @@ from ._core._services import LoopedService, RestartPolicy, Service
 from ._core._status import CheckpointInfo, Status
 from ._input._queue_runner import QueueRunner
 from ._options import CheckpointOptions, StopOptions, SummaryOptions, merge_options
+
+if TYPE_CHECKING:
+    from ._core._session import Session
 
 __all__ = ["Supervisor"]
 
@@ -236,7 +240,7 @@ class Supervisor:
             return self.config.remote_url
         return None if self.config.logdir is None else str(self.config.logdir)
 
-    def managed_session(self) -> Runtime:
+    def managed_session(self) -> AbstractAsyncContextManager[Session]:
         """An async context manager: restore-or-init, start services, yield a session.
 
         On exit, whatever the cause, everything stops in order (see DESIGN "Start-up and
