@@ -243,3 +243,40 @@ def test_the_flock_probe_tells_a_free_lock_from_a_held_one(tmp_path: Path) -> No
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again once its holder ended
     finally:
         os.close(fd)
+
+
+class _AnswerLost:
+    """A file system whose first create-only write lands on the server and then loses its
+    answer (the connection drops after the request went through): the caller sees an error."""
+
+    def __init__(self, fs: object) -> None:
+        self._fs = fs
+        self.lost = 0
+
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite") -> None:
+        self._fs.pipe_file(path, value, mode=mode)  # type: ignore[attr-defined]
+        if mode == "create" and not self.lost:
+            self.lost += 1
+            raise ConnectionResetError("the connection dropped before the answer came")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._fs, name)
+
+
+def test_a_create_whose_answer_never_came_is_taken_as_ours(s3_url: str, s3_env: Server, tmp_path: Path) -> None:
+    """The create-only write of the lease reached the store, but its answer was lost (an
+    error, not "exists"): the lease is read back and, being ours, kept; not reported as a
+    failure to write the logdir, and no second lease is made."""
+    from asupervisor._checkpoint.store.remote._io import RemoteFS
+
+    io = RemoteFS(s3_url)
+    try:
+        flaky = _AnswerLost(io.fs)
+        lease = RemoteLease(flaky, io.root, s3_url)
+        lease.acquire()
+        assert flaky.lost == 1 and lease.number == 1
+        names = [k for k in s3_keys(s3_env.endpoint, s3_url) if k.startswith(LEASE_PREFIX)]
+        assert names == [f"{LEASE_PREFIX}00000001"], names
+        assert json.loads(s3_read(s3_env.endpoint, s3_url, names[0]))["owner"] == lease.owner_id
+    finally:
+        io.close()

@@ -227,7 +227,12 @@ class RemoteLease:
             try:
                 self.fs.pipe_file(self._path(current + 1), self._body(now), mode="create")
             except FileExistsError:
-                continue
+                continue  # another contender's, or ours whose answer was lost: the next look tells
+            except Exception:
+                # no answer (a timeout, a dropped connection, a conflict): the write may have
+                # landed all the same; if the object is ours, the lease is
+                if self._read(current + 1).get("owner") != self.owner_id:
+                    raise
             self._renewed_at = now
             self._adopt(current + 1, leases, write=False)
             return
