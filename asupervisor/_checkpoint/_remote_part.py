@@ -73,6 +73,7 @@ class RemotePart(SessionPart):
         self._uploading = False
         self._error: str | None = None
         self._lease_error: str | None = None
+        self._behind_said = False  # the last upload said the remote is behind
         self._ctx: SessionContext | None = None
         self._started_wall = time.time()
 
@@ -182,9 +183,10 @@ class RemotePart(SessionPart):
         if not force and not self._due(commits, ctx.clock.now()):
             return False
         skipped = commits - self._commits_at_upload - 1
-        if self._last_upload_at is not None and skipped >= max(1, self.upload_every):
+        behind = self._last_upload_at is not None and skipped >= max(1, self.upload_every)
+        if behind:
             age = self.tier.committed_wall
-            log.warning(
+            (log.info if self._behind_said else log.warning)(  # a warning when it falls behind, then info
                 "remote.behind",
                 url=self.tier.url,
                 lag_steps=local.step - (uploaded.step if uploaded is not None else 0),
@@ -192,6 +194,7 @@ class RemotePart(SessionPart):
                 skipped=skipped,
                 hint="uploads are slower than saves: the newest local checkpoint goes up next",
             )
+        self._behind_said = behind
         assert self._thread is not None
         done = await self._thread.submit(self._upload, local).wait_cancellable()
         self._error = None

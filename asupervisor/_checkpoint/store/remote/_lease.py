@@ -290,7 +290,8 @@ class RemoteLease:
     def check(self, *, renewing: bool = False) -> None:
         """The fence, just before a write to the remote: whether this training still holds
         the lease (the newest lease object is its own). An owner whose renewals failed
-        for longer than the ttl renews first.
+        for so long that a write could no longer end in time (:meth:`held_for`) renews
+        first.
 
         Raises:
             LeaseLostError: the lease is lost (now or before): write nothing.
@@ -309,8 +310,8 @@ class RemoteLease:
             )
             self.number = None
             raise LeaseLostError(self.lost)
-        if not renewing and self.wall_clock() - self._renewed_at > self.ttl:
-            self.renew()  # expired by our clock, yet nobody took it: make it ours again first
+        if not renewing and self.held_for() <= 0:
+            self.renew()  # (nearly) expired by our clock, yet nobody took it: make it ours again first
 
     def release(self) -> None:
         """Mark the lease released (the next training takes over at once); idempotent."""

@@ -7,15 +7,16 @@ step, :meth:`RemoteTier.upload` on the upload thread (``asv-upload``), the lease
 renewal on its own. Never on the event loop.
 
 Every wait is bounded (:class:`._io.Bound`, ``ASUPERVISOR_REMOTE_TIMEOUT_SECS``, 60 s by
-default): the start's checks in all, a download and an upload by their progress (an
+default): the start's checks in all, a download and an upload by their progress. An
 upload without progress for that long is reported stalled; it is cut, and retried, when
-the lease could expire (the renewals fail too: the network is gone) or after ten times
-that bound without progress (a slow link is not cut: a file under 100 MiB goes up in
-one request, whose progress shows only at its end). Every write (objects, marker, state object, deletions) is fenced by
-the lease (:meth:`._lease.RemoteLease.check`): once another training holds it, this one
-writes nothing more there (``remote.fenced``, once). Objects of an upload that did not
-commit are removed after the next one commits and at a clean stop, and multipart
-uploads left under the logdir are aborted at the start and at a clean stop.
+the lease could expire (the renewals fail too: the network is gone), or after ten times
+that bound without progress (a slow link is not cut: a file under 100 MiB goes up in one
+request, whose progress shows only at its end). Every write (objects, marker, state
+object, deletions) is fenced by the lease (:meth:`._lease.RemoteLease.check`): once
+another training holds it, this one writes nothing more there (``remote.fenced``, once).
+Objects of an upload that did not commit are removed after the next one commits and at a
+clean stop, and multipart uploads left under the logdir are aborted at the start and at
+a clean stop.
 """
 
 from __future__ import annotations
@@ -492,8 +493,7 @@ class RemoteTier:
             try:
                 return self._upload(prefix, step, committed_at)
             finally:
-                if self.stalled:
-                    self._on_stall(False)
+                self.stalled = False  # this upload is over, whatever ended it
 
     def _upload(self, prefix: Path, step: int, committed_at: float) -> Uploaded | None:
         name = prefix.name
