@@ -109,13 +109,14 @@ class Bound:
             )
 
 
-def _progress_callback(bound: Bound | None) -> Any:
-    """An fsspec callback that counts each part sent or received as progress."""
+def _progress_callback(bounds: list[Bound]) -> Any:
+    """An fsspec callback that counts each part sent or received as progress, for every
+    bound the call runs under."""
     from fsspec.callbacks import Callback
 
     class _Progress(Callback):  # type: ignore[misc]
         def call(self, *args: Any, **kwargs: Any) -> None:
-            if bound is not None:
+            for bound in bounds:
                 bound.progress()
 
     return _Progress()
@@ -237,9 +238,7 @@ class RemoteFS:
 
     def get_file(self, remote: str, local: str) -> None:
         """Download ``remote`` to ``local``, bounded (each part received is progress)."""
-        bounds = self._bounds()
-        callback = _progress_callback(bounds[-1] if bounds else None)
-        self._call("get_file", remote, local, callback=callback)
+        self._call("get_file", remote, local, callback=_progress_callback(list(self._bounds())))
 
     def put_file(
         self, local: str, remote: str, check: Callable[[], None] | None = None, *, abort_cut: bool = True
@@ -251,11 +250,10 @@ class RemoteFS:
         A cut upload's multipart upload is aborted (S3 keeps, and bills, the parts of one
         that is neither completed nor aborted; s3fs aborts only on an error, not on a
         cancellation), unless ``abort_cut`` is false (the caller does it, fenced)."""
-        bounds = self._bounds()
         if self._loop is None:
             self._call("put_file", local, remote, check=check)
             return
-        callback = _progress_callback(bounds[-1] if bounds else None)
+        callback = _progress_callback(list(self._bounds()))
         try:
             self._call("put_file", local, remote, check=check, callback=callback)
         except BaseException:
