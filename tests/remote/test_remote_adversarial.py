@@ -195,7 +195,7 @@ def test_a_partitioned_owner_taken_over_writes_nothing_more_and_exits_77(
         assert orphans(endpoint, s3_url) == []  # what A's cut upload left, B removed
 
         link.heal()
-        until("A's exit after the network came back", lambda: a.proc.poll() is not None, secs=40)
+        until("A's exit after the network came back", lambda: a.proc.poll() is not None, secs=90)
     finally:
         link.close()
 
@@ -440,7 +440,7 @@ def test_a_restarted_container_is_not_refused_by_its_own_dead_lease(
     s3_url: str, s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: list[Child]
 ) -> None:
     """A training running as pid 1 of its own pid namespace (a container) is SIGKILLed
-    with its lease live for another 60 s; the container restarted on the same machine,
+    with its lease live for another hour; the container restarted on the same machine,
     pid 1 again, with the same local directory, starts at once (its own lease, not
     another training's) and resumes from at least the uploaded step. Killed in turn, it is
     followed by a training with another local directory on the same host, which also
@@ -449,7 +449,9 @@ def test_a_restarted_container_is_not_refused_by_its_own_dead_lease(
     missing = _pid_namespaces_missing()
     if missing is not None:
         pytest.skip(missing)
-    monkeypatch.setenv("ASUPERVISOR_LEASE_SECS", "60")  # every killed owner's lease outlives the test
+    # every killed owner's lease outlives the test: a start it refused would fail at once
+    # (a refusal does not wait), so starting at all is the proof, however loaded the machine
+    monkeypatch.setenv("ASUPERVISOR_LEASE_SECS", "3600")
     mb = 0.1
     endpoint = s3_env.endpoint
     first = Child(s3_url, tmp_path / "a", 10**9, 20, mb, wrap=NEW_PID_NAMESPACE)
@@ -458,18 +460,14 @@ def test_a_restarted_container_is_not_refused_by_its_own_dead_lease(
     first.kill()
     uploaded = markers(endpoint, s3_url)[-1]
 
-    began = time.monotonic()
     second = Child(s3_url, tmp_path / "a", 10**9, 20, mb, wrap=NEW_PID_NAMESPACE)
     children.append(second)
-    until("the restarted container's start", lambda: second.started() is not None, second, secs=40)
-    assert time.monotonic() - began < 40
+    until("the restarted container's start", lambda: second.started() is not None, second, secs=120)
     resumed = second.started()
     assert resumed is not None and resumed >= uploaded, (uploaded, resumed)
     second.kill()
 
     newest = markers(endpoint, s3_url)[-1]
-    began = time.monotonic()
     started, final, digest, _ = anyio.run(lambda: _train(s3_url, tmp_path / "b", mb, 5))
-    assert time.monotonic() - began < 30
     assert started >= newest and started % 20 == 0 and final == started + 5, (newest, started, final)
     assert digest == _reference(mb, final)

@@ -93,7 +93,7 @@ async def test_a_silent_endpoint_fails_the_start_within_its_bound(
             async with sv.managed_session():
                 pytest.fail("the session started")
         took = time.monotonic() - started
-    assert took < 2 + 10, took
+    assert took < 2 + 30, took  # not the libraries' minutes of retries (150 s and more before)
     status = sv.status()
     assert status.stop_reason == "storage_unreachable" and asv.exit_code(status) == 69
 
