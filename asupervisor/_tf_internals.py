@@ -151,8 +151,8 @@ def _module(name: str) -> Any:
         _note(name)
         return None
     module = sys.modules.get(name)
-    if module is not None:
-        return module
+    if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return module  # loaded: no import lock needed (one another thread is still loading is not)
     try:
         return importlib.import_module(name)
     except ImportError:

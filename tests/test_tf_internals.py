@@ -194,3 +194,43 @@ def test_each_fallback_works_or_fails_naming_the_tensorflow_version(
         assert name in NO_FALLBACK, f"{name} has a fallback, yet: {error}"
         text = _names_in_error(error)
         assert f"TensorFlow {tf.__version__}" in text and name in text, text
+
+
+def test_a_module_another_thread_is_still_loading_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two step threads (two sessions in one process) ask for a protocol-buffer module at
+    once: the second gets it whole, not half-initialised (``sys.modules`` holds a module
+    from the moment its loading begins; ``partially initialized module ... has no
+    attribute``, seen in two trio jobs restoring side by side)."""
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+    (tmp_path / "asv_slow_proto.py").write_text(
+        "import builtins\nbuiltins._asv_slow_started.set()\nbuiltins._asv_slow_release.wait(60)\nX = 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import builtins
+
+    monkeypatch.setattr(builtins, "_asv_slow_started", started, raising=False)
+    monkeypatch.setattr(builtins, "_asv_slow_release", release, raising=False)
+    monkeypatch.delitem(sys.modules, "asv_slow_proto", raising=False)
+    seen: list[bool] = []
+    second_done = threading.Event()
+
+    def second() -> None:
+        seen.append(hasattr(_tf_internals._module("asv_slow_proto"), "X"))
+        second_done.set()
+
+    first = threading.Thread(target=lambda: _tf_internals._module("asv_slow_proto"))
+    first.start()
+    assert started.wait(60)
+    other = threading.Thread(target=second)
+    other.start()
+    # the second must not come back while the first is still loading it (it waits for it)
+    came_back_early = second_done.wait(0.5)
+    release.set()
+    first.join(60)
+    other.join(60)
+    assert not came_back_early and seen == [True], seen
+    sys.modules.pop("asv_slow_proto", None)

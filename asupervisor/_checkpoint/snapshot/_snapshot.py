@@ -122,8 +122,6 @@ class Staging:
             if buf.shape == like.shape and buf.dtype == like.dtype:
                 return buf
             self.nbytes -= buf.nbytes
-        from ..store.fast._direct import aligned_empty  # staging is the fast store's: it is there
-
         buf = aligned_empty(like.shape, like.dtype)  # aligned: the writer sends it to disk with direct I/O
         buf.reshape(-1).view(np.uint8)[::4096] = 0  # touch every page now, not in the next save
         self.nbytes += buf.nbytes
@@ -162,6 +160,14 @@ def _stageable(value: Any) -> bool:
     Runs once per variable on the step thread (:func:`..._tf_internals.fast_stageable`).
     """
     return internals.fast_stageable(value, _plain_dtypes())
+
+
+def aligned_empty(shape: Any, dtype: Any) -> np.ndarray:
+    """A staging buffer aligned for the native writer's direct I/O (staging is the fast
+    store's: its code is there when this is asked)."""
+    from ..store.fast._direct import aligned_empty as fast_aligned_empty
+
+    return fast_aligned_empty(shape, dtype)
 
 
 @functools.cache

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 from dataclasses import dataclass, fields
 
 __all__ = ["ENV_VAR", "PLAIN", "STORE_KINDS", "FastPath", "fast_store_available", "resolve_store"]
@@ -80,10 +81,30 @@ def fast_store_available() -> bool:
 @functools.cache
 def _fast_code_present() -> bool:
     try:
-        import asupervisor._checkpoint.store.fast  # noqa: F401 - its package only: no native code yet
+        load_fast()
     except ImportError:
         return False
     return True
+
+
+_LOAD_LOCK = threading.Lock()
+
+
+def load_fast() -> None:
+    """Import the fast store's modules, all at once and one thread at a time, when the fast
+    store is chosen (a ``Supervisor`` is made, as a rule on the main thread): the step
+    threads of two sessions starting side by side then find them loaded, instead of
+    importing them concurrently, each half of them, from its first save or restore.
+
+    Raises:
+        ImportError: its code is not there (optional code).
+    """
+    with _LOAD_LOCK:
+        import asupervisor._checkpoint.store.fast._bundle
+        import asupervisor._checkpoint.store.fast._direct
+        import asupervisor._checkpoint.store.fast._direct_restore
+        import asupervisor._checkpoint.store.fast._idle_io
+        import asupervisor._checkpoint.store.fast._index  # noqa: F401
 
 
 def check_store_kind(value: object, where: str = "checkpoint_store") -> str | None:
