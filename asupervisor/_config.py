@@ -109,8 +109,9 @@ class SupervisorConfig:
     def _check_remote(self) -> None:
         """A URL logdir: checked (its scheme served), and ``logdir`` set to its local
         working directory."""
-        from ._checkpoint.store._url import check_url, default_local_dir, is_url
+        from ._checkpoint.store._url import check_not_mistyped, check_url, default_local_dir, is_url
 
+        check_not_mistyped(self.logdir)
         if is_url(self.logdir):
             url = check_url(str(self.logdir))
             object.__setattr__(self, "remote_url", url)

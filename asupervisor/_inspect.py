@@ -125,8 +125,8 @@ def _inspect_remote(url: str) -> dict[str, Any]:
 
 
 def inspect_logdir(logdir: str | os.PathLike[str]) -> dict[str, Any]:
-    """A report of ``logdir`` (plain JSON types); ``ok`` is whether nothing is wrong.
-    A URL logdir is reported from its objects (see ``docs/storage.md``).
+    """A report of ``logdir`` (plain JSON types); ``ok`` is whether nothing is wrong and
+    a training wrote there (``empty``: nothing of a training at all). A URL logdir is reported from its objects (see ``docs/storage.md``).
 
     Raises:
         FileNotFoundError: ``logdir`` does not exist, is not a directory, or (a URL)
@@ -176,7 +176,8 @@ def inspect_logdir(logdir: str | os.PathLike[str]) -> dict[str, Any]:
         "iterator_share": share,
         "scalars": _scalars(root),
     }
-    report["ok"] = problem is None and all(c["loads"] for c in checkpoints)
+    report["empty"] = state is None and problem is None and not checkpoints and not leftovers and not report["scalars"]
+    report["ok"] = problem is None and all(c["loads"] for c in checkpoints) and not report["empty"]
     return report
 
 
@@ -208,7 +209,10 @@ def _text(report: dict[str, Any]) -> str:
         )
     for tag, last in sorted(report["scalars"].items()):
         lines.append(f"  {tag} = {last['value']:.6g} at step {last['step']}")
-    lines.append("  ok" if report["ok"] else "  PROBLEMS FOUND")
+    if report.get("empty"):
+        lines.append("  NOTHING OF A TRAINING HERE: no checkpoint, state file or summaries (a mistyped path?)")
+    else:
+        lines.append("  ok" if report["ok"] else "  PROBLEMS FOUND")
     return "\n".join(lines)
 
 

@@ -92,3 +92,17 @@ def test_an_error_is_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> N
     assert len(said) == 1, out.stderr[-2000:]  # said once, not logged as well
     debug = cli("demo", "--logdir", str(bad / "run"), "--max-steps", "3", "--debug")
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr, debug.stderr[-2000:]
+
+
+def test_inspect_of_a_directory_no_training_wrote_says_so(tmp_path: Path) -> None:
+    """An empty directory, or one of other files (a mistyped path), is not reported ``ok``:
+    status 1, a line saying nothing of a training is there, ``empty`` in the JSON."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("not a training")
+    for name in ("empty", "other"):
+        out = cli("inspect", str(tmp_path / name))
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert "NOTHING OF A TRAINING HERE" in out.stdout and "\n  ok" not in out.stdout, out.stdout
+        report = json.loads(cli("inspect", str(tmp_path / name), "--json").stdout)
+        assert report["empty"] is True and report["ok"] is False

@@ -32,7 +32,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -49,7 +48,7 @@ from ._parts import PartRunner
 from ._services import Service, supervise
 from ._session import Session
 from ._signals import SignalHandlers
-from ._status import Status
+from ._status import ReadOnlyDict, Status
 from ._step_errors import StepErrors, recovery_policy, retry_transient
 from ._steps import Steps
 from ._stop import Deadline, StopControl, error_reason
@@ -233,13 +232,13 @@ class Runtime(anyio.AsyncContextManagerMixin):
             steps_per_sec=rate,
             last_checkpoint=None if checkpoints is None else checkpoints.last,
             stop_reason=self.control.reason if self._entered else None,
-            services=MappingProxyType(dict(self._service_states)),
-            queues=MappingProxyType(self.parts.queues()),
-            metrics=MappingProxyType(dict(self._metrics)),
+            services=ReadOnlyDict(dict(self._service_states)),
+            queues=ReadOnlyDict(self.parts.queues()),
+            metrics=ReadOnlyDict(dict(self._metrics)),
             max_steps=max_steps,
             started_at=None if self._started is None else self._started[0],
             eta_secs=eta,
-            restarts=MappingProxyType(dict(self._restarts)),
+            restarts=ReadOnlyDict(dict(self._restarts)),
             remote=self.extra(SessionAttribute.remote, None),
             save_seconds=self._save_secs.snapshot(),
             **self._epoch_status(step),

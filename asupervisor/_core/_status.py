@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from types import MappingProxyType
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 __all__ = [
     "EXIT_ERROR",
@@ -18,10 +17,35 @@ __all__ = [
     "CheckpointInfo",
     "Histogram",
     "QueueStatistics",
+    "ReadOnlyDict",
     "RemoteStatus",
     "Status",
     "exit_code",
 ]
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class ReadOnlyDict(dict[_K, _V]):
+    """A dict that refuses changes: the mappings of a :class:`Status`. Unlike a
+    ``MappingProxyType`` it copies, pickles and goes through ``dataclasses.asdict``."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("a Status is a snapshot: its mappings cannot be changed (copy one with dict(...))")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (dict(self),))
+
+    def __copy__(self) -> ReadOnlyDict[_K, _V]:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReadOnlyDict[_K, _V]:
+        import copy
+
+        return type(self)({copy.deepcopy(k, memo): copy.deepcopy(v, memo) for k, v in self.items()})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,19 +182,19 @@ class Status:
     steps_per_sec: float | None = None
     last_checkpoint: CheckpointInfo | None = None
     stop_reason: str | None = None
-    services: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    queues: Mapping[str, QueueStatistics] = field(default_factory=lambda: MappingProxyType({}))
-    metrics: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    services: Mapping[str, str] = field(default_factory=ReadOnlyDict)
+    queues: Mapping[str, QueueStatistics] = field(default_factory=ReadOnlyDict)
+    metrics: Mapping[str, float] = field(default_factory=ReadOnlyDict)
     max_steps: int | None = None
     started_at: float | None = None
     eta_secs: float | None = None
-    restarts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    restarts: Mapping[str, int] = field(default_factory=ReadOnlyDict)
     remote: RemoteStatus | None = None
     epoch: int | None = None
     epochs: int | None = None
     epoch_step: int | None = None
     steps_per_epoch: int | None = None
-    save_seconds: Mapping[str, Histogram] = field(default_factory=lambda: MappingProxyType({}))
+    save_seconds: Mapping[str, Histogram] = field(default_factory=ReadOnlyDict)
 
     def to_dict(self) -> dict[str, Any]:
         """This status as plain JSON types (``json.dumps`` takes it as it is)."""

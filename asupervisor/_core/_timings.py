@@ -11,10 +11,9 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from ._status import Histogram
+from ._status import Histogram, ReadOnlyDict
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -50,7 +49,7 @@ class Timings:
     def snapshot(self) -> Mapping[str, Histogram]:
         """Each name's histogram now."""
         with self._lock:
-            return MappingProxyType(
+            return ReadOnlyDict(
                 {
                     name: Histogram(bounds=self.bounds, counts=tuple(counts), count=sum(counts), sum=self._sums[name])
                     for name, counts in sorted(self._counts.items())

@@ -111,3 +111,27 @@ async def test_metrics_are_the_last_steps_once_run_loop_returns(tmp_path: Path) 
     async with sv.managed_session() as sess:
         await sess.run_loop(step, data=range(300))
     assert sv.status().metrics == {"loss": pytest.approx(1.0 / 300)}
+
+
+async def test_a_status_copies_pickles_and_goes_through_asdict(tmp_path: Path) -> None:
+    """A finished session's status (its mappings filled: services, metrics, save costs):
+    ``dataclasses.asdict``, ``copy.deepcopy`` and pickle take it and keep every value; its
+    mappings still refuse changes."""
+    import copy
+    import dataclasses
+    import pickle
+
+    v = tf.Variable(0.0)
+    sv = asv.Supervisor(tmp_path, state={"v": v}, handle_signals=False, save_model_secs=0, save_model_steps=2)
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: {"loss": v.assign_add(1.0)}, max_steps=3)
+    status = sv.status()
+    assert status.services and status.metrics and status.save_seconds, status
+    plain = dataclasses.asdict(status)
+    assert plain["services"] == dict(status.services) and plain["metrics"] == dict(status.metrics)
+    assert plain["save_seconds"]["commit"]["count"] == status.save_seconds["commit"].count
+    assert copy.deepcopy(status) == status == pickle.loads(pickle.dumps(status))
+    with pytest.raises(TypeError, match="cannot be changed"):
+        status.services["x"] = "running"  # type: ignore[index]
+    with pytest.raises(TypeError, match="cannot be changed"):
+        status.metrics.update(loss=0.0)  # type: ignore[attr-defined]

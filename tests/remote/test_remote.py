@@ -181,6 +181,8 @@ async def test_an_expired_lease_is_taken_over(
     [
         ("nosuch://bucket/run", r"no storage implementation handles nosuch://"),
         ("s3://", r"names no bucket or path"),
+        ("s3:/bucket/run", r"looks like a URL with one slash after 's3:': write 's3://bucket/run'"),
+        ("gs:/b/x", r"write 'gs://b/x' \(or './gs:/b/x' for a local directory"),
     ],
 )
 def test_unknown_schemes_are_refused_at_construction(logdir: str, match: str, tmp_path: Path) -> None:
@@ -408,3 +410,11 @@ def test_opening_the_tier_again_keeps_its_own_lease(s3_url: str, tmp_path: Path)
         assert tier.lease is not None and tier.lease.number == held == 1
     finally:
         tier.close()
+
+
+def test_a_local_path_with_a_colon_is_not_taken_for_a_url(tmp_path: Path) -> None:
+    """Only a known storage scheme with one slash is refused: a local directory whose name
+    has a colon (``run:/x`` under a relative path, ``./s3:/x``) is a local logdir."""
+    for logdir in ("run:/x", "./s3:/bucket/run"):
+        sv = asv.Supervisor(logdir, state=_model(), handle_signals=False)
+        assert Path(str(sv.logdir)) == Path(logdir)  # a local logdir, as given

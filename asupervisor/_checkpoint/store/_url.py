@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["EXTRAS", "check_url", "default_local_dir", "is_url"]
+__all__ = ["EXTRAS", "check_not_mistyped", "check_url", "default_local_dir", "is_url"]
 
 #: the extra that installs each protocol's implementation
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure"}
@@ -28,6 +28,29 @@ def is_url(logdir: object) -> bool:
 def _install_hint(scheme: str) -> str:
     extra = EXTRAS.get(scheme)
     return f"pip install 'asupervisor[{extra}]'" if extra else "install the fsspec implementation for it"
+
+
+_ONE_SLASH = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/(?!/)")
+
+
+def check_not_mistyped(logdir: object) -> None:
+    """Refuse a local path that is a storage URL with one slash (``s3:/bucket/run``):
+    it would train into a local directory named ``s3:``.
+
+    Raises:
+        ValueError: naming the logdir and the URL it was probably meant to be.
+    """
+    if not isinstance(logdir, str):
+        return
+    m = _ONE_SLASH.match(logdir)
+    if m is None or (m.group(1).lower() not in EXTRAS and m.group(1).lower() not in ("memory", "file")):
+        return
+    scheme = m.group(1)
+    meant = f"{scheme}://{logdir[m.end() :]}"
+    raise ValueError(
+        f"logdir {logdir!r} looks like a URL with one slash after {scheme + ':'!r}: write {meant!r} "
+        f"(or './{logdir}' for a local directory of that name)"
+    )
 
 
 def check_url(url: str) -> str:
