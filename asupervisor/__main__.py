@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 __all__ = ["main"]
 
@@ -39,7 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     inspect.add_argument("logdir", help="the training's log directory")
     inspect.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     _demo_arguments(demo)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own usage, not the top level's
+        {"demo": demo, "inspect": inspect}[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     from ._exceptions import SupervisorError
 
     if not args.debug:
@@ -98,6 +100,32 @@ def _import_tensorflow_quietly() -> None:
         os.close(saved)
 
 
+def _count(least: int) -> Callable[[str], int]:
+    """An argparse type: an int of at least ``least`` (checked before anything is written)."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+        if number < least:
+            raise argparse.ArgumentTypeError(f"expected a number >= {least}, got {value!r}")
+        return number
+
+    return parse
+
+
+def _positive_secs(value: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        secs = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not 0 < secs < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
+    return secs
+
+
 def _secs_or_auto(value: str) -> float | str:
     """``--save-secs``: a number of seconds or ``auto``."""
     if value == "auto":
@@ -111,17 +139,17 @@ def _secs_or_auto(value: str) -> float | str:
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     """The demo's command-line options."""
     parser.add_argument("--logdir", default="runs/demo")
-    parser.add_argument("--max-steps", type=int, default=None, help="stop at this global step")
-    parser.add_argument("--steps", type=int, default=60_000, help="without --max-steps: steps to run now")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-steps", type=_count(0), default=None, help="stop at this global step")
+    parser.add_argument("--steps", type=_count(1), default=60_000, help="without --max-steps: steps to run now")
+    parser.add_argument("--batch-size", type=_count(1), default=64)
     parser.add_argument(
         "--save-secs",
         type=_secs_or_auto,
         default=5.0,
         help="seconds between checkpoints, or 'auto': as often as costs training under 2%% (5)",
     )
-    parser.add_argument("--summary-secs", type=float, default=2.0)
-    parser.add_argument("--progress-secs", type=float, default=2.0)
+    parser.add_argument("--summary-secs", type=_positive_secs, default=2.0)
+    parser.add_argument("--progress-secs", type=_positive_secs, default=2.0)
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
 
 

@@ -106,3 +106,21 @@ def test_inspect_of_a_directory_no_training_wrote_says_so(tmp_path: Path) -> Non
         assert "NOTHING OF A TRAINING HERE" in out.stdout and "\n  ok" not in out.stdout, out.stdout
         report = json.loads(cli("inspect", str(tmp_path / name), "--json").stdout)
         assert report["empty"] is True and report["ok"] is False
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--steps", "-5"], "argument --steps: expected a number >= 1, got '-5'"),
+        (["--max-steps", "x"], "argument --max-steps: expected a whole number, got 'x'"),
+        (["--summary-secs", "0"], "argument --summary-secs: expected a positive number of seconds, got '0'"),
+        (["--foo"], "asupervisor demo: error: unrecognized arguments: --foo"),
+    ],
+)
+def test_bad_demo_arguments_are_refused_before_anything_is_written(tmp_path: Path, args: list[str], said: str) -> None:
+    """A bad value or an unknown option: status 2, the demo's own usage and one line naming
+    it, and no log directory made (nothing trained, nothing saved)."""
+    out = cli("demo", "--logdir", str(tmp_path / "run"), *args)
+    assert out.returncode == 2, out.stderr
+    assert said in out.stderr and "usage: asupervisor demo" in out.stderr, out.stderr
+    assert not (tmp_path / "run").exists()
