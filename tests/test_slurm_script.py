@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -60,7 +61,7 @@ def _run(tmp_path: Path, send: signal.Signals, to_group: bool) -> tuple[int, str
     for name, body in (
         ("srun", 'exec "$@"'),
         ("scontrol", 'echo "$@" >> "$SCONTROL_LOG"'),
-        ("python", f'exec {sys.executable} "$@"'),
+        ("python", f'exec {shlex.quote(sys.executable)} "$@"'),
     ):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
@@ -74,7 +75,7 @@ def _run(tmp_path: Path, send: signal.Signals, to_group: bool) -> tuple[int, str
         "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
         "TF_CPP_MIN_LOG_LEVEL": "3",
     }
-    job = subprocess.Popen(
+    with subprocess.Popen(
         ["bash", str(tmp_path / "job.sh")],
         cwd=tmp_path,
         env=env,
@@ -82,20 +83,22 @@ def _run(tmp_path: Path, send: signal.Signals, to_group: bool) -> tuple[int, str
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # a process group of its own, as a job's
-    )
-    try:
-        assert job.stdout is not None
-        line = job.stdout.readline()  # the training runs (its signal handlers are in place)
-        assert line.strip() == "started", line + (job.stderr.read() if job.stderr else "")
-        if to_group:
-            os.killpg(job.pid, send)
-        else:
-            os.kill(job.pid, send)
-        out, err = job.communicate(timeout=180)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.communicate()
+    ) as job:  # its pipes closed whatever happens
+        try:
+            assert job.stdout is not None and job.stderr is not None
+            line = job.stdout.readline()  # the training runs (its signal handlers are in place)
+            if line.strip() != "started":
+                job.wait(60)
+                pytest.fail(f"the job did not start its training: {line}{job.stderr.read()[-3000:]}")
+            if to_group:
+                os.killpg(job.pid, send)
+            else:
+                os.kill(job.pid, send)
+            out, err = job.communicate(timeout=180)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.communicate()
     log = tmp_path / "scontrol.log"
     return job.returncode, out, err + (log.read_text() if log.exists() else ""), logdir
 
