@@ -435,7 +435,11 @@ def _pid_namespaces_missing() -> str | None:
     return None
 
 
+_NO_PID_NAMESPACES = _pid_namespaces_missing()
+
+
 @pytest.mark.timeout(180)
+@pytest.mark.skipif(_NO_PID_NAMESPACES is not None, reason=str(_NO_PID_NAMESPACES))
 def test_a_restarted_container_is_not_refused_by_its_own_dead_lease(
     s3_url: str, s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: list[Child]
 ) -> None:
@@ -446,9 +450,6 @@ def test_a_restarted_container_is_not_refused_by_its_own_dead_lease(
     followed by a training with another local directory on the same host, which also
     starts at once (the dead owner's local lock is free) and resumes from the remote's
     newest checkpoint, bitwise."""
-    missing = _pid_namespaces_missing()
-    if missing is not None:
-        pytest.skip(missing)
     # every killed owner's lease outlives the test: a start it refused would fail at once
     # (a refusal does not wait), so starting at all is the proof, however loaded the machine
     monkeypatch.setenv("ASUPERVISOR_LEASE_SECS", "3600")
