@@ -36,9 +36,9 @@ def session_parts(config: SupervisorConfig) -> list[SessionPart]:
     if config.remote_url is not None and config.logdir is not None:
         # a URL logdir only: the remote store is optional code (checked at construction)
         from ._checkpoint._remote_part import RemotePart
-        from ._checkpoint.store.remote._tier import RemoteTier
+        from ._checkpoint.store import open_remote_tier
 
-        tier = RemoteTier(
+        tier = open_remote_tier(
             config.remote_url,
             config.logdir,
             basename=config.checkpoint_basename,

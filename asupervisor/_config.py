@@ -92,7 +92,7 @@ class SupervisorConfig:
     def checkpoint_fast_path(self) -> Any:
         """The checkpoint store chosen for :attr:`checkpoint_store` (a ``FastPath``; all
         off: the plain store), decided once per session."""
-        from ._checkpoint.store._options import resolve_store
+        from ._checkpoint.store import resolve_store
 
         return resolve_store(self.checkpoint_store)
 
@@ -109,7 +109,7 @@ class SupervisorConfig:
     def _check_remote(self) -> None:
         """A URL logdir: checked (its scheme served), and ``logdir`` set to its local
         working directory."""
-        from ._checkpoint.store._url import check_not_mistyped, check_url, default_local_dir, is_url
+        from ._checkpoint.store import check_not_mistyped, check_url, default_local_dir, is_url
 
         check_not_mistyped(self.logdir)
         if is_url(self.logdir):
@@ -221,7 +221,7 @@ class SupervisorConfig:
             raise TypeError(f"progress must be True or False, got {self.progress!r}")
         if not isinstance(self.checkpoint_staging, bool):
             raise TypeError(f"checkpoint_staging must be True or False, got {self.checkpoint_staging!r}")
-        from ._checkpoint.store._options import resolve_store
+        from ._checkpoint.store import resolve_store
 
         resolve_store(self.checkpoint_store)  # a bad value, or "fast" off Linux: an error now
         if self.checkpoint_when_busy not in ("wait", "skip"):

@@ -41,7 +41,7 @@ _MODES = ("min", "max")
 
 async def export(sv: Any, model: Any, path: str | os.PathLike[str], *, best: str | None, mode: str) -> str | None:
     """See :meth:`asupervisor.Supervisor.export` (``sv``: the supervisor)."""
-    from ._checkpoint.store._url import check_url, is_url
+    from ._checkpoint.store import check_url, is_url
     from ._core._handoff import LoopHandle
     from ._core._threads import DedicatedThread
 
@@ -76,7 +76,7 @@ async def export(sv: Any, model: Any, path: str | os.PathLike[str], *, best: str
 
 def _export(sv: Any, model: Any, target: str, best: str | None, mode: str) -> str:
     """On the export thread: the weights chosen, written, put back."""
-    from ._checkpoint.store._url import is_url
+    from ._checkpoint.store import is_url
 
     saved = None
     source = "current weights"
@@ -101,9 +101,9 @@ def _export(sv: Any, model: Any, target: str, best: str | None, mode: str) -> st
 def _best_checkpoint(logdir: Path, metric: str, mode: str) -> tuple[str, float]:
     """The committed checkpoint of ``logdir`` with the best recorded ``metric``."""
     from ._checkpoint.snapshot import _metrics
-    from ._checkpoint.store._state_file import read_state
+    from ._checkpoint.store import state_file
 
-    state = read_state(logdir)
+    state = state_file.read_state(logdir)
     names = [] if state is None else [n for n in dict.fromkeys([*state.paths, state.latest]) if n]
     scored: list[tuple[float, int, str]] = []  # (value, age rank, prefix): a tie goes to the newer
     for i, name in enumerate(names):
@@ -142,23 +142,23 @@ def _write(model: Any, destination: Path) -> None:
 
 def _sync_tree(root: Path) -> None:
     """fsync every file and directory under ``root`` (and ``root``)."""
-    from ._checkpoint.store._writeback import fsync_path
+    from ._checkpoint.store import writeback
 
     if root.is_file():
-        fsync_path(root)
+        writeback.fsync_path(root)
         return
     for directory, _, files in os.walk(root, topdown=False):
         for name in files:
-            fsync_path(Path(directory) / name)
-        fsync_path(Path(directory))
+            writeback.fsync_path(Path(directory) / name)
+        writeback.fsync_path(Path(directory))
 
 
 def _export_local(model: Any, target: Path) -> None:
     """Write next to ``target``, sync, rename into place, sync the directory."""
-    from ._checkpoint.store._writeback import fsync_path, make_dirs_durable
+    from ._checkpoint.store import writeback
 
     parent = target.parent
-    make_dirs_durable(parent)
+    writeback.make_dirs_durable(parent)
     for leftover in parent.glob(f".{target.name}.asv-*"):  # an earlier export that crashed
         _remove(leftover)
     pid = os.getpid()
@@ -170,11 +170,11 @@ def _export_local(model: Any, target: Path) -> None:
             old = parent / f".{target.name}.asv-old-{pid}"
             os.replace(target, old)
             os.replace(staged, target)
-            fsync_path(parent)
+            writeback.fsync_path(parent)
             _remove(old)
         else:
             os.replace(staged, target)
-        fsync_path(parent)
+        writeback.fsync_path(parent)
     except BaseException:
         _remove(staged)
         raise
@@ -191,10 +191,10 @@ def _remove(path: Path) -> None:
 
 def _export_remote(model: Any, url: str) -> None:
     """Write locally, then upload (see the module docstring)."""
-    from ._checkpoint.store.remote._io import RemoteFS
+    from ._checkpoint.store import open_remote_fs
 
     parent, _, name = url.rpartition("/")
-    io = RemoteFS(parent)
+    io = open_remote_fs(parent)
     try:
         with tempfile.TemporaryDirectory(prefix="asv-export-") as scratch:
             local = Path(scratch) / name

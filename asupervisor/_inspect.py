@@ -20,8 +20,9 @@ from typing import Any
 
 from ._checkpoint.snapshot import _metrics
 from ._checkpoint.snapshot._iterator_state import iterator_share
-from ._checkpoint.store import _names, _state_file
-from ._exceptions import SupervisorError
+from ._checkpoint.store import inspect_remote
+from ._checkpoint.store import names as _names
+from ._checkpoint.store import state_file as _state_file
 
 __all__ = ["inspect_logdir", "run"]
 
@@ -67,63 +68,6 @@ def _scalars(logdir: Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def _inspect_remote(url: str) -> dict[str, Any]:
-    """:func:`inspect_logdir` of a URL logdir, from its listing, markers and state object
-    (nothing is downloaded: "loads" means the objects match their commit marker)."""
-    from ._checkpoint.store._url import check_url, default_local_dir
-    from ._checkpoint.store.remote._layout import MARKER_SUFFIX, Marker, marker_problem
-    from ._checkpoint.store.remote._tier import RemoteTier
-
-    url = check_url(url)
-    tier = RemoteTier(url, default_local_dir(url, "inspect"), basename=None, keep_policy=None, owner=False)
-    try:
-        tier.open()
-        state, problem = tier.read_state()
-        listed = tier.checkpoints()
-        owner = tier.lease_owner()
-        checkpoints = []
-        for ckpt in [c for c in listed if c.committed]:
-            error: str | None = None
-            when: float | None = None
-            metrics: dict[str, float] = {}
-            try:
-                marker = Marker.from_bytes(tier.fs.cat_file(tier.io.path(ckpt.name + MARKER_SUFFIX)))  # type: ignore[union-attr]
-                when = marker.committed_at
-                metrics = marker.metrics
-                error = marker_problem(marker, ckpt.sizes)
-            except (FileNotFoundError, ValueError) as exc:
-                error = f"commit marker unreadable: {exc}"
-            checkpoints.append(
-                {
-                    "name": ckpt.name,
-                    "step": ckpt.step,
-                    "time": when,
-                    "bytes": sum(size for name, size in ckpt.sizes.items() if not name.endswith(MARKER_SUFFIX)),
-                    "loads": error is None,
-                    "error": error,
-                    "metrics": metrics,
-                    "named_in_state_file": state is not None and ckpt.name in state.paths,
-                    "latest": state is not None and ckpt.name == state.latest,
-                }
-            )
-        leftovers = sorted(name for c in listed if not c.committed for name in c.sizes)
-    except SupervisorError as exc:
-        raise FileNotFoundError(str(exc)) from None
-    finally:
-        tier.close()
-    report: dict[str, Any] = {
-        "logdir": url,
-        "state_file": {"latest": None if state is None else state.latest, "problem": problem},
-        "checkpoints": checkpoints,
-        "leftovers": leftovers,
-        "iterator_share": None,
-        "scalars": {},
-        "owner": owner,
-    }
-    report["ok"] = problem is None and all(c["loads"] for c in checkpoints)
-    return report
-
-
 def inspect_logdir(logdir: str | os.PathLike[str]) -> dict[str, Any]:
     """A report of ``logdir`` (plain JSON types); ``ok`` is whether nothing is wrong and
     a training wrote there (``empty``: nothing of a training at all). A URL logdir is reported from its objects (see ``docs/storage.md``).
@@ -133,10 +77,10 @@ def inspect_logdir(logdir: str | os.PathLike[str]) -> dict[str, Any]:
             cannot be read.
         ValueError: a URL nothing serves.
     """
-    from ._checkpoint.store._url import is_url
+    from ._checkpoint.store import is_url
 
     if is_url(logdir):
-        return _inspect_remote(str(logdir))
+        return inspect_remote(str(logdir))
     root = Path(logdir)
     if not root.is_dir():
         raise FileNotFoundError(f"no log directory at {str(root)!r}")

@@ -124,7 +124,7 @@ class CheckpointOptions:
         if self.when_busy not in ("wait", "skip"):
             raise ValueError(f"{where}when_busy must be 'wait' or 'skip', got {self.when_busy!r}")
         _bool(f"{where}staging", self.staging)
-        from ._checkpoint.store._options import check_store_kind
+        from ._checkpoint.store import check_store_kind
 
         check_store_kind(self.store, f"{where}store")
         if self.local_dir is not None and not isinstance(self.local_dir, (str, os.PathLike)):

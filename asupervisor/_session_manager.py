@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _config, _tf_internals
-from ._checkpoint._restore import restore_latest, restore_path
-from ._checkpoint.store._names import missing_files
+from ._checkpoint.store import names, restore
 from ._core._clock import Clock, MonotonicClock
 from ._core._handoff import LoopHandle
 from ._core._threads import DedicatedThread
@@ -126,10 +125,10 @@ class SessionManager:
 
     def _restore(self, checkpoint_dir: Path | None, path: str | None) -> str | None:
         if path is not None:
-            reason = missing_files(Path(path))
+            reason = names.missing_files(Path(path))
             if reason is None:
                 try:
-                    restore_path(self._ckpt(), path)
+                    restore.restore_path(self._ckpt(), path)
                 except CheckpointError:
                     raise
                 except (tf().errors.OpError, IndexError, ValueError, OSError) as exc:
@@ -141,7 +140,7 @@ class SessionManager:
             raise CheckpointError(f"checkpoint_filename_with_path {path!r} cannot be restored: {reason}")
         if checkpoint_dir is None:
             return None
-        return restore_latest(self._ckpt(), checkpoint_dir)
+        return restore.restore_latest(self._ckpt(), checkpoint_dir)
 
     def _local_init(self, *, raise_if_not_ready: bool) -> bool:
         pending = _not_ready(self.ready_for_local_init_fn)

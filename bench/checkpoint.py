@@ -79,8 +79,8 @@ import tensorflow as tf
 from pagecache import drop_cached
 
 from asupervisor._checkpoint._manager import Checkpointer
-from asupervisor._checkpoint._restore import restore_latest
 from asupervisor._checkpoint.store._options import PLAIN, FastPath
+from asupervisor._checkpoint.store._restore import restore_latest
 from asupervisor._checkpoint.store.fast import _direct
 from asupervisor.testing import capture_logs
 

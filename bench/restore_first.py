@@ -72,7 +72,7 @@ def child(mode: str, size: int, directory: Path, state: str) -> None:
     from checkpoint import _read_files
     from pagecache import drop_cached
 
-    from asupervisor._checkpoint import _restore
+    from asupervisor._checkpoint.store import _restore
     from asupervisor._checkpoint.store._options import FastPath
 
     logging.getLogger("asupervisor").propagate = False

@@ -306,3 +306,39 @@ def test_the_eager_import_check_finds_one(tmp_path: Path) -> None:
     assert eager_optional_imports(tmp_path) == [
         "_checkpoint._eager:1 imports _checkpoint.store.fast._bundle when it is imported"
     ]
+
+
+def store_door_violations(root: Path) -> list[str]:
+    """Imports of a module of ``_checkpoint/store/`` by a module outside it (any import:
+    module level, in a function, type-only): the package's ``__init__`` is its only door."""
+    store = "_checkpoint.store"
+    return sorted(
+        f"{imp.module}:{imp.line} imports {imp.target}"
+        for imp in imports_of(root)
+        if not (imp.module == store or imp.module.startswith(store + "."))
+        and imp.target.startswith(store + ".")
+        and imp.target != store + ".__init__"
+    )
+
+
+def test_the_store_has_one_door() -> None:
+    """Outside ``_checkpoint/store/`` nothing imports its modules, only ``store/__init__``
+    (its names: the stores, the shared modules it re-exports, the lazy doors to the
+    optional fast and remote stores)."""
+    assert store_door_violations(PACKAGE) == []
+
+
+def test_the_door_check_finds_a_module_reached_past_it(tmp_path: Path) -> None:
+    """Fed a feature module importing ``store/_names.py`` past the door, the check reports
+    it; the same names through ``store/__init__`` it leaves alone."""
+    for name in (
+        "__init__.py",
+        "_checkpoint/__init__.py",
+        "_checkpoint/store/__init__.py",
+        "_checkpoint/store/_names.py",
+    ):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    (tmp_path / "_checkpoint/_door.py").write_text("from .store import names\n")
+    (tmp_path / "_checkpoint/_past.py").write_text("def f():\n    from .store._names import step_of\n")
+    assert store_door_violations(tmp_path) == ["_checkpoint._past:2 imports _checkpoint.store._names"]

@@ -25,18 +25,21 @@ from typing import TYPE_CHECKING, Any
 from .._core._status import CheckpointInfo
 from .._exceptions import CheckpointError
 from .._logging import describe, get_logger
-from . import _restore, _write
 from .policy._policies import AnyKeepPolicy, KeepPolicy, LatestN, keep_policy_for
 from .snapshot import _metrics, _snapshot
 from .snapshot._iterator_tracking import IteratorTracker
 from .snapshot._walk_cache import WalkCache
-from .store import _candidates, _commit, _names, _state_file, _writeback
-from .store._local import PlainStore, open_store
-from .store._options import FastPath, resolve_store
-from .store._owner import OwnerLock
+from .store import FastPath, OwnerLock, PlainStore, native_writer_checked, open_store, resolve_store
+from .store import candidates as _candidates
+from .store import commit as _commit
+from .store import names as _names
+from .store import restore as _restore
+from .store import state_file as _state_file
+from .store import write as _write
+from .store import writeback as _writeback
 
 if TYPE_CHECKING:
-    from .store.fast._idle_io import IdleIO
+    from .store import IdleIO
 
 __all__ = ["Checkpointer", "write_checkpoint_now"]
 
@@ -240,9 +243,7 @@ class Checkpointer:
         writer has proven itself (``SaveV2`` would need tensors again)."""
         if self._staging is None or not self.store.fast.native_writer:
             return None
-        from .store.fast import _bundle  # the fast store's writer (imported once it is chosen)
-
-        return self._staging if _bundle.checked() else None
+        return self._staging if native_writer_checked() else None
 
     def _prepare_staging(self, snapshot: _snapshot.Snapshot, stopping: Callable[[], bool] | None) -> None:
         """On the writer thread after a save: have the staging buffers ready for the next."""

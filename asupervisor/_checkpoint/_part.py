@@ -29,15 +29,14 @@ from .policy._cadence import Cadence, MomentKind
 from .policy._multi_worker import WorkerTempWriter
 from .policy._policies import KeepPolicy, SaveMoment, SavePolicy
 from .policy._saver import CheckpointSaver, CheckpointService
-from .store._options import FastPath
-from .store._owner import OwnerLock
+from .store import FastPath, OwnerLock
 
 if TYPE_CHECKING:
     from .._cluster import ClusterInfo
     from .._core._abc import SessionContext
     from .._core._services import Service
     from .._core._status import CheckpointInfo
-    from .store.remote._tier import RemoteTier
+    from .store import RemoteTier
 
 __all__ = ["CheckpointPart"]
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .._core._services import EngineContext, ServiceContext
     from .._core._status import CheckpointInfo
     from .._core._threads import DedicatedThread
-    from .store.remote._tier import RemoteTier, Uploaded
+    from .store import RemoteTier, Uploaded
 
 __all__ = ["RemotePart"]
 
@@ -210,14 +210,12 @@ class RemotePart(SessionPart):
             return
         if self.tier.fenced:
             return  # said once: this training's checkpoints stay in local_dir
-        from .store.remote._tier import Abandoned  # loaded with the tier (optional code)
-
         try:
             await self.upload_newest(ctx, force=True)
         except anyio.get_cancelled_exc_class():
             self._left_behind("the stop's deadline came first")
             raise
-        except Abandoned:
+        except self.tier.Abandoned:
             self._left_behind("the upload was abandoned")
         except Exception as exc:
             self._left_behind(describe(exc))

@@ -27,8 +27,7 @@ from .._core._clock import Clock, MonotonicClock
 from .._core._handoff import LoopHandle
 from .._core._threads import DedicatedThread
 from .._logging import describe, get_logger
-from .store._names import checkpoint_files, step_of
-from .store._state_file import read_state
+from .store import PlainStore, names, open_remote_tier, state_file
 
 __all__ = ["CheckpointWatcher", "watch_checkpoints"]
 
@@ -38,7 +37,7 @@ log = get_logger(__name__)
 def _prune(done: list[str]) -> None:
     """Delete the files of downloaded checkpoints the evaluator is done with."""
     for prefix in done:
-        for path in checkpoint_files(Path(prefix)):
+        for path in names.checkpoint_files(Path(prefix)):
             try:
                 path.unlink()
             except OSError as exc:  # kept: the next poll does not retry, the disk keeps it
@@ -49,11 +48,8 @@ def _committed_remote(url: str, local: Path, after_step: int, done: list[str]) -
     """The remote's committed checkpoints newer than ``after_step``, oldest first, each
     downloaded into ``local``; their local paths. The downloads in ``done`` (yielded
     before the evaluator asked for the next one) are deleted first."""
-    from .store._local import PlainStore
-    from .store.remote._tier import RemoteTier
-
     _prune(done)
-    tier = RemoteTier(url, local, basename=None, keep_policy=None, owner=False)
+    tier = open_remote_tier(url, local, basename=None, keep_policy=None, owner=False)
     try:
         tier.open()
         store = PlainStore(local)
@@ -65,7 +61,7 @@ def _committed_remote(url: str, local: Path, after_step: int, done: list[str]) -
 
 def _committed(logdir: Path) -> list[str]:
     """Committed checkpoint prefixes named in the state file, oldest first (absolute)."""
-    state = read_state(logdir)
+    state = state_file.read_state(logdir)
     if state is None:
         return []
     out = []
@@ -139,7 +135,7 @@ class CheckpointWatcher:
         deadline = math.inf if self.timeout is None else clock.now() + self.timeout
         while not self._pending:
             for path in await self._poll():
-                step = step_of(os.path.basename(path))
+                step = names.step_of(os.path.basename(path))
                 if path in self._seen or (step is not None and step <= self._seen_step):
                     continue
                 self._pending.append(path)
@@ -155,7 +151,7 @@ class CheckpointWatcher:
             self._done.append(self._yielded)  # asking for the next one: done with the last
         self._yielded = path
         self._seen.add(path)
-        step = step_of(os.path.basename(path))
+        step = names.step_of(os.path.basename(path))
         if step is not None:
             self._seen_step = max(self._seen_step, step)
         log.info("watch.checkpoint", path=path, step=step)
@@ -201,7 +197,7 @@ def watch_checkpoints(
         or not (interval_secs > 0 and math.isfinite(interval_secs))
     ):
         raise ValueError(f"interval_secs must be a positive number of seconds, got {interval_secs!r}")
-    from .store._url import check_url, default_local_dir, is_url
+    from .store import check_url, default_local_dir, is_url
 
     if is_url(logdir):
         url = check_url(str(logdir))

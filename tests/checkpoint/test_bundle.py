@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asupervisor._checkpoint import _write
 from asupervisor._checkpoint.snapshot import _snapshot
 from asupervisor._checkpoint.snapshot._iterator_state import index_entries
+from asupervisor._checkpoint.store import _write
 from asupervisor._checkpoint.store.fast import _bundle
 
 pytestmark = [

@@ -13,10 +13,9 @@ import tensorflow as tf
 from eventfiles import tick
 
 import asupervisor as asv
-from asupervisor._checkpoint import _write
 from asupervisor._checkpoint.policy._policies import keep_policy_for
 from asupervisor._checkpoint.snapshot import _graph
-from asupervisor._checkpoint.store import _commit, _names, _state_file, _writeback
+from asupervisor._checkpoint.store import _commit, _names, _state_file, _write, _writeback
 from asupervisor._checkpoint.store.fast import _bundle
 from asupervisor._core._abc import SessionAttribute
 from asupervisor.testing import ManualClock, capture_logs
@@ -711,7 +710,7 @@ def test_model_check_matches_a_tf1_optimizers_slots_when_it_compares_key_by_key(
     children; when the model check compares key by key (here: the live checkpoint has a
     save_counter the written one lacks), they are matched as TF's restore matches them
     (optimizer.get_slot), not reported missing from a checkpoint that holds them."""
-    from asupervisor._checkpoint import _restore
+    from asupervisor._checkpoint.store import _restore
 
     var = tf.Variable([1.0, 2.0])
     opt = tf.compat.v1.train.AdamOptimizer(0.1)
@@ -735,7 +734,8 @@ def test_model_check_reads_no_variable_unless_in_doubt(tmp_path: Path, monkeypat
     """Restoring the same model's checkpoint checks it by object graph alone (TF's full
     serialising walk, which reads every variable, is not run); a nested variable the
     checkpoint lacks is still refused by name before anything is restored."""
-    from asupervisor._checkpoint import _manager, _restore
+    from asupervisor._checkpoint import _manager
+    from asupervisor._checkpoint.store import _restore
 
     state = {"layers": [make_state(), make_state()]}
     bump(state["layers"][1])()
@@ -963,8 +963,8 @@ def test_a_walk_of_variables_made_under_a_strategy_is_reused(tmp_path: Path) -> 
     snapshot, in key order. The walk is reused, each snapshot holds what TF's own walk
     reads, and the checkpoint restores."""
     from asupervisor._checkpoint._manager import Checkpointer
-    from asupervisor._checkpoint._restore import restore_path
     from asupervisor._checkpoint.snapshot import _walk_cache
+    from asupervisor._checkpoint.store._restore import restore_path
 
     def build() -> tuple[dict[str, Any], Any]:
         strategy = tf.distribute.MirroredStrategy(["/cpu:0"])

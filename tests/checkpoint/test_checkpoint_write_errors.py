@@ -16,10 +16,9 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint import _write
 from asupervisor._checkpoint._manager import Checkpointer
-from asupervisor._checkpoint._write import SaveAbandoned
-from asupervisor._checkpoint.store import _commit, _names
+from asupervisor._checkpoint.store import _commit, _names, _write
+from asupervisor._checkpoint.store._write import SaveAbandoned
 
 pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores
 

@@ -21,9 +21,9 @@ from checkpoint.test_direct_io import TMP, _page_cache_drops
 from checkpoint.test_direct_restore import keras_state, reads, train_once
 from pagecache import drop_cached, resident_pages
 
-from asupervisor._checkpoint import _restore
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint.snapshot._iterator_state import index_entries
+from asupervisor._checkpoint.store import _restore
 from asupervisor._checkpoint.store.fast import _bundle, _direct, _direct_restore
 from asupervisor.testing import capture_logs
 

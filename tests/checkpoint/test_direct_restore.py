@@ -15,9 +15,9 @@ import pytest
 import tensorflow as tf
 from checkpoint.test_bundle import flat, varied_state, zeros_like
 
-from asupervisor._checkpoint import _restore
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint.snapshot._graph import SavedGraphMatch
+from asupervisor._checkpoint.store import _restore
 from asupervisor._checkpoint.store._options import FastPath
 from asupervisor._checkpoint.store.fast import _bundle, _direct_restore
 from asupervisor._exceptions import CheckpointError

@@ -16,13 +16,12 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint import _write
 from asupervisor._checkpoint._manager import Checkpointer
-from asupervisor._checkpoint._write import SaveAbandoned
 from asupervisor._checkpoint.snapshot._iterator_state import index_entries
-from asupervisor._checkpoint.store import _commit
+from asupervisor._checkpoint.store import _commit, _write
 from asupervisor._checkpoint.store._local import FastStore, PlainStore
 from asupervisor._checkpoint.store._options import ENV_VAR, PLAIN, FastPath, resolve_store
+from asupervisor._checkpoint.store._write import SaveAbandoned
 from asupervisor._checkpoint.store.fast import _direct, _idle_io
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")

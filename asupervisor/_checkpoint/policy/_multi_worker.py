@@ -41,19 +41,16 @@ from typing import TYPE_CHECKING
 
 from ..._cluster import ClusterInfo
 from ..._logging import describe, get_logger
-from .._write import write_snapshot
 from ..snapshot._snapshot import Snapshot
-from ..store._options import FastPath, resolve_store
+from ..store import FastPath, resolve_store, write
+from ._policies import AGREED_STOP_REASONS
 
 if TYPE_CHECKING:
-    from ..store.fast._idle_io import IdleIO
+    from ..store import IdleIO
 
 __all__ = ["AGREED_STOP_REASONS", "WorkerTempWriter"]
 
 log = get_logger(__name__)
-
-#: stop reasons every worker reaches at the same step: a final save is taken on them
-AGREED_STOP_REASONS = frozenset({"completed", "max_steps", "end_of_data", "hook"})
 
 
 class WorkerTempWriter:
@@ -108,7 +105,9 @@ class WorkerTempWriter:
         tmp = Path(tempfile.mkdtemp(prefix=self.prefix, dir=self.root))
         try:
             prefix = str(tmp / f"{self.basename}-{snapshot.step}")
-            write_snapshot(snapshot, prefix, io=io, native=self.fast.native_writer, direct=self.fast.direct_writes)
+            write.write_snapshot(
+                snapshot, prefix, io=io, native=self.fast.native_writer, direct=self.fast.direct_writes
+            )
         finally:
             try:
                 shutil.rmtree(tmp)

@@ -50,9 +50,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from ._multi_worker import AGREED_STOP_REASONS
-
 __all__ = [
+    "AGREED_STOP_REASONS",
     "AnyKeepPolicy",
     "AnySavePolicy",
     "CheckpointRecord",
@@ -70,6 +69,9 @@ __all__ = [
     "SaveMoment",
     "SavePolicy",
 ]
+
+#: stop reasons every worker reaches at the same step: a final save is taken on them
+AGREED_STOP_REASONS = frozenset({"completed", "max_steps", "end_of_data", "hook"})
 
 
 class Keep(enum.Enum):
@@ -533,7 +535,7 @@ class OnStartup:
 @dataclass(frozen=True)
 class OnStop:
     """Save the final checkpoint at the stop; in multi-worker training only for a stop
-    every worker reaches at the same step (``AGREED_STOP_REASONS`` of :mod:`._multi_worker`:
+    every worker reaches at the same step (:data:`AGREED_STOP_REASONS`:
     ``max_steps``, end of data, the body returned, a hook; or a preemption signal the
     workers agreed on, :mod:`._cluster_stop`)."""
 

@@ -60,8 +60,8 @@ from ..._core._services import FailureWindow, RestartPolicy, Service
 from ..._core._threads import ThreadClosedError
 from ..._logging import describe, get_logger
 from .._manager import Checkpointer
-from .._write import SaveAbandoned
 from ..snapshot._snapshot import Snapshot
+from ..store import idle_io, write
 from ._cadence import Cadence
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from ..._core._services import ServiceContext
     from ..._core._status import CheckpointInfo
     from ..._core._threads import DedicatedThread
-    from ..store.fast._idle_io import IdleIO
+    from ..store import IdleIO
 
 __all__ = ["WHEN_BUSY", "CheckpointSaver", "CheckpointService"]
 
@@ -241,7 +241,7 @@ class CheckpointSaver:
             # never fewer than 2 checkpoints while another save is in flight
             info = self._write_fn(snap, min_keep=2 if others > 0 else 1, io=self._io)
             self._observe_phases(snap)
-        except SaveAbandoned as exc:  # the stop's deadline: not an error of the save
+        except write.SaveAbandoned as exc:  # the stop's deadline: not an error of the save
             log.warning("checkpoint.abandoned", step=snap.step, why=str(exc))
             return None
         except Exception as exc:
@@ -281,9 +281,7 @@ class CheckpointSaver:
         if self._writer is None:
             self._writer = self.ctx.new_thread("asv-checkpoint")
             if self.checkpointer.store.fast.idle_io:
-                from ..store.fast._idle_io import IdleIO  # the fast store's, optional code
-
-                self._io = IdleIO(self.ctx.new_thread("asv-checkpoint-io").submit_nowait)
+                self._io = idle_io(self.ctx.new_thread("asv-checkpoint-io").submit_nowait)
 
     def _hand_off(self, snap: Snapshot, keep: _Launched | None) -> None:
         """On the step thread: queue the write of ``snap`` on the writer (its outcome to

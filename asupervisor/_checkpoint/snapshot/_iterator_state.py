@@ -24,6 +24,7 @@ Runs on the step thread (:func:`serialisation_problem`) or the checkpoint writer
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from ... import _tf_internals as internals
@@ -169,16 +170,31 @@ def restore_mismatch_error(exc: BaseException, path: str | None) -> CheckpointEr
 # -- reading a checkpoint's index ------------------------------------------------------
 
 
+# The index reader is the fast store's (``store/fast/_index.py``), handed in by the store
+# as it loads (use_index_reader); this module imports nothing of the store.
+# ``load_index_reader`` (set by the store's door) loads it on first use.
+_read_index: Callable[[str], tuple[Any, dict[str, Any]]] | None = None
+load_index_reader: Callable[[], None] | None = None
+
+
+def use_index_reader(read: Callable[[str], tuple[Any, dict[str, Any]]]) -> None:
+    """The store's reader of a checkpoint's ``.index`` (the fast store, as it loads)."""
+    global _read_index
+    _read_index = read
+
+
 def index_entries(prefix: str) -> dict[str, Any]:
-    """``{checkpoint key: BundleEntryProto}`` read from ``<prefix>.index`` (:mod:`..store.fast._index`:
-    TF's reader is not used, and neither is this project's writer).
+    """``{checkpoint key: BundleEntryProto}`` read from ``<prefix>.index`` (the fast store's
+    reader: TF's reader is not used, and neither is this project's writer).
 
     Raises:
         ImportError: the fast store's code, which holds the index reader, is not there.
     """
-    from ..store.fast import _index
-
-    return _index.read(prefix)[1]
+    if _read_index is None and load_index_reader is not None:
+        load_index_reader()
+    if _read_index is None:
+        raise ImportError("reading a checkpoint's index needs the fast store's code")
+    return _read_index(prefix)[1]
 
 
 def entry_sizes(prefix: str) -> dict[str, int]:

@@ -23,7 +23,6 @@ Never on the event loop.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import time
@@ -162,20 +161,42 @@ def _stageable(value: Any) -> bool:
     return internals.fast_stageable(value, _plain_dtypes())
 
 
+# Staging is the fast store's: its aligned allocation and the dtypes its native writer
+# takes are handed in by the store (use_staging) when its code loads; this module imports
+# nothing of the store. ``load_staging`` (set by the store's door) loads it on first use.
+_allocate: Callable[[Any, Any], np.ndarray] | None = None
+_stage_dtypes: frozenset[int] | None = None
+load_staging: Callable[[], None] | None = None
+
+
+def use_staging(allocate: Callable[[Any, Any], np.ndarray], dtypes: frozenset[int]) -> None:
+    """The store's aligned allocation and stageable dtypes (the fast store, as it loads)."""
+    global _allocate, _stage_dtypes
+    _allocate, _stage_dtypes = allocate, dtypes
+
+
+def _load() -> None:
+    if _stage_dtypes is None and load_staging is not None:
+        try:
+            load_staging()
+        except ImportError:  # no fast store here: nothing is staged
+            pass
+
+
 def aligned_empty(shape: Any, dtype: Any) -> np.ndarray:
-    """A staging buffer aligned for the native writer's direct I/O (staging is the fast
-    store's: its code is there when this is asked)."""
-    from ..store.fast._direct import aligned_empty as fast_aligned_empty
+    """A staging buffer aligned for the native writer's direct I/O (plain ``numpy`` memory
+    without the fast store, which then stages nothing anyway)."""
+    _load()
+    if _allocate is None:
+        return np.empty(shape, dtype)
+    return _allocate(shape, dtype)
 
-    return fast_aligned_empty(shape, dtype)
 
-
-@functools.cache
 def _plain_dtypes() -> frozenset[int]:
-    """The dtypes the native writer stages (staging is the fast store's: only asked with it)."""
-    from ..store.fast._bundle import _PLAIN_DTYPES
-
-    return _PLAIN_DTYPES
+    """The dtypes the native writer stages (none without the fast store)."""
+    if _stage_dtypes is None:
+        _load()
+    return _stage_dtypes if _stage_dtypes is not None else frozenset()
 
 
 # Copies at the boundary run on this many threads (the step thread and short-lived

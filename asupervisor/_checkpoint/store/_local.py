@@ -28,8 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import _restore, _write
-from . import _commit, _names, _state_file, _writeback
+from . import _commit, _names, _restore, _state_file, _write, _writeback
 from ._options import PLAIN, FastPath
 
 if TYPE_CHECKING:

@@ -106,6 +106,12 @@ def load_fast() -> None:
         import asupervisor._checkpoint.store.fast._idle_io
         import asupervisor._checkpoint.store.fast._index  # noqa: F401
 
+        from ..snapshot import _iterator_state, _snapshot
+        from .fast import _bundle, _direct, _index
+
+        _snapshot.use_staging(_direct.aligned_empty, _bundle._PLAIN_DTYPES)
+        _iterator_state.use_index_reader(_index.read)
+
 
 def check_store_kind(value: object, where: str = "checkpoint_store") -> str | None:
     """``value`` if it is ``None`` or one of :data:`STORE_KINDS`, else a ``ValueError``

@@ -89,6 +89,9 @@ class RemoteTier:
         wall_clock: the time source of commit times and the lease.
     """
 
+    #: what an upload cut at the stop's deadline raises
+    Abandoned = Abandoned
+
     def __init__(
         self,
         url: str,

@@ -16,13 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import CheckpointError
-from .._logging import get_logger
-from .._tf import tf
-from .snapshot import _snapshot
+from ..._exceptions import CheckpointError
+from ..._logging import get_logger
+from ..._tf import tf
+from ..snapshot import _snapshot
 
 if TYPE_CHECKING:
-    from .store.fast._idle_io import IdleIO
+    from .fast._idle_io import IdleIO
 
 __all__ = ["SaveAbandoned", "write_snapshot"]
 
@@ -114,7 +114,7 @@ def write_snapshot(
     if not native:
         _save_v2_in_pieces(snapshot, prefix, check)
         return
-    from .store.fast import _bundle  # the native writer: the fast store's, optional code
+    from .fast import _bundle  # the native writer: the fast store's, optional code
 
     if not (_bundle.available() and _bundle.self_check()):
         _save_v2(snapshot, prefix, _shards(snapshot.tensors))
@@ -166,7 +166,7 @@ def _write_native(
     io: IdleIO | None = None,
     direct: bool = True,
 ) -> None:
-    from .store.fast import _bundle
+    from .fast import _bundle
 
     groups = _shards(snapshot.tensors)
     if len(groups) == 1:

@@ -27,16 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import _tf_internals as internals
-from .._core._epochs import EPOCH_ATTR
-from .._core._keras import KERAS_ATTR
-from .._exceptions import CheckpointError
-from .._logging import describe, get_logger
-from .._tf import tf
-from .snapshot import _graph
-from .snapshot._iterator_state import ITERATOR_ATTR, PIPELINE_ATTR
-from .store import _candidates, _names, _state_file
-from .store._options import FastPath, resolve_store
+from ... import _tf_internals as internals
+from ..._core._epochs import EPOCH_ATTR
+from ..._core._keras import KERAS_ATTR
+from ..._exceptions import CheckpointError
+from ..._logging import describe, get_logger
+from ..._tf import tf
+from ..snapshot import _graph
+from ..snapshot._iterator_state import ITERATOR_ATTR, PIPELINE_ATTR
+from . import _candidates, _names, _state_file
+from ._options import FastPath, resolve_store
 
 __all__ = ["RestoreOutcome", "check_matches", "restore_latest", "restore_newest", "restore_path"]
 
@@ -236,12 +236,12 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True, fast: FastP
     fast = resolve_store() if fast is None else fast
     prefetch = None
     if fast.own_restore:
-        from .store.fast import _direct_restore  # the fast store's reader, optional code
+        from .fast import _direct_restore  # the fast store's reader, optional code
 
         prefetch = _direct_restore.start(path, direct_reads=fast.direct_reads, huge_pages=fast.huge_pages)
     try:
         if prefetch is not None:
-            from .store.fast import _direct_restore
+            from .fast import _direct_restore
 
             graph = prefetch.graph()
             if graph is not None:
