@@ -25,9 +25,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pyte  # the dev extra: renders the real pseudo-terminal
 import pytest
-
-pyte = pytest.importorskip("pyte", reason="the console tests render the terminal with pyte (the dev extra)")
 
 COLS, ROWS = 160, 200  # wide enough for a log line, tall enough that nothing scrolls away
 

@@ -13,11 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx  # the dev extra installs the examples' own (httpx, starlette, uvicorn)
 import pytest
+import uvicorn  # noqa: F401 - the example's server: a missing one fails here, not skips
 from prometheus_client.parser import text_string_to_metric_families
-
-httpx = pytest.importorskip("httpx", reason="the examples extra (httpx, starlette, uvicorn) is not installed")
-pytest.importorskip("uvicorn", reason="the examples extra is not installed")
 
 APP = Path(__file__).resolve().parents[2] / "examples" / "web_app.py"
 
