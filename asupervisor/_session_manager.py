@@ -9,7 +9,7 @@ the chief's first checkpoint. This is the same contract for TF2 state (a
 * ``recover_session``: restore if possible; returns whether the state is restored and ready;
 * ``wait_for_session``: wait until a checkpoint can be restored, up to a deadline.
 
-Restoring is the runtime's own code (:func:`asupervisor._checkpoint._manager.restore_latest`: the
+Restoring is the runtime's own code (:func:`asupervisor._checkpoint.store.restore_latest`: the
 newest good checkpoint, falling back past corrupt ones; a different model is a
 ``CheckpointError``). TensorFlow and file work run on a dedicated thread started for the
 call and joined before it returns, never on the event loop; waits are on an injectable
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _config, _tf_internals
-from ._checkpoint.store import names, restore
+from ._checkpoint.store import names, restore_latest, restore_path
 from ._core._clock import Clock, MonotonicClock
 from ._core._handoff import LoopHandle
 from ._core._threads import DedicatedThread
@@ -128,7 +128,7 @@ class SessionManager:
             reason = names.missing_files(Path(path))
             if reason is None:
                 try:
-                    restore.restore_path(self._ckpt(), path)
+                    restore_path(self._ckpt(), path)
                 except CheckpointError:
                     raise
                 except (tf().errors.OpError, IndexError, ValueError, OSError) as exc:
@@ -140,7 +140,7 @@ class SessionManager:
             raise CheckpointError(f"checkpoint_filename_with_path {path!r} cannot be restored: {reason}")
         if checkpoint_dir is None:
             return None
-        return restore.restore_latest(self._ckpt(), checkpoint_dir)
+        return restore_latest(self._ckpt(), checkpoint_dir)
 
     def _local_init(self, *, raise_if_not_ready: bool) -> bool:
         pending = _not_ready(self.ready_for_local_init_fn)

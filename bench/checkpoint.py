@@ -79,8 +79,7 @@ import tensorflow as tf
 from pagecache import drop_cached
 
 from asupervisor._checkpoint._manager import Checkpointer
-from asupervisor._checkpoint.store._options import PLAIN, FastPath
-from asupervisor._checkpoint.store._restore import restore_latest
+from asupervisor._checkpoint.store import PLAIN, FastPath, restore_latest
 from asupervisor._checkpoint.store.fast import _direct
 from asupervisor.testing import capture_logs
 
@@ -220,7 +219,7 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
         ckpt.restore(latest).expect_partial()
         plain.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        restore_latest(ckpt, asv_dir, fast=FAST)
+        restore_latest(ckpt, asv_dir, setting=FAST)
         ours.append(time.perf_counter() - t0)
 
     cold_raw, cold_raw_direct, cold_plain, cold_ours, cold_buffered, cold_small = [], [], [], [], [], []
@@ -232,7 +231,7 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
     def restore_with(switch: str) -> Callable[[], None]:
         """asupervisor's restore with one of the fast path's switches off (an A/B)."""
         fast = dataclasses.replace(FAST, **{switch: False})
-        return lambda: restore_latest(ckpt, asv_dir, fast=fast)
+        return lambda: restore_latest(ckpt, asv_dir, setting=fast)
 
     if hasattr(os, "posix_fadvise"):
         for _ in range(repeats):
@@ -240,7 +239,7 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
                 (cold_raw, lambda: _read_files(files)),
                 (cold_raw_direct, lambda: _read_files(files, direct=True)),
                 (cold_plain, lambda: ckpt.restore(latest).expect_partial()),
-                (cold_ours, lambda: restore_latest(ckpt, asv_dir, fast=FAST)),
+                (cold_ours, lambda: restore_latest(ckpt, asv_dir, setting=FAST)),
                 (cold_buffered, restore_with("direct_reads")),
                 (cold_small, restore_with("huge_pages")),
             ):
@@ -253,13 +252,13 @@ def bench_size(size_mb: int, repeats: int, root: Path) -> dict[str, float]:
     # read of its own files)
     for _ in range(max(4 * repeats, 30)):
         t0 = time.perf_counter()
-        restore_latest(ckpt, plain_dir, fast=PLAIN)
+        restore_latest(ckpt, plain_dir, setting=PLAIN)
         ours_plain.append(time.perf_counter() - t0)
     if hasattr(os, "posix_fadvise"):
         for _ in range(repeats):
             for out, fn in (
                 (cold_plain_raw, lambda: _read_files(plain_files)),
-                (cold_plain_store, lambda: restore_latest(ckpt, plain_dir, fast=PLAIN)),
+                (cold_plain_store, lambda: restore_latest(ckpt, plain_dir, setting=PLAIN)),
             ):
                 drop_cached(plain_files)
                 t0 = time.perf_counter()

@@ -230,7 +230,7 @@ def main() -> None:
     args = parser.parse_args()
     global STORE
     if args.no_direct:
-        from asupervisor._checkpoint.store._options import FastPath
+        from asupervisor._checkpoint.store import FastPath
 
         STORE = FastPath(direct_writes=False)
     step, state = mlp_step()

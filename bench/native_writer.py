@@ -31,7 +31,7 @@ def main() -> None:
     import tensorflow as tf
 
     from asupervisor._checkpoint._manager import Checkpointer
-    from asupervisor._checkpoint.store._options import FastPath
+    from asupervisor._checkpoint.store import FastPath
 
     print(f"native writer vs SaveV2: {machine()}")
     for mb in (16, 128):

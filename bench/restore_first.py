@@ -72,8 +72,8 @@ def child(mode: str, size: int, directory: Path, state: str) -> None:
     from checkpoint import _read_files
     from pagecache import drop_cached
 
-    from asupervisor._checkpoint.store import _restore
-    from asupervisor._checkpoint.store._options import FastPath
+    from asupervisor._checkpoint import store
+    from asupervisor._checkpoint.store import FastPath
 
     logging.getLogger("asupervisor").propagate = False
     ckpt: Any = make(state, size, trained=False)
@@ -88,7 +88,7 @@ def child(mode: str, size: int, directory: Path, state: str) -> None:
     elif mode == "tf":
         ckpt.restore(latest).expect_partial()
     else:
-        _restore.restore_latest(ckpt, directory, fast=fast)
+        store.restore_latest(ckpt, directory, setting=fast)
     print(json.dumps({"ms": (time.perf_counter() - t0) * 1e3}))
 
 

@@ -11,9 +11,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
 
-#: the environment variable choosing the checkpoint store (asupervisor._checkpoint.store._options.ENV_VAR)
+#: the environment variable choosing the checkpoint store (asupervisor._checkpoint.store.ENV_VAR)
 STORE_ENV = "ASUPERVISOR_CHECKPOINT_STORE"
-#: the fast store runs on Linux only (asupervisor._checkpoint.store._options.fast_store_available)
+#: the fast store runs on Linux only (asupervisor._checkpoint.store.fast_store_available)
 LINUX = sys.platform.startswith("linux")
 
 

@@ -236,7 +236,7 @@ def test_features_never_reach_into_the_engine() -> None:
 
 
 #: the optional stores: imported by no module outside them at module level
-OPTIONAL_STORES = ("_checkpoint.store.fast", "_checkpoint.store.remote")
+OPTIONAL_STORES = ("_checkpoint.store.fast", "_checkpoint.store.memory", "_checkpoint.store.remote")
 
 
 def _module_level_lines(tree: ast.Module) -> set[int]:
@@ -342,3 +342,73 @@ def test_the_door_check_finds_a_module_reached_past_it(tmp_path: Path) -> None:
     (tmp_path / "_checkpoint/_door.py").write_text("from .store import names\n")
     (tmp_path / "_checkpoint/_past.py").write_text("def f():\n    from .store._names import step_of\n")
     assert store_door_violations(tmp_path) == ["_checkpoint._past:2 imports _checkpoint.store._names"]
+
+
+#: the store implementations, each opened by the chooser alone
+IMPLEMENTATIONS = ("plain", "fast", "memory", "remote")
+
+
+def _type_only_lines(tree: ast.Module) -> set[int]:
+    """The lines of the imports under a top-level ``if TYPE_CHECKING:``."""
+    lines: set[int] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            lines.update(n.lineno for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom)))
+    return lines
+
+
+def chooser_violations(root: Path) -> list[str]:
+    """Imports of a store implementation (``store/plain/``, ``fast/``, ``memory/``,
+    ``remote/``) by a module other than the chooser (``store/_choose.py``) and the
+    implementation itself. The fast store may build on the plain one; type-only imports
+    inside ``store/`` are free, except in ``plain/``, which imports no other at all."""
+    store = "_checkpoint.store"
+    type_only: dict[str, set[int]] = {}
+    for path in sorted(root.rglob("*.py")):
+        type_only[module_name(root, path)] = _type_only_lines(ast.parse(path.read_text(), str(path)))
+    found = []
+    for imp in imports_of(root):
+        target = next((f"{store}.{i}" for i in IMPLEMENTATIONS if imp.target.startswith(f"{store}.{i}.")), None)
+        if target is None or imp.module.startswith(target + ".") or imp.module == f"{store}._choose":
+            continue
+        if imp.module.startswith(f"{store}.fast.") and target == f"{store}.plain":
+            continue
+        in_plain = imp.module.startswith(f"{store}.plain.")
+        if imp.module.startswith(store + ".") and not in_plain and imp.line in type_only.get(imp.module, set()):
+            continue
+        found.append(f"{imp.module}:{imp.line} imports {imp.target}")
+    return sorted(found)
+
+
+def test_only_the_chooser_opens_a_store() -> None:
+    """``store/_choose.py`` alone imports the implementations (inside functions, once
+    chosen); ``plain/`` imports none of the others; the fast store builds on the plain one."""
+    assert chooser_violations(PACKAGE) == []
+
+
+def test_the_chooser_check_finds_a_store_opened_past_it(tmp_path: Path) -> None:
+    """Fed the door importing the fast store, and the plain store importing the remote one
+    type-only, the check reports both; the chooser's and the fast store's imports it
+    leaves alone."""
+    for name in (
+        "__init__.py",
+        "_checkpoint/__init__.py",
+        "_checkpoint/store/__init__.py",
+        "_checkpoint/store/plain/__init__.py",
+        "_checkpoint/store/plain/_store.py",
+        "_checkpoint/store/fast/__init__.py",
+        "_checkpoint/store/remote/__init__.py",
+        "_checkpoint/store/remote/_tier.py",
+    ):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    (tmp_path / "_checkpoint/store/fast/_store.py").write_text("from ..plain._store import x\n")
+    (tmp_path / "_checkpoint/store/_choose.py").write_text("def f():\n    from .fast._store import F\n")
+    (tmp_path / "_checkpoint/store/_past.py").write_text("def f():\n    from .fast._store import F\n")
+    (tmp_path / "_checkpoint/store/plain/_restore.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..remote._tier import T\n"
+    )
+    assert chooser_violations(tmp_path) == [
+        "_checkpoint.store._past:2 imports _checkpoint.store.fast._store",
+        "_checkpoint.store.plain._restore:3 imports _checkpoint.store.remote._tier",
+    ]

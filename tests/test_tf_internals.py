@@ -102,7 +102,7 @@ def _train(model: Any, opt: Any) -> None:
 def _save_and_restore(tmp_path: Path) -> None:
     """Three saves by the library's checkpointer, then a restore into new objects."""
     from asupervisor._checkpoint._manager import Checkpointer
-    from asupervisor._checkpoint.store._restore import restore_path
+    from asupervisor._checkpoint.store import restore_path
 
     model, opt, plain, data = _build()
     _train(model, opt)

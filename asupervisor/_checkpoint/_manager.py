@@ -29,13 +29,11 @@ from .policy._policies import AnyKeepPolicy, KeepPolicy, LatestN, keep_policy_fo
 from .snapshot import _metrics, _snapshot
 from .snapshot._iterator_tracking import IteratorTracker
 from .snapshot._walk_cache import WalkCache
-from .store import FastPath, OwnerLock, PlainStore, native_writer_checked, open_store, resolve_store
+from .store import CheckpointStore, FastPath, OwnerLock, RestoreOutcome, SaveAbandoned, open_store, write_error
 from .store import candidates as _candidates
 from .store import commit as _commit
 from .store import names as _names
-from .store import restore as _restore
 from .store import state_file as _state_file
-from .store import write as _write
 from .store import writeback as _writeback
 
 if TYPE_CHECKING:
@@ -66,9 +64,9 @@ class Checkpointer:
             the buffers cost the state's size in host memory), :mod:`.snapshot._snapshot`.
             Effective once the native bundle writer has passed its self-check (from the
             second save of a process); ``False``: copy-on-write snapshots only.
-        fast_path: the store's fast path (:class:`.store._options.FastPath`;
-            :data:`~.store._options.PLAIN`: the plain store); ``None``: what
-            :func:`.store._options.resolve_store` picks. Every byte of the directory goes
+        fast_path: the store's fast path (:class:`.store.FastPath`;
+            :data:`~.store.PLAIN`: the plain store); ``None``: what
+            :func:`.store.resolve_store` picks. Every byte of the directory goes
             through :attr:`store`, chosen here once.
         metrics: on the step thread, the metrics of the state at a snapshot
             (``SessionContext.current_metrics``), recorded in each checkpoint
@@ -88,11 +86,12 @@ class Checkpointer:
         staging: bool = True,
         fast_path: FastPath | None = None,
         metrics: Callable[[], Mapping[str, float]] | None = None,
+        store: CheckpointStore | None = None,
     ) -> None:
         self.checkpoint = checkpoint
-        self.logdir = Path(logdir)
+        self.logdir = Path(logdir) if store is None else store.logdir
         #: where every checkpoint byte and state-file update of the directory goes
-        self.store: PlainStore = open_store(self.logdir, resolve_store() if fast_path is None else fast_path)
+        self.store: CheckpointStore = open_store(self.logdir, fast_path) if store is None else store
         self.basename = basename
         self.keep_policy = keep_policy or keep_policy_for(max_to_keep, keep_checkpoint_every_n_hours)
         self.wall_clock = wall_clock
@@ -178,7 +177,7 @@ class Checkpointer:
             self.last_snapshot_step = self.last.step
         return path
 
-    def _set_aside(self, corrupt: list[str], restored: str, outcome: _restore.RestoreOutcome | None = None) -> None:
+    def _set_aside(self, corrupt: list[str], restored: str, outcome: RestoreOutcome | None = None) -> None:
         """Make the state file name ``restored`` as the latest and drop ``corrupt`` (and
         checkpoints that are gone) from it, then rename the files of ``corrupt`` to
         ``<name>.corrupt-<time>.*``; nothing is deleted.
@@ -243,7 +242,7 @@ class Checkpointer:
         writer has proven itself (``SaveV2`` would need tensors again)."""
         if self._staging is None or not self.store.fast.native_writer:
             return None
-        return self._staging if native_writer_checked() else None
+        return self._staging if self.store.native_writer_checked() else None
 
     def _prepare_staging(self, snapshot: _snapshot.Snapshot, stopping: Callable[[], bool] | None) -> None:
         """On the writer thread after a save: have the staging buffers ready for the next."""
@@ -273,7 +272,7 @@ class Checkpointer:
 
     def _check_abandon(self) -> None:
         if self._abandon.is_set():
-            raise _write.SaveAbandoned(
+            raise SaveAbandoned(
                 "the save was abandoned at the stop's deadline (its grace period ran out, or a second stop signal)"
             )
 
@@ -314,7 +313,7 @@ class Checkpointer:
                 store.commit(tmp, final, state, retiring)  # now it is the latest
         except BaseException as exc:
             store.remove_partial(tmp)
-            error = _write._write_error(exc, final, snapshot.step)
+            error = write_error(exc, final, snapshot.step)
             if error is not None:
                 raise error from exc
             raise

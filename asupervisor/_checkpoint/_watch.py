@@ -27,7 +27,7 @@ from .._core._clock import Clock, MonotonicClock
 from .._core._handoff import LoopHandle
 from .._core._threads import DedicatedThread
 from .._logging import describe, get_logger
-from .store import PlainStore, names, open_remote_tier, state_file
+from .store import PLAIN, names, open_remote_tier, open_store, state_file
 
 __all__ = ["CheckpointWatcher", "watch_checkpoints"]
 
@@ -52,7 +52,7 @@ def _committed_remote(url: str, local: Path, after_step: int, done: list[str]) -
     tier = open_remote_tier(url, local, basename=None, keep_policy=None, owner=False)
     try:
         tier.open()
-        store = PlainStore(local)
+        store = open_store(local, PLAIN)  # the download's commit: plain file calls
         newer = [m for _, m in tier.committed() if m.step > after_step]
         return [str(tier.fetch(store, m)) for m in sorted(newer, key=lambda m: m.step)]
     finally:

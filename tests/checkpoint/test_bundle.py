@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from asupervisor._checkpoint.snapshot import _snapshot
 from asupervisor._checkpoint.snapshot._iterator_state import index_entries
-from asupervisor._checkpoint.store import _write
 from asupervisor._checkpoint.store.fast import _bundle
+from asupervisor._checkpoint.store.plain import _write
 
 pytestmark = [
     pytest.mark.usefixtures("no_new_threads"),
@@ -187,7 +187,7 @@ def test_variant_tensors_are_left_to_save_v2_and_merged(tmp_path: Path) -> None:
     ckpt = tf.train.Checkpoint(it=it, w=big)
     snap = _snapshot.take_snapshot(ckpt, 1)
     assert [_bundle.encodable(t, s) for t, s in zip(snap.tensors, snap.slices)].count(False) == 1
-    _write.write_snapshot(snap, str(tmp_path / "ckpt"))
+    _write.write_snapshot(snap, str(tmp_path / "ckpt"), native=_bundle)
     assert sorted(os.listdir(tmp_path)) == ["ckpt.data-00000-of-00002", "ckpt.data-00001-of-00002", "ckpt.index"]
     it2 = iter(tf.data.Dataset.range(10))
     fresh = tf.Variable(tf.zeros([1000]))
@@ -220,7 +220,7 @@ def test_a_broken_writer_falls_back_to_save_v2_with_one_warning(
     with capture_logs() as logs:
         for step in (1, 2):
             snap = _snapshot.take_snapshot(tf.train.Checkpoint(**state), step)
-            _write.write_snapshot(snap, str(tmp_path / f"ckpt-{step}"))
+            _write.write_snapshot(snap, str(tmp_path / f"ckpt-{step}"), native=_bundle)
     assert [e["event"] for e in logs] == ["checkpoint.native_writer_off"]
     assert "checksum" in logs[0]["why"].lower() or "corrupt" in logs[0]["why"].lower(), logs[0]
     fresh = {"v": tf.Variable(tf.zeros([10])), "s": tf.Variable(b"")}

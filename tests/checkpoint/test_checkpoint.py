@@ -15,8 +15,9 @@ from eventfiles import tick
 import asupervisor as asv
 from asupervisor._checkpoint.policy._policies import keep_policy_for
 from asupervisor._checkpoint.snapshot import _graph
-from asupervisor._checkpoint.store import _commit, _names, _state_file, _write, _writeback
+from asupervisor._checkpoint.store import _commit, _names, _state_file, _writeback
 from asupervisor._checkpoint.store.fast import _bundle
+from asupervisor._checkpoint.store.plain import _write
 from asupervisor._core._abc import SessionAttribute
 from asupervisor.testing import ManualClock, capture_logs
 
@@ -710,7 +711,7 @@ def test_model_check_matches_a_tf1_optimizers_slots_when_it_compares_key_by_key(
     children; when the model check compares key by key (here: the live checkpoint has a
     save_counter the written one lacks), they are matched as TF's restore matches them
     (optimizer.get_slot), not reported missing from a checkpoint that holds them."""
-    from asupervisor._checkpoint.store import _restore
+    from asupervisor._checkpoint import store
 
     var = tf.Variable([1.0, 2.0])
     opt = tf.compat.v1.train.AdamOptimizer(0.1)
@@ -721,12 +722,12 @@ def test_model_check_matches_a_tf1_optimizers_slots_when_it_compares_key_by_key(
     opt2.minimize(lambda: tf.reduce_sum(var2**2), var_list=[var2])
     live = tf.train.Checkpoint(v=var2, opt=opt2)
     assert int(live.save_counter) == 0  # made now: the checkpoint has none, so the check compares by key
-    _restore.restore_path(live, path)
+    store.restore_path(live, path)
     assert var2.numpy().tolist() == var.numpy().tolist()
     assert opt2.get_slot(var2, "m").numpy().tolist() == opt.get_slot(var, "m").numpy().tolist()
     extra = tf.train.Checkpoint(v=var2, opt=opt2, w=tf.Variable(1.0))
     with pytest.raises(asv.CheckpointError, match=r"missing from the checkpoint: w/\.ATTRIBUTES") as caught:
-        _restore.restore_path(extra, path)
+        store.restore_path(extra, path)
     assert "OPTIMIZER_SLOT" not in str(caught.value)  # only what is really missing is named
 
 
@@ -734,8 +735,7 @@ def test_model_check_reads_no_variable_unless_in_doubt(tmp_path: Path, monkeypat
     """Restoring the same model's checkpoint checks it by object graph alone (TF's full
     serialising walk, which reads every variable, is not run); a nested variable the
     checkpoint lacks is still refused by name before anything is restored."""
-    from asupervisor._checkpoint import _manager
-    from asupervisor._checkpoint.store import _restore
+    from asupervisor._checkpoint import _manager, store
 
     state = {"layers": [make_state(), make_state()]}
     bump(state["layers"][1])()
@@ -752,11 +752,11 @@ def test_model_check_reads_no_variable_unless_in_doubt(tmp_path: Path, monkeypat
         return real(checkpoint)
 
     monkeypatch.setattr(_graph, "serialized", counting)
-    assert _restore.restore_latest(tf.train.Checkpoint(layers=[make_state(), make_state()]), tmp_path)
+    assert store.restore_latest(tf.train.Checkpoint(layers=[make_state(), make_state()]), tmp_path)
     assert walks == []
     grown = [make_state(), {**make_state(), "new": tf.Variable(tf.ones([2]), name="new")}]
     with pytest.raises(asv.CheckpointError, match=r"layers/1/new/\.ATTRIBUTES/VARIABLE_VALUE"):
-        _restore.restore_latest(tf.train.Checkpoint(layers=grown), tmp_path)
+        store.restore_latest(tf.train.Checkpoint(layers=grown), tmp_path)
     assert walks == [1] and float(grown[1]["w"][0, 0]) == 0.0
 
 
@@ -964,7 +964,7 @@ def test_a_walk_of_variables_made_under_a_strategy_is_reused(tmp_path: Path) -> 
     reads, and the checkpoint restores."""
     from asupervisor._checkpoint._manager import Checkpointer
     from asupervisor._checkpoint.snapshot import _walk_cache
-    from asupervisor._checkpoint.store._restore import restore_path
+    from asupervisor._checkpoint.store import restore_path
 
     def build() -> tuple[dict[str, Any], Any]:
         strategy = tf.distribute.MirroredStrategy(["/cpu:0"])

@@ -17,8 +17,8 @@ import tensorflow as tf
 
 import asupervisor as asv
 from asupervisor._checkpoint._manager import Checkpointer
-from asupervisor._checkpoint.store import _commit, _names, _write
-from asupervisor._checkpoint.store._write import SaveAbandoned
+from asupervisor._checkpoint.store import SaveAbandoned, _commit, _names
+from asupervisor._checkpoint.store.plain import _write
 
 pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores
 

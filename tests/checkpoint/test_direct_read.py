@@ -21,9 +21,9 @@ from checkpoint.test_direct_io import TMP, _page_cache_drops
 from checkpoint.test_direct_restore import keras_state, reads, train_once
 from pagecache import drop_cached, resident_pages
 
+from asupervisor._checkpoint import store
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint.snapshot._iterator_state import index_entries
-from asupervisor._checkpoint.store import _restore
 from asupervisor._checkpoint.store.fast import _bundle, _direct, _direct_restore
 from asupervisor.testing import capture_logs
 
@@ -69,7 +69,7 @@ def written(directory: Path) -> tuple[str, Path]:
 def restore(path: str) -> tuple[dict[str, tf.Variable], list[str]]:
     variables = fresh()
     with capture_logs() as events:
-        _restore.restore_path(tf.train.Checkpoint(**variables), path)
+        store.restore_path(tf.train.Checkpoint(**variables), path)
     return variables, reads(events)
 
 
@@ -207,7 +207,7 @@ def test_damage_in_a_value_read_directly_changes_no_variable(tmp_path: Path, how
     drop_cached([str(data)])
     variables = fresh()
     with pytest.raises(tf.errors.DataLossError) as caught:
-        _restore.restore_path(tf.train.Checkpoint(**variables), path)
+        store.restore_path(tf.train.Checkpoint(**variables), path)
     assert str(data) in str(caught.value) and BIG in str(caught.value)
     assert ("checksum" if how == "flip" else "truncated") in str(caught.value)
     assert all(bool(tf.reduce_all(v == tf.constant(7, v.dtype))) for v in variables.values())
@@ -281,7 +281,7 @@ def test_values_tensorflow_must_restore_are_checked_and_restored(tmp_path: Path)
     keras.utils.set_random_seed(2)
     resumed = keras_state(build=False, inputs=1024, units=512)
     with capture_logs() as events:
-        _restore.restore_path(tf.train.Checkpoint(**resumed), path)
+        store.restore_path(tf.train.Checkpoint(**resumed), path)
     (read,) = [e for e in events if e["event"] == "checkpoint.read"]
     assert read["how"] == "tensorflow" and read["checked_after"] == 0
     assert read["checked_ahead"] == sum(

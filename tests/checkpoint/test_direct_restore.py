@@ -15,11 +15,12 @@ import pytest
 import tensorflow as tf
 from checkpoint.test_bundle import flat, varied_state, zeros_like
 
+from asupervisor._checkpoint import store
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint.snapshot._graph import SavedGraphMatch
-from asupervisor._checkpoint.store import _restore
-from asupervisor._checkpoint.store._options import FastPath
+from asupervisor._checkpoint.store import FastPath
 from asupervisor._checkpoint.store.fast import _bundle, _direct_restore
+from asupervisor._checkpoint.store.plain import _restore
 from asupervisor._exceptions import CheckpointError
 from asupervisor.testing import capture_logs
 
@@ -56,7 +57,7 @@ def restored(state: dict[str, Any], path: str, direct: bool) -> tuple[list[np.nd
     fresh = zeros_like(state)
     fast = FastPath() if direct else FastPath(own_restore=False)
     with capture_logs() as events:
-        _restore.restore_path(tf.train.Checkpoint(**fresh), path, fast=fast)
+        store.restore_path(tf.train.Checkpoint(**fresh), path, setting=fast)
     return [v.numpy() for v in flat(fresh)], reads(events)
 
 
@@ -81,7 +82,7 @@ def test_restored_variables_train_on_and_save_again(tmp_path: Path) -> None:
     state = {"w": tf.Variable(tf.range(8.0)), "m": tf.Variable(tf.ones([2, 3]))}
     path = write(state, tmp_path / "a", "asupervisor")
     fresh = {k: tf.Variable(tf.zeros_like(v)) for k, v in state.items()}
-    _restore.restore_path(tf.train.Checkpoint(**fresh), path)
+    store.restore_path(tf.train.Checkpoint(**fresh), path)
     before = fresh["w"].read_value()
     fresh["w"].assign_add(tf.ones([8]))
     fresh["m"].assign(fresh["m"] * 3)
@@ -120,7 +121,7 @@ def test_keras_model_and_optimizer(tmp_path: Path, build: bool) -> None:
     keras.utils.set_random_seed(2)
     resumed = keras_state(build=build)
     with capture_logs() as events:
-        _restore.restore_path(tf.train.Checkpoint(**resumed), path)
+        store.restore_path(tf.train.Checkpoint(**resumed), path)
     assert reads(events) == (["direct"] if build else ["tensorflow"])
     if not build:  # the slots TF defers were read and checked ahead of it, not read again
         values = len(tf.train.load_checkpoint(path).get_variable_to_shape_map()) - 1  # all but the object graph
@@ -141,7 +142,7 @@ def test_what_tensorflow_must_restore_goes_to_tensorflow(tmp_path: Path) -> None
     text = {"s": tf.Variable(tf.constant([b"ab", b""])), "x": tf.Variable(1.0)}
     fresh = zeros_like(text)
     with capture_logs() as events:
-        _restore.restore_path(tf.train.Checkpoint(**fresh), write(text, tmp_path / "s", "asupervisor"))
+        store.restore_path(tf.train.Checkpoint(**fresh), write(text, tmp_path / "s", "asupervisor"))
     read = next(e for e in events if e["event"] == "checkpoint.read")
     # nothing deferred: TF's restore read and checked every value; the readers were stopped
     assert (read["how"], read["checked_ahead"], read["checked_after"]) == ("tensorflow", 0, 0)
@@ -155,7 +156,7 @@ def test_what_tensorflow_must_restore_goes_to_tensorflow(tmp_path: Path) -> None
     opt2 = tf.compat.v1.train.AdamOptimizer(0.1)
     opt2.minimize(lambda: tf.reduce_sum(var2**2), var_list=[var2])
     with capture_logs() as events:
-        _restore.restore_path(tf.train.Checkpoint(v=var2, opt=opt2), path)
+        store.restore_path(tf.train.Checkpoint(v=var2, opt=opt2), path)
     assert reads(events) == ["tensorflow"]
     assert var2.numpy().tolist() == var.numpy().tolist()
     assert opt2.get_slot(var2, "m").numpy().tolist() == opt.get_slot(var, "m").numpy().tolist()
@@ -165,13 +166,13 @@ def test_what_tensorflow_must_restore_goes_to_tensorflow(tmp_path: Path) -> None
     path = str(tf.train.Checkpoint(it=iterator, x=tf.Variable(3.0)).write(str(tmp_path / "it" / "ck")))
     iterator2 = iter(tf.data.Dataset.range(10))
     with capture_logs() as events:
-        _restore.restore_path(tf.train.Checkpoint(it=iterator2, x=tf.Variable(0.0)), path, strict=False)
+        store.restore_path(tf.train.Checkpoint(it=iterator2, x=tf.Variable(0.0)), path, strict=False)
     assert reads(events) == ["tensorflow"] and int(next(iterator2)) == 1
 
     path = write({"x": tf.Variable([1.0, 2.0])}, tmp_path / "shape", "asupervisor")
     other = tf.Variable([5.0, 6.0, 7.0])
     with capture_logs() as events, pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
-        _restore.restore_path(tf.train.Checkpoint(x=other), path, strict=False)
+        store.restore_path(tf.train.Checkpoint(x=other), path, strict=False)
     assert reads(events) == [] and other.numpy().tolist() == [5.0, 6.0, 7.0]  # TF's restore failed
 
 
@@ -195,7 +196,7 @@ def test_a_damaged_data_file_changes_no_variable(tmp_path: Path, how: str) -> No
     damage(path, how)
     fresh = {"a": tf.Variable(tf.fill([1000], 7.0)), "b": tf.Variable(tf.fill([1 << 19], 7.0))}
     with pytest.raises(tf.errors.DataLossError) as caught:
-        _restore.restore_path(tf.train.Checkpoint(**fresh), path)
+        store.restore_path(tf.train.Checkpoint(**fresh), path)
     assert f"{path}.data-00000-of-00001" in str(caught.value)
     assert "b/.ATTRIBUTES/VARIABLE_VALUE" in str(caught.value)
     assert ("checksum" if how == "flip" else "truncated") in str(caught.value)
@@ -232,7 +233,7 @@ def test_a_damaged_index_is_a_data_error(tmp_path: Path) -> None:
     index.write_bytes(bytes(raw))
     fresh = tf.Variable(tf.zeros([64]))
     with pytest.raises(Exception) as caught:
-        _restore.restore_path(tf.train.Checkpoint(x=fresh), path)
+        store.restore_path(tf.train.Checkpoint(x=fresh), path)
     assert _restore._data_error(caught.value) and str(index) in str(caught.value)
     assert fresh.numpy().tolist() == [0.0] * 64
 
@@ -244,7 +245,7 @@ def test_another_model_is_named_and_reading_stops(tmp_path: Path) -> None:
     path = write({"x": tf.Variable(tf.random.uniform([1 << 20]))}, tmp_path, "asupervisor")
     y = tf.Variable(tf.zeros([3]))
     with pytest.raises(CheckpointError, match="missing from the checkpoint: y/"):
-        _restore.restore_path(tf.train.Checkpoint(y=y, x=tf.Variable(tf.zeros([1 << 20]))), path)
+        store.restore_path(tf.train.Checkpoint(y=y, x=tf.Variable(tf.zeros([1 << 20]))), path)
     assert y.numpy().tolist() == [0.0] * 3
 
 
@@ -285,7 +286,7 @@ def test_a_bad_value_tensorflow_defers_is_found_by_the_readers(tmp_path: Path) -
     data.write_bytes(bytes(raw))
     resumed = keras_state(build=False)
     with pytest.raises(tf.errors.DataLossError, match=f"{data}: checksum mismatch for {slot} \\(corrupt data file\\)"):
-        _restore.restore_path(tf.train.Checkpoint(**resumed), path)
+        store.restore_path(tf.train.Checkpoint(**resumed), path)
 
 
 def test_a_read_error_names_the_file(tmp_path: Path) -> None:
@@ -299,7 +300,7 @@ def test_a_read_error_names_the_file(tmp_path: Path) -> None:
     data.mkdir()
     fresh = tf.Variable(tf.zeros([64]))
     with pytest.raises(IsADirectoryError) as caught:
-        _restore.restore_path(tf.train.Checkpoint(x=fresh), path)
+        store.restore_path(tf.train.Checkpoint(x=fresh), path)
     assert caught.value.filename == str(data) and _restore._data_error(caught.value)
     assert fresh.numpy().tolist() == [0.0] * 64
 
@@ -325,7 +326,7 @@ def test_a_restore_matches_the_object_graph_once_for_the_check_and_the_plan(
     monkeypatch.setattr(_graph, "SavedGraphMatch", Counting)
     fresh = tf.train.Checkpoint(a=tf.Variable(tf.zeros([8])), b=[tf.Variable(0.0)])
     with capture_logs() as events:
-        _restore.restore_path(fresh, path)
+        store.restore_path(fresh, path)
     assert reads(events) == ["direct"] and len(made) == 1
     assert float(fresh.b[0]) == 3.0 and float(fresh.save_counter) == 1.0  # from the checkpoint
     live = made[0].live_by_node()

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint.snapshot._iterator_state import index_entries
-from asupervisor._checkpoint.store import _write
+from asupervisor._checkpoint.store.plain import _write
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
 

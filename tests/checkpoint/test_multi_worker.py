@@ -25,10 +25,9 @@ import tensorflow as tf
 import asupervisor as asv
 from asupervisor._checkpoint.policy._multi_worker import temp_prefix
 from asupervisor._checkpoint.snapshot._snapshot import take_snapshot
-from asupervisor._checkpoint.store import _state_file
+from asupervisor._checkpoint.store import _state_file, restore_path
 from asupervisor._checkpoint.store._owner import OWNER_FILE
-from asupervisor._checkpoint.store._restore import restore_path
-from asupervisor._checkpoint.store._write import write_snapshot
+from asupervisor._checkpoint.store.plain._write import write_snapshot
 from asupervisor.testing import ManualClock, capture_logs
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")

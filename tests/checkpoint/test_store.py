@@ -18,11 +18,11 @@ import tensorflow as tf
 import asupervisor as asv
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint.snapshot._iterator_state import index_entries
-from asupervisor._checkpoint.store import _commit, _write
-from asupervisor._checkpoint.store._local import FastStore, PlainStore
-from asupervisor._checkpoint.store._options import ENV_VAR, PLAIN, FastPath, resolve_store
-from asupervisor._checkpoint.store._write import SaveAbandoned
+from asupervisor._checkpoint.store import ENV_VAR, PLAIN, FastPath, SaveAbandoned, _commit, resolve_store
 from asupervisor._checkpoint.store.fast import _direct, _idle_io
+from asupervisor._checkpoint.store.fast._store import FastStore
+from asupervisor._checkpoint.store.plain import _write
+from asupervisor._checkpoint.store.plain._store import PlainStore
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
 LINUX = sys.platform.startswith("linux")

@@ -343,7 +343,7 @@ async def test_in_a_cluster_local_checkpoints_the_remote_never_got_are_set_aside
     chief whose local tier holds a newer one (never uploaded) sets it aside (kept, renamed)
     and restores the remote's newest too."""
     from asupervisor._checkpoint.policy._policies import LatestN
-    from asupervisor._checkpoint.store._local import PlainStore
+    from asupervisor._checkpoint.store.plain._store import PlainStore
     from asupervisor._checkpoint.store.remote._tier import RemoteTier
 
     url = f"memory://agree-{tmp_path.name}/run"

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 from ..._cluster import ClusterInfo
 from ..._logging import describe, get_logger
 from ..snapshot._snapshot import Snapshot
-from ..store import FastPath, resolve_store, write
+from ..store import FastPath, open_store, resolve_store
 from ._policies import AGREED_STOP_REASONS
 
 if TYPE_CHECKING:
@@ -104,10 +104,8 @@ class WorkerTempWriter:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=self.prefix, dir=self.root))
         try:
-            prefix = str(tmp / f"{self.basename}-{snapshot.step}")
-            write.write_snapshot(
-                snapshot, prefix, io=io, native=self.fast.native_writer, direct=self.fast.direct_writes
-            )
+            # the chief's store writes it, so each worker does the same work per save
+            open_store(tmp, self.fast).write(snapshot, tmp / f"{self.basename}-{snapshot.step}", _go_on, io)
         finally:
             try:
                 shutil.rmtree(tmp)
@@ -120,6 +118,10 @@ class WorkerTempWriter:
             secs=round(time.perf_counter() - t0, 4),
             blocked_secs=round(snapshot.blocked_secs, 4),
         )
+
+
+def _go_on() -> None:
+    """A worker's temporary save is never abandoned half-way (it is removed anyway)."""
 
 
 def temp_prefix(logdir: Path, cluster: ClusterInfo) -> str:

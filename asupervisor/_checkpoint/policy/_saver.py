@@ -21,7 +21,7 @@ the step thread. The step thread hands each snapshot straight to the writer (a w
 save's waiter is made on the loop beforehand), with no trip through the event loop. With
 the fast store, the kernel-heavy part of each write (the data's ``write(2)`` calls,
 deleting retired checkpoints) runs on a second thread at the OS's idle priority, so that
-an event loop beside the training stays responsive (:mod:`..store.fast._idle_io`).
+an event loop beside the training stays responsive (the store's ``idle_io``).
 
 Cadence (``checkpoint_when_busy``): with ``"wait"`` (the default) a step save that is due
 while the previous write is still in flight makes the step thread wait for it
@@ -61,7 +61,7 @@ from ..._core._threads import ThreadClosedError
 from ..._logging import describe, get_logger
 from .._manager import Checkpointer
 from ..snapshot._snapshot import Snapshot
-from ..store import idle_io, write
+from ..store import SaveAbandoned
 from ._cadence import Cadence
 
 if TYPE_CHECKING:
@@ -241,7 +241,7 @@ class CheckpointSaver:
             # never fewer than 2 checkpoints while another save is in flight
             info = self._write_fn(snap, min_keep=2 if others > 0 else 1, io=self._io)
             self._observe_phases(snap)
-        except write.SaveAbandoned as exc:  # the stop's deadline: not an error of the save
+        except SaveAbandoned as exc:  # the stop's deadline: not an error of the save
             log.warning("checkpoint.abandoned", step=snap.step, why=str(exc))
             return None
         except Exception as exc:
@@ -280,8 +280,7 @@ class CheckpointSaver:
         to it, with no trip through the event loop."""
         if self._writer is None:
             self._writer = self.ctx.new_thread("asv-checkpoint")
-            if self.checkpointer.store.fast.idle_io:
-                self._io = idle_io(self.ctx.new_thread("asv-checkpoint-io").submit_nowait)
+            self._io = self.checkpointer.store.idle_io(lambda: self.ctx.new_thread("asv-checkpoint-io").submit_nowait)
 
     def _hand_off(self, snap: Snapshot, keep: _Launched | None) -> None:
         """On the step thread: queue the write of ``snap`` on the writer (its outcome to

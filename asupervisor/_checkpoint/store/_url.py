@@ -86,13 +86,6 @@ def check_url(url: str) -> str:
         raise ValueError(
             f"logdir {url!r} needs the {scheme}:// implementation ({exc}): {_install_hint(scheme)}"
         ) from None
-    try:  # the remote store is optional code: say so now, not at the session's start
-        import asupervisor._checkpoint.store.remote._tier  # noqa: F401
-    except ImportError as exc:
-        raise ValueError(
-            f"logdir {url!r} is a URL, and this installation lacks object storage's code "
-            f"(asupervisor._checkpoint.store.remote: {exc}); use a local path"
-        ) from None
     return f"{scheme}://{rest}"
 
 

@@ -45,7 +45,7 @@ def main() -> None:
 
     anyio.run(train)
     kind = sv.status().last_checkpoint
-    from asupervisor._checkpoint.store._options import resolve_store
+    from asupervisor._checkpoint.store import resolve_store
 
     print(f"done {sv.global_step} {float(tf.reduce_sum(w)):.3f} {resolve_store().kind}", flush=True)
     leaked = sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in HIDDEN))

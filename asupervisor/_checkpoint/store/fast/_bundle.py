@@ -45,7 +45,7 @@ from ...._logging import get_logger
 from . import _direct
 from ._idle_io import CHUNK_BYTES, IdleIO, pwrite_all
 
-__all__ = ["available", "encodable", "write_bundle"]
+__all__ = ["available", "checked", "encodable", "self_check", "write_bundle"]
 
 log = get_logger(__name__)
 

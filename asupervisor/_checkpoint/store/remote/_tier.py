@@ -41,7 +41,7 @@ from ._settings import timeout_secs
 
 if TYPE_CHECKING:
     from ...policy._policies import KeepPolicy
-    from .._local import PlainStore
+    from .._types import CheckpointStore
 
 __all__ = ["RemoteTier", "Uploaded"]
 
@@ -304,7 +304,7 @@ class RemoteTier:
                     out.append((ckpt, marker))
         return out
 
-    def fetch(self, store: PlainStore, marker: Marker) -> Path:
+    def fetch(self, store: CheckpointStore, marker: Marker) -> Path:
         """The committed checkpoint ``marker`` names, in ``store``'s directory (downloaded
         and verified if it is not there yet); its local path prefix."""
         prefix = self.local_dir / marker.name
@@ -336,7 +336,7 @@ class RemoteTier:
         state = _state_file.parse_state_text(text)
         return state, None if state is not None else "not a checkpoint state"
 
-    def pull(self, store: PlainStore, *, agree: bool = False) -> str | None:
+    def pull(self, store: CheckpointStore, *, agree: bool = False) -> str | None:
         """Make the newest committed checkpoint of both tiers the local latest: download
         the remote's newest when it is newer than the local tier's (a fresh machine, or
         another machine trained on), verified against its marker's checksums; a damaged
@@ -375,7 +375,7 @@ class RemoteTier:
             return ckpt.name
         return None
 
-    def _set_aside_unuploaded(self, store: PlainStore, names: list[str]) -> None:
+    def _set_aside_unuploaded(self, store: CheckpointStore, names: list[str]) -> None:
         """Rename local checkpoints the remote never got out of the way of a restore, and
         drop them from the local state file."""
         tag = f"not-uploaded-{int(self.wall_clock())}"
@@ -399,7 +399,7 @@ class RemoteTier:
             why="in multi-worker training every worker restores the remote's newest checkpoint; these never reached it",
         )
 
-    def _download(self, store: PlainStore, marker: Marker) -> None:
+    def _download(self, store: CheckpointStore, marker: Marker) -> None:
         tmp = self.local_dir / f"{marker.name}{_names.TMP_MARKER}dl{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
         try:

@@ -1,7 +1,7 @@
 """Writing a snapshot as a TF2 object checkpoint, on the checkpoint writer thread.
 
 :func:`write_snapshot` writes under a temporary prefix, with the project's own tensor
-bundle writer (:mod:`._bundle`) or TF's ``SaveV2`` op, sharded when large, checking
+bundle writer (the fast store's, passed in) or TF's ``SaveV2`` op, sharded when large, checking
 between chunks whether the save was abandoned (:class:`SaveAbandoned`, the stop's
 deadline). Write errors name the file and the OS cause. Which writer and whether
 direct I/O are the store's choice (:mod:`.store`), passed in. Never on the event loop
@@ -13,41 +13,19 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..._exceptions import CheckpointError
-from ..._logging import get_logger
-from ..._tf import tf
-from ..snapshot import _snapshot
+from ...._logging import get_logger
+from ...._tf import tf
+from ...snapshot import _snapshot
+from .._errors import SaveAbandoned
 
 if TYPE_CHECKING:
-    from .fast._idle_io import IdleIO
+    from .._types import IdleIO, NativeWriter
 
 __all__ = ["SaveAbandoned", "write_snapshot"]
 
 log = get_logger(__name__)
-
-
-class SaveAbandoned(Exception):
-    """A save given up at a stop's deadline (:meth:`Checkpointer.abandon`); nothing of it
-    stays on disk and the previous checkpoint stays the latest."""
-
-
-def _write_error(exc: BaseException, final: Path, step: int) -> CheckpointError | None:
-    """The :class:`CheckpointError` saying where and why the save of ``final`` failed, for
-    an ``OSError`` or a TensorFlow error; ``None`` for anything else."""
-    where = f"could not save checkpoint {final.name} (step {step}) in {final.parent}"
-    if isinstance(exc, OSError):
-        cause = exc.strerror or str(exc)
-        errno = f" (errno {exc.errno})" if exc.errno is not None else ""
-        target = f"{exc.filename}: " if exc.filename else ""
-        return CheckpointError(f"{where}: {target}{cause}{errno}; nothing of this save was kept")
-    op_error = getattr(getattr(tf(), "errors", None), "OpError", None)
-    if op_error is not None and isinstance(exc, op_error):
-        message = getattr(exc, "message", "") or str(exc)
-        return CheckpointError(f"{where}: {type(exc).__name__}: {message}; nothing of this save was kept")
-    return None
 
 
 # At least this much data per data shard. Below it one SaveV2 (no temporary directory, no
@@ -94,7 +72,7 @@ def write_snapshot(
     check: Callable[[], None] | None = None,
     io: IdleIO | None = None,
     *,
-    native: bool = True,
+    native: NativeWriter | None = None,
     direct: bool = True,
 ) -> None:
     """Write ``snapshot`` as a TF2 object checkpoint at ``prefix``.
@@ -108,20 +86,19 @@ def write_snapshot(
     of the native writer and between parts, and may raise to abandon the write (the
     caller removes what was written; ``SaveV2`` itself cannot be interrupted). With
     ``io`` the native writer's data go to disk from its idle-priority thread.
-    ``native=False``: ``SaveV2`` writes everything, in pieces (the plain store,
-    :func:`_save_v2_in_pieces`); ``direct=False``: no data file is written with direct I/O.
+    ``native``: the fast store's native writer (its ``_bundle`` module); ``None``:
+    ``SaveV2`` writes everything, in pieces (the plain store, :func:`_save_v2_in_pieces`).
+    ``direct=False``: no data file is written with direct I/O.
     """
-    if not native:
+    if native is None:
         _save_v2_in_pieces(snapshot, prefix, check)
         return
-    from .fast import _bundle  # the native writer: the fast store's, optional code
-
-    if not (_bundle.available() and _bundle.self_check()):
+    if not (native.available() and native.self_check()):
         _save_v2(snapshot, prefix, _shards(snapshot.tensors))
         return
-    encodable = [i for i, (t, s) in enumerate(zip(snapshot.tensors, snapshot.slices)) if _bundle.encodable(t, s)]
+    encodable = [i for i, (t, s) in enumerate(zip(snapshot.tensors, snapshot.slices)) if native.encodable(t, s)]
     if len(encodable) == len(snapshot.tensors):
-        _write_native(snapshot, prefix, check, io, direct)
+        _write_native(native, snapshot, prefix, check, io, direct)
         return
     if not encodable:
         _save_v2(snapshot, prefix, _shards(snapshot.tensors))
@@ -129,7 +106,7 @@ def write_snapshot(
     rest = sorted(set(range(len(snapshot.tensors))) - set(encodable))
     parts = [f"{prefix}_temp/part-{j:05d}-of-00002" for j in range(2)]
     os.makedirs(f"{prefix}_temp", exist_ok=True)
-    _write_native(_subset(snapshot, encodable), parts[0], check, io, direct)
+    _write_native(native, _subset(snapshot, encodable), parts[0], check, io, direct)
     if check is not None:
         check()
     sub = _subset(snapshot, rest)
@@ -160,20 +137,19 @@ def _subset(snapshot: _snapshot.Snapshot, indices: list[int]) -> _snapshot.Snaps
 
 
 def _write_native(
+    bundle: NativeWriter,
     snapshot: _snapshot.Snapshot,
     prefix: str,
     check: Callable[[], None] | None = None,
     io: IdleIO | None = None,
     direct: bool = True,
 ) -> None:
-    from .fast import _bundle
-
     groups = _shards(snapshot.tensors)
     if len(groups) == 1:
-        _bundle.write_bundle(prefix, snapshot.keys, snapshot.tensors, groups, check=check, io=io, direct=direct)
+        bundle.write_bundle(prefix, snapshot.keys, snapshot.tensors, groups, check=check, io=io, direct=direct)
         return
     with ThreadPoolExecutor(len(groups), thread_name_prefix="asv-checkpoint-shard") as pool:
-        _bundle.write_bundle(
+        bundle.write_bundle(
             prefix,
             snapshot.keys,
             snapshot.tensors,

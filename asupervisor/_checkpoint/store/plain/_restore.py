@@ -23,20 +23,19 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ... import _tf_internals as internals
-from ..._core._epochs import EPOCH_ATTR
-from ..._core._keras import KERAS_ATTR
-from ..._exceptions import CheckpointError
-from ..._logging import describe, get_logger
-from ..._tf import tf
-from ..snapshot import _graph
-from ..snapshot._iterator_state import ITERATOR_ATTR, PIPELINE_ATTR
-from . import _candidates, _names, _state_file
-from ._options import FastPath, resolve_store
+from .... import _tf_internals as internals
+from ...._core._epochs import EPOCH_ATTR
+from ...._core._keras import KERAS_ATTR
+from ...._exceptions import CheckpointError
+from ...._logging import describe, get_logger
+from ...._tf import tf
+from ...snapshot import _graph
+from ...snapshot._iterator_state import ITERATOR_ATTR, PIPELINE_ATTR
+from .. import _candidates, _names
+from .._types import DirectReader, RestoreOutcome
 
 __all__ = ["RestoreOutcome", "check_matches", "restore_latest", "restore_newest", "restore_path"]
 
@@ -210,7 +209,7 @@ def _prod(dims: list[int]) -> int:
     return n
 
 
-def restore_path(checkpoint: Any, path: str, *, strict: bool = True, fast: FastPath | None = None) -> None:
+def restore_path(checkpoint: Any, path: str, *, strict: bool = True, direct: DirectReader | None = None) -> None:
     """Restore ``path`` into ``checkpoint`` (checking it matches the model first).
 
     Every value of the checkpoint is read and checksummed before this returns: the
@@ -224,34 +223,27 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True, fast: FastP
     check is read again for the deferred values (``checkpoint.read how=tensorflow
     checked_ahead=N checked_after=M``).
 
-    ``fast``: the store's fast path (``None``: the store :func:`.store._options.resolve_store`
-    picks); with ``own_restore`` off (the plain store) TF's restore reads every value and
-    ``RestoreV2`` checks the deferred ones.
+    ``direct``: the fast store's own reader (:class:`.._types.DirectReader`); ``None``
+    (the plain store): TF's restore reads every value and ``RestoreV2`` checks the
+    deferred ones.
     """
     # what the session attaches to the state after start-up (a checkpoint taken before, the
     # start-up one included, lacks them): the data iterator, its pipeline, the epoch
     # position, Keras's random and metric state
     allow_missing = (f"{ITERATOR_ATTR}/", f"{PIPELINE_ATTR}/", f"{EPOCH_ATTR}/", f"{KERAS_ATTR}/")
     checked = not strict
-    fast = resolve_store() if fast is None else fast
-    prefetch = None
-    if fast.own_restore:
-        from .fast import _direct_restore  # the fast store's reader, optional code
-
-        prefetch = _direct_restore.start(path, direct_reads=fast.direct_reads, huge_pages=fast.huge_pages)
+    prefetch = None if direct is None else direct.start(path)
     try:
-        if prefetch is not None:
-            from .fast import _direct_restore
-
+        if prefetch is not None and direct is not None:
             graph = prefetch.graph()
             if graph is not None:
                 match = _graph.SavedGraphMatch(checkpoint, graph)  # the one walk, for the check and the plan
                 if not checked:
                     check_matches(checkpoint, path, allow_missing=allow_missing, match=match, index=prefetch.index())
                     checked = True
-                planned = _direct_restore.plan(checkpoint, match, prefetch.entries)
+                planned = direct.plan(checkpoint, match, prefetch.entries)
                 if planned is not None:
-                    _direct_restore.assign(planned, prefetch.finish())
+                    direct.assign(planned, prefetch.finish())
                     log.debug("checkpoint.read", path=path, how="direct", values=len(planned))
                     return
             prefetch.check_ahead()  # TF's restore reads the files next: the readers check them ahead of it
@@ -341,28 +333,13 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-@dataclass
-class RestoreOutcome:
-    """What :func:`restore_newest` found.
-
-    Attributes:
-        path: the checkpoint restored, or ``None``.
-        corrupt: newer checkpoints whose files exist but failed to load (data errors).
-        gone: newer checkpoints the state file names whose files do not exist.
-        state_problem: what is wrong with the state file (``None``: nothing), when the
-            checkpoints on disk were scanned instead of trusting it.
-        state: the state file as read (``None``: none, or unreadable).
-    """
-
-    path: str | None = None
-    corrupt: list[str] = field(default_factory=list)
-    gone: list[str] = field(default_factory=list)
-    state_problem: str | None = None
-    state: _state_file.CheckpointState | None = None
-
-
 def restore_latest(
-    checkpoint: Any, logdir: Path, *, strict: bool = True, basename: str | None = None, fast: FastPath | None = None
+    checkpoint: Any,
+    logdir: Path,
+    *,
+    strict: bool = True,
+    basename: str | None = None,
+    direct: DirectReader | None = None,
 ) -> str | None:
     """Restore the newest good checkpoint in ``logdir``; returns its path, or ``None``.
 
@@ -376,11 +353,11 @@ def restore_latest(
         tf.errors.AbortedError, tf.errors.UnavailableError: a transient failure (the
             caller may retry; nothing is counted as corrupt).
     """
-    return restore_newest(checkpoint, logdir, strict=strict, basename=basename, fast=fast).path
+    return restore_newest(checkpoint, logdir, strict=strict, basename=basename, direct=direct).path
 
 
 def restore_newest(
-    checkpoint: Any, logdir: Path, *, strict: bool, basename: str | None = None, fast: FastPath | None = None
+    checkpoint: Any, logdir: Path, *, strict: bool, basename: str | None = None, direct: DirectReader | None = None
 ) -> RestoreOutcome:
     """:func:`restore_latest`, with what failed on the way (:class:`RestoreOutcome`).
 
@@ -410,7 +387,7 @@ def restore_newest(
         if reason is None:
             try:
                 t0 = time.perf_counter()
-                restore_path(checkpoint, path, strict=strict, fast=fast)
+                restore_path(checkpoint, path, strict=strict, direct=direct)
             except CheckpointError:
                 raise
             except Exception as exc:

@@ -1,14 +1,11 @@
-"""The checkpoint stores of a local directory: the seam every checkpoint byte goes through.
-
-:class:`PlainStore` is the portable one: TF's own ``SaveV2`` writes a checkpoint's files,
-TF's ``Checkpoint.restore`` (``RestoreV2``) reads them back, and the commit protocol of
-:mod:`._commit` (fsync, rename, directory fsync, state file) makes them the latest
-with plain file calls. It runs wherever TensorFlow does: macOS, file systems that refuse
-``O_DIRECT``, or wherever a user switched the fast path off
-(``checkpoint_store="plain"``). :class:`FastStore` is the same store with the Linux fast
-path behind the same methods: the native bundle writer, direct I/O, early writeback,
-idle-priority I/O and the project's own restore, each switched by its
-:class:`~._options.FastPath`. :func:`open_store` picks one, once per logdir.
+"""The plain store: TF's ``SaveV2`` writes a checkpoint's files, TF's ``Checkpoint.restore``
+(``RestoreV2``) reads them back, and the commit protocol of :mod:`.._commit` (fsync,
+rename, directory fsync, state file) makes them the latest with plain file calls. It runs
+wherever TensorFlow does: macOS, file systems that refuse ``O_DIRECT``, or wherever a
+user switched the fast path off (``checkpoint_store="plain"``). It implements
+:class:`.._types.CheckpointStore`; the fast store (``store/fast/``) is this store with
+the Linux fast path behind the same methods. This package imports nothing of ``fast/``,
+``memory/`` or ``remote/``.
 
 What a store does, and on which thread: :meth:`PlainStore.prepare` (start-up, the step
 thread: the directory made durably, the owner's lock, the proof it is writable, the
@@ -28,15 +25,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import _commit, _names, _restore, _state_file, _write, _writeback
-from ._options import PLAIN, FastPath
+from .. import _commit, _names, _state_file, _writeback
+from .._options import PLAIN, FastPath
+from . import _restore, _write
 
 if TYPE_CHECKING:
-    from ..snapshot._snapshot import Snapshot
-    from ._owner import OwnerLock
-    from .fast._idle_io import IdleIO
+    from ...snapshot._snapshot import Snapshot
+    from .._owner import OwnerLock
+    from .._types import IdleIO
 
-__all__ = ["FastStore", "PlainStore", "open_store"]
+__all__ = ["PlainStore", "commit_lock"]
 
 # One commit at a time per directory: the writer thread and a synchronous save (a
 # CheckpointSaverHook on the step thread) must not interleave their read-modify-write of
@@ -104,7 +102,7 @@ class PlainStore:
         ``check`` raises to abandon the save (between parts: ``SaveV2`` itself cannot be
         interrupted)."""
         check()
-        _write.write_snapshot(snapshot, str(tmp), check, None, native=False)
+        _write.write_snapshot(snapshot, str(tmp), check, None)
         check()
 
     def commit(
@@ -165,39 +163,23 @@ class PlainStore:
     # -- restore -------------------------------------------------------------------
 
     def restore_newest(self, checkpoint: Any, *, strict: bool, basename: str | None) -> _restore.RestoreOutcome:
-        """Restore the newest good checkpoint (:func:`.._restore.restore_newest`)."""
-        return _restore.restore_newest(checkpoint, self.logdir, strict=strict, basename=basename, fast=self.fast)
+        """Restore the newest good checkpoint (:func:`._restore.restore_newest`)."""
+        return _restore.restore_newest(checkpoint, self.logdir, strict=strict, basename=basename)
 
+    def restore_path(self, checkpoint: Any, path: str, *, strict: bool = True) -> None:
+        """Restore the checkpoint ``path`` (:func:`._restore.restore_path`)."""
+        _restore.restore_path(checkpoint, path, strict=strict)
 
-class FastStore(PlainStore):
-    """The local store with the Linux fast path (see the module docstring).
+    # -- services and lifetime --------------------------------------------------------
 
-    Args:
-        logdir: the directory.
-        fast: which mechanisms of the fast path are on.
-    """
+    def idle_io(self, thread: Callable[[], Callable[..., Any]]) -> IdleIO | None:
+        """No idle-priority I/O here (no thread is made): the file work runs on the caller."""
+        del thread
+        return None
 
-    def __init__(self, logdir: Path, fast: FastPath | None = None) -> None:
-        super().__init__(logdir)
-        self.fast = FastPath() if fast is None else fast
+    def native_writer_checked(self) -> bool:
+        """Whether a native writer has proven itself (snapshots may be staged): never here."""
+        return False
 
-    def write(self, snapshot: Snapshot, tmp: Path, check: Callable[[], None], io: IdleIO | None = None) -> None:
-        """Write ``snapshot`` under ``tmp`` (the native writer, direct I/O where on) and
-        get its data to disk in abandonable chunks (early writeback, then
-        ``sync_file_range``), the kernel-heavy parts on ``io``'s idle thread."""
-        check()
-        fast = self.fast
-        if fast.early_writeback:
-            with _writeback.early_writeback(tmp):
-                _write.write_snapshot(
-                    snapshot, str(tmp), check, io, native=fast.native_writer, direct=fast.direct_writes
-                )
-        else:
-            _write.write_snapshot(snapshot, str(tmp), check, io, native=fast.native_writer, direct=fast.direct_writes)
-        sync = functools.partial(_writeback.sync_data, tmp, check)
-        (_here if io is None else io.call)(sync)  # the long wait for the disk, abandonable
-
-
-def open_store(logdir: Path, fast: FastPath) -> PlainStore:
-    """The store of ``logdir`` for ``fast`` (:data:`~._options.PLAIN`: the plain store)."""
-    return PlainStore(logdir) if fast.kind == "plain" else FastStore(logdir, fast)
+    def close(self) -> None:
+        """Nothing held (the owner's lock is the session's)."""
