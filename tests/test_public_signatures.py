@@ -134,11 +134,13 @@ def test_public_signatures_name_public_types_only() -> None:
 
 
 def test_the_walk_reaches_what_it_checks() -> None:
-    """The walk sees constructors, methods and properties: its silence above means
-    something."""
+    """The walk sees constructors, methods, properties and ``**keywords``: its silence
+    above means something."""
     walked = {where for name in asv.__all__ for where, _ in _functions_of(getattr(asv, name))}
     assert {"Supervisor.__init__", "Supervisor.managed_session", "Session.fit", "Session.global_step"} <= walked
     assert {"StepCounterHook.__init__", "exit_code", "watch_checkpoints"} <= walked
+    hints = _hints(asv.Supervisor.__init__)
+    assert hints["flat"] is not None and typing.get_origin(hints["flat"]) is not None
 
 
 def test_the_check_sees_a_private_type() -> None:
