@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
+from ._abc import SessionAttribute
 from ._steps import Halt
 
 if TYPE_CHECKING:
@@ -303,8 +304,9 @@ class Session:
             ValueError: the model is not compiled or not in the supervisor's state, or
                 a bad ``epochs``/``validation_freq``/callback.
         """
-        from ._keras import fit
-
+        fit = self._rt.extra(SessionAttribute.keras_fit, None)
+        if fit is None:
+            raise RuntimeError("fit() needs the Keras front door: sessions of asv.Supervisor have it")
         return await fit(
             self,
             model,
