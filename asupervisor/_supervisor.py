@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import inspect
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -29,9 +30,12 @@ from ._core._status import CheckpointInfo, Status
 from ._input._queue_runner import QueueRunner
 from ._options import CheckpointOptions, StopOptions, SummaryOptions, flat_defaults, merge_options
 
-if TYPE_CHECKING:
+if sys.version_info >= (3, 11):  # at run time too, so typing.get_type_hints() works
+    from typing import Unpack
+elif TYPE_CHECKING:
     from typing_extensions import Unpack
 
+if TYPE_CHECKING:
     from ._core._session import Session
 
 __all__ = ["Supervisor"]

@@ -57,11 +57,11 @@ def _public() -> set[int]:
 
 @functools.cache
 def _type_checking_names(module_name: str) -> dict[str, Any]:
-    """What ``module_name``'s top-level ``if TYPE_CHECKING:`` imports bind, imported now."""
+    """What ``module_name``'s ``if TYPE_CHECKING:`` imports bind, imported now."""
     module = sys.modules[module_name]
     tree = ast.parse(inspect.getsource(module))
     namespace: dict[str, Any] = {"__name__": module_name, "__package__": module.__package__}
-    for node in tree.body:
+    for node in ast.walk(tree):  # at the top level or in an ``elif`` (``sys.version_info``)
         if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
             imports = [n for n in node.body if isinstance(n, (ast.Import, ast.ImportFrom))]
             exec(compile(ast.Module(body=imports, type_ignores=[]), module_name, "exec"), namespace)
