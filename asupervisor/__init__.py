@@ -15,8 +15,9 @@ included; ``docs/architecture.md`` draws it):
 3. features — ``_checkpoint``, ``_summary``, ``_input``, ``_basic_hooks``: ``_core`` and
    leaves, never each other (what one offers another goes through typed attributes).
 4. front doors — ``_supervisor``, ``_monitored_session``, ``_session_manager``,
-   ``_config``, ``_assembly``, ``testing``: anything below; ``_assembly`` alone names the
-   features' session parts.
+   ``_keras`` (``sess.fit``, offered to the session through ``_assembly``), ``_config``,
+   ``_assembly``, ``testing``: anything below; ``_assembly`` alone names the session
+   parts of the features.
 5. this ``__init__`` — re-exports only.
 """
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ from ._basic_hooks._checkpoint import CheckpointSaverHook
 from ._basic_hooks._step_counter import StepCounterHook
 from ._basic_hooks._summary import SummarySaverHook
 from ._core._hooks import SessionRunHook
+from ._options import CheckpointOptions
 from ._supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ class MonitoredTrainingSession:
                             os.fspath(checkpoint_dir),
                             save_secs=save_checkpoint_secs,
                             save_steps=save_checkpoint_steps or None,
-                            checkpoint_basename=supervisor_kwargs.get("checkpoint_basename", "model.ckpt"),
+                            checkpoint_basename=_basename(supervisor_kwargs),
                             clock=hook_clock,
                         )
                     )
@@ -175,6 +176,17 @@ class MonitoredTrainingSession:
     ) -> bool:
         assert self._runtime is not None
         return bool(await self._runtime.__aexit__(exc_type, exc, tb))
+
+
+def _basename(supervisor_kwargs: Mapping[str, Any]) -> str:
+    """The checkpoint basename the supervisor will have: ``checkpoint_basename=``, or the
+    ``basename`` of ``checkpoint=asv.CheckpointOptions(...)`` (a disagreement between the
+    two is the ``Supervisor``'s ``ValueError``)."""
+    flat = supervisor_kwargs.get("checkpoint_basename", "model.ckpt")
+    options = supervisor_kwargs.get("checkpoint")
+    if flat == "model.ckpt" and isinstance(options, CheckpointOptions):
+        return options.basename
+    return str(flat)
 
 
 def _is_loop_clock(clock: Clock) -> bool:

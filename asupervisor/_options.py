@@ -1,26 +1,29 @@
 """``Supervisor``'s grouped settings: small frozen objects, one per concern.
 
 ``Supervisor(checkpoint=CheckpointOptions(...), summaries=SummaryOptions(...),
-stop=StopOptions(...))`` says what the flat keywords (``save_model_secs=``,
-``stop_grace_secs=``, ...) say, which keep working. A new stock service adds a field to a
-group, not a keyword to ``Supervisor``. Each field names the flat keyword it stands for
-(``metadata["flat"]``); :func:`merge_options` folds the groups into the flat keywords,
-which :class:`~asupervisor._config.SupervisorConfig` then checks as a whole.
+stop=StopOptions(...))`` is the primary form of a feature's settings; the flat keywords
+(``save_model_secs=``, ``stop_grace_secs=``, ...) say the same and keep working. A new
+stock service adds a field to a group, not a keyword to ``Supervisor``. Each field names
+the flat keyword it stands for (``metadata["flat"]``): :func:`flat_defaults` lists them
+(what ``Supervisor(**flat)`` accepts), :func:`merge_options` folds the groups into them,
+and :class:`~asupervisor._config.SupervisorConfig` then checks them as a whole.
 
 This module must not import TensorFlow.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import Any
 
 from ._checkpoint.policy._policies import KeepPolicy, SavePolicy
 
-__all__ = ["CheckpointOptions", "StopOptions", "SummaryOptions", "merge_options"]
+__all__ = ["CheckpointOptions", "StopOptions", "SummaryOptions", "flat_defaults", "merge_options"]
 
 
 def _number(
@@ -43,31 +46,54 @@ def _bool(where: str, value: object) -> None:
 class CheckpointOptions:
     """When checkpoints are saved, which are kept, and how they are written.
 
-    ``Supervisor(checkpoint=asv.CheckpointOptions(save_steps=1000, max_to_keep=3))`` is
-    ``Supervisor(save_model_steps=1000, max_to_keep=3)``; each field's flat keyword is
-    named below, and its meaning is the keyword's (see :class:`Supervisor`).
+    ``Supervisor(checkpoint=asv.CheckpointOptions(save_steps=1000, max_to_keep=3))``; the
+    same is ``Supervisor(save_model_steps=1000, max_to_keep=3)``: each field's flat
+    keyword is named in parentheses below.
 
     Attributes:
-        save_secs: seconds between checkpoints, 0 for none, or ``"auto"``
+        save_secs: seconds between checkpoints; 0 disables timed checkpoints. ``"auto"``:
+            as often as keeps training's measured slowdown under 2 %
+            (``asv.OverheadBudget``; its own ``save_policy`` for another budget). Not
+            used in multi-worker training, which needs ``save_steps``
             (``save_model_secs``).
         save_steps: steps between checkpoints, or ``None`` (``save_model_steps``).
-        save_policy: when to save as a ``SavePolicy`` object, instead of ``save_secs``
-            and ``save_steps`` (``save_policy``).
-        max_to_keep: the newest checkpoints kept; ``None`` keeps all (``max_to_keep``).
+        save_policy: when to save as a policy object (``asv.EverySteps``,
+            ``asv.EverySeconds``, ``asv.OnStartup``, ``asv.OnStop``, ``asv.AnySavePolicy``,
+            or one's own ``SavePolicy``) instead of ``save_secs`` and ``save_steps`` (give
+            one or the other) (``save_policy``).
+        max_to_keep: the newest checkpoints kept (never fewer than 2 while a save is in
+            flight); ``None`` keeps every checkpoint. Only this supervisor's own
+            checkpoints (``<basename>-<step>``) are counted and deleted (``max_to_keep``).
         keep_every_n_hours: also keep one checkpoint per this many hours
             (``keep_checkpoint_every_n_hours``).
-        keep_policy: retention as a ``KeepPolicy`` object, instead of ``max_to_keep``
-            and ``keep_every_n_hours`` (``keep_policy``).
+        keep_policy: retention as a policy object (``asv.LatestN``, ``asv.EveryNHours``,
+            ``asv.KeepBest``, ``asv.AnyKeepPolicy``, or one's own ``KeepPolicy``) instead
+            of ``max_to_keep`` and ``keep_every_n_hours`` (give one or the other)
+            (``keep_policy``).
         basename: files are ``<logdir>/<basename>-<step>.*`` (``checkpoint_basename``).
-        when_busy: ``"wait"`` or ``"skip"`` a save due while the previous write is in
-            flight (``checkpoint_when_busy``).
-        staging: copy the state into session buffers at each snapshot
-            (``checkpoint_staging``).
-        store: ``"auto"``, ``"fast"``, ``"plain"`` or ``None`` (``checkpoint_store``).
-        local_dir: a URL logdir's local working directory (``local_dir``).
-        upload_every: a URL logdir gets every this-many-th checkpoint (``upload_every``).
-        upload_every_secs: ...or the newest once this many seconds passed
-            (``upload_every_secs``).
+        when_busy: ``"wait"`` (default): a step save due while the previous write is in
+            flight waits for it (back-pressure), so every multiple of ``save_steps`` is
+            saved; timed saves coalesce into one once the writer is free. ``"skip"``:
+            such saves are skipped, logged ``checkpoint.skipped``
+            (``checkpoint_when_busy``).
+        staging: copy the state into buffers kept for the session at each snapshot (one
+            memcpy at the step boundary, no copy-on-write in the next step); costs the
+            state's size in host memory. ``False``: copy-on-write snapshots only (no
+            extra memory, a slower next step after each save) (``checkpoint_staging``).
+        store: where checkpoint bytes go through: ``"auto"`` (the fast local store on
+            Linux, the plain one elsewhere), ``"fast"`` (Linux only: the native bundle
+            writer, direct I/O, idle-priority I/O, the project's own restore) or
+            ``"plain"`` (TensorFlow's own ``SaveV2``/``RestoreV2`` and portable file
+            calls; the same files, commit protocol and promises). ``None``: the
+            environment variable ``ASUPERVISOR_CHECKPOINT_STORE``, else ``"auto"``
+            (``checkpoint_store``; ``Supervisor(store=)`` takes the same names).
+        local_dir: a URL logdir's local working directory, where checkpoints commit
+            before they are uploaded (default: under ``$XDG_CACHE_HOME/asupervisor``)
+            (``local_dir``).
+        upload_every: a URL logdir gets every this-many-th local checkpoint (the final
+            one always) (``upload_every``)...
+        upload_every_secs: ...or the newest one once this many seconds passed since the
+            last upload; ``None``: by count alone (``upload_every_secs``).
 
     Raises:
         TypeError: a field has the wrong type (the message names it and the value).
@@ -139,7 +165,7 @@ class CheckpointOptions:
 class SummaryOptions:
     """How often summaries are written.
 
-    ``Supervisor(summaries=asv.SummaryOptions(save_secs=60))`` is
+    ``Supervisor(summaries=asv.SummaryOptions(save_secs=60))``; the same is
     ``Supervisor(save_summaries_secs=60)``.
 
     Attributes:
@@ -161,15 +187,22 @@ class SummaryOptions:
 class StopOptions:
     """How a session stops: its time bound and the signals that stop it.
 
-    ``Supervisor(stop=asv.StopOptions(grace_secs=60, signals=("SIGTERM", "SIGUSR1")))``
-    is ``Supervisor(stop_grace_secs=60, stop_signals=("SIGTERM", "SIGUSR1"))``.
+    ``Supervisor(stop=asv.StopOptions(grace_secs=60, signals=("SIGTERM", "SIGUSR1")))``;
+    the same is ``Supervisor(stop_grace_secs=60, stop_signals=("SIGTERM", "SIGUSR1"))``.
 
     Attributes:
-        grace_secs: the longest a stop may take, final checkpoint included
-            (``stop_grace_secs``; ``math.inf``: unbounded).
-        signals: the signals that request a graceful stop, by name or number
-            (``stop_signals``).
-        handle_signals: whether those signals are handled at all (``handle_signals``).
+        grace_secs: the longest a stop may take, final checkpoint included; a final save
+            that cannot commit in time is abandoned (the previous checkpoint stays the
+            latest) and overrunning phases are logged; ``math.inf``: unbounded
+            (``stop_grace_secs``).
+        signals: the signals that request a graceful stop, by name (``"SIGUSR1"`` or
+            ``"USR1"``) or number; e.g. add ``"SIGUSR1"`` for SLURM's
+            ``--signal=USR1@90``. The exit status after one is ``asv.exit_code``'s: 130
+            for SIGINT, 143 for SIGTERM, 128 + its number for another (``stop_signals``).
+        handle_signals: whether those signals are handled: a first one requests a
+            graceful stop, a second one abandons the final checkpoint; the application's
+            own handler is called too and put back at the end (main thread only)
+            (``handle_signals``).
 
     Raises:
         TypeError: a field has the wrong type (the message names it and the value).
@@ -242,3 +275,10 @@ def merge_options(flat: Mapping[str, Any], defaults: Mapping[str, Any], **groups
 
 
 _GROUPS: dict[str, type] = {"checkpoint": CheckpointOptions, "summaries": SummaryOptions, "stop": StopOptions}
+
+
+@functools.cache
+def flat_defaults() -> Mapping[str, Any]:
+    """Every flat keyword an options field stands for, with the field's default (which
+    is the keyword's): ``{"save_model_secs": 600, "max_to_keep": 5, ...}``."""
+    return MappingProxyType({f.metadata["flat"]: f.default for kind in _GROUPS.values() for f in fields(kind)})

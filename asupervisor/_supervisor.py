@@ -8,12 +8,14 @@ This module must not import TensorFlow.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
+import difflib
 import inspect
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ._assembly import session_parts
 from ._checkpoint.policy._policies import KeepPolicy, SavePolicy
@@ -26,7 +28,12 @@ from ._core._runtime import Runtime
 from ._core._services import LoopedService, RestartPolicy, Service
 from ._core._status import CheckpointInfo, Status
 from ._input._queue_runner import QueueRunner
-from ._options import CheckpointOptions, StopOptions, SummaryOptions, merge_options
+from ._options import CheckpointOptions, StopOptions, SummaryOptions, flat_defaults, merge_options
+
+if sys.version_info >= (3, 11):  # at run time too, so typing.get_type_hints() works
+    from typing import Unpack
+elif TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 if TYPE_CHECKING:
     from ._core._session import Session
@@ -34,40 +41,81 @@ if TYPE_CHECKING:
 __all__ = ["Supervisor"]
 
 
-@functools.cache
-def _keyword_defaults() -> dict[str, Any]:
-    """``Supervisor``'s keywords with a default, and that default."""
-    params = inspect.signature(Supervisor.__init__).parameters.values()
-    return {p.name: p.default for p in params if p.default is not p.empty}
+class _FlatKeywords(TypedDict, total=False):
+    """``Supervisor``'s ``**flat`` keywords: the flat spelling of each options field
+    (``metadata["flat"]`` in :mod:`._options`) not in the signature, and ``clock``.
+    ``tests/test_options.py`` keeps this list equal to the options' fields."""
+
+    checkpoint_basename: str
+    save_model_steps: int | None
+    save_policy: SavePolicy | None
+    max_to_keep: int | None
+    keep_checkpoint_every_n_hours: float | None
+    keep_policy: KeepPolicy | None
+    checkpoint_when_busy: str
+    checkpoint_staging: bool
+    checkpoint_store: str | None
+    local_dir: str | os.PathLike[str] | None
+    upload_every: int
+    upload_every_secs: float | None
+    stop_grace_secs: float
+    handle_signals: bool
+    stop_signals: Sequence[str | int]
+    clock: Clock | None
+
+
+def _unexpected(name: str) -> TypeError:
+    """The ``TypeError`` for an unknown keyword, naming it and the closest known one."""
+    groups = {"checkpoint": CheckpointOptions, "summaries": SummaryOptions, "stop": StopOptions}
+    fields_named = [
+        f"{f.metadata['flat']}= or {group}=asv.{kind.__name__}({name}=...)"
+        for group, kind in groups.items()
+        for f in dataclasses.fields(kind)
+        if f.name == name
+    ]
+    params = inspect.signature(Supervisor).parameters.values()
+    known = [*(p.name for p in params if p.kind is not p.VAR_KEYWORD), *flat_defaults(), "clock"]
+    close = [repr(c) for c in difflib.get_close_matches(name, known, n=1)]
+    hint = f"; did you mean {' or '.join(fields_named or close)}?" if fields_named or close else ""
+    return TypeError(f"Supervisor() got an unexpected keyword argument {name!r}{hint}")
+
+
+def _settings(flat: Mapping[str, Any], explicit: Mapping[str, Any], store: object) -> dict[str, Any]:
+    """The flat keywords, every one given or defaulted, with a store's name folded in."""
+    defaults = flat_defaults()
+    for name in flat:
+        if name not in defaults and name != "clock":
+            raise _unexpected(name)
+    settings = {**defaults, **explicit, **{k: v for k, v in flat.items() if k != "clock"}}
+    if isinstance(store, str):
+        given = settings["checkpoint_store"]
+        if given is not None and given != store:
+            raise ValueError(f"store={store!r} and checkpoint_store={given!r} disagree: give the store's name once")
+        settings["checkpoint_store"] = store
+    return settings
 
 
 class Supervisor:
     """Runs a training: restore or init, services beside the step loop, clean stops.
 
-    Settings come as keywords, or grouped: ``checkpoint=asv.CheckpointOptions(...)``,
-    ``summaries=asv.SummaryOptions(...)``, ``stop=asv.StopOptions(...)``. A flat keyword
-    left at its default yields to its group's field; both given with different values
-    (``save_model_secs=60`` and ``checkpoint=asv.CheckpointOptions(save_secs=300)``) is
-    a ``ValueError`` naming both.
+    A feature's settings are one options object each: ``checkpoint=asv.CheckpointOptions(
+    save_steps=1000, max_to_keep=3)``, ``summaries=asv.SummaryOptions(...)``,
+    ``stop=asv.StopOptions(...)``; their docstrings say what each field means. Each field
+    also has a flat keyword, TF1's name where TF1 had one (``save_model_steps=1000,
+    max_to_keep=3``): the most used are in the signature, the others come through
+    ``**flat``. A flat keyword left at its default yields to its group's field; both given
+    with different values (``save_model_secs=60`` and
+    ``checkpoint=asv.CheckpointOptions(save_secs=300)``) is a ``ValueError`` naming both.
 
     Args:
         logdir: where checkpoints and summaries go: a directory, or a URL of object
             storage (``s3://bucket/run``, ``gs://bucket/run``, any fsspec URL; see
             ``docs/storage.md``); ``None`` disables both services.
-        checkpoint: the checkpoint settings as one ``asv.CheckpointOptions`` (``save_secs``,
-            ``max_to_keep``, ...), instead of the flat keywords it names
-            (``save_model_secs``, ``max_to_keep``, ...), which keep working.
-        summaries: the summary settings as one ``asv.SummaryOptions`` (``save_secs``:
-            ``save_summaries_secs``).
-        stop: the stop settings as one ``asv.StopOptions`` (``grace_secs``, ``signals``,
-            ``handle_signals``: ``stop_grace_secs``, ``stop_signals``,
-            ``handle_signals``).
-        local_dir: a URL logdir's local working directory, where checkpoints commit
-            before they are uploaded (default: under ``$XDG_CACHE_HOME/asupervisor``).
-        upload_every: a URL logdir gets every this-many-th local checkpoint (the final
-            one always)...
-        upload_every_secs: ...or the newest one once this many seconds passed since the
-            last upload (``None``: by count alone).
+        checkpoint: the checkpoint settings, an ``asv.CheckpointOptions``.
+        summaries: the summary settings, an ``asv.SummaryOptions``.
+        stop: the stop settings, an ``asv.StopOptions``.
+        store: a store name or a store object: where checkpoint bytes go through. A name
+            (``"auto"``, ``"fast"``, ``"plain"``) is ``CheckpointOptions.store``.
         state: a ``tf.train.Checkpoint`` or a dict of trackables (models, optimizers,
             variables, ``tf.random.Generator``); ``global_step`` is added to it.
         global_step: a scalar integer ``tf.Variable``; created when not given. The
@@ -80,65 +128,34 @@ class Supervisor:
         local_init_fn: called after restore or init, always.
         ready_fn: returns the names of what is not ready; a non-empty answer fails
             start-up with ``RuntimeError``.
-        checkpoint_basename: checkpoint files are ``<logdir>/<basename>-<step>.*``.
-        save_model_secs: seconds between checkpoints; 0 disables timed checkpoints.
-            ``"auto"``: as often as keeps training's measured slowdown under 2 %
-            (``asv.OverheadBudget``; its own ``save_policy`` for another budget). Not
-            used in multi-worker training, which needs ``save_model_steps``.
-        save_model_steps: steps between checkpoints, or ``None``.
-        save_policy: when to save as a policy object (``asv.EverySteps``,
-            ``asv.EverySeconds``, ``asv.OnStartup``, ``asv.OnStop``, ``asv.AnySavePolicy``,
-            or one's own ``SavePolicy``) instead of ``save_model_secs`` and
-            ``save_model_steps`` (give one or the other).
-        max_to_keep: the newest checkpoints kept (never fewer than 2 while a save is in
-            flight); ``None`` keeps every checkpoint. Only this supervisor's own
-            checkpoints (``<checkpoint_basename>-<step>``) are counted and deleted.
-        keep_checkpoint_every_n_hours: also keep one checkpoint per this many hours.
-        keep_policy: retention as a policy object (``asv.LatestN``, ``asv.EveryNHours``,
-            ``asv.AnyKeepPolicy``, or one's own ``KeepPolicy``) instead of ``max_to_keep``
-            and ``keep_checkpoint_every_n_hours`` (give one or the other).
-        save_summaries_secs: seconds between summaries and step-rate measurements; 0
-            disables both.
+        save_model_secs: ``CheckpointOptions.save_secs``: seconds between checkpoints
+            (0: none), or ``"auto"`` (by overhead budget).
+        save_summaries_secs: ``SummaryOptions.save_secs``: seconds between summaries and
+            step-rate measurements; 0 disables both.
         recovery_wait_secs: seconds between checks while waiting for a checkpoint.
-        stop_grace_secs: the longest a stop may take, final checkpoint included; a final
-            save that cannot commit in time is abandoned (the previous checkpoint stays
-            the latest) and overrunning phases are logged.
-        checkpoint_when_busy: ``"wait"`` (default): a step save due while the previous
-            write is in flight waits for it (back-pressure), so every multiple of
-            ``save_model_steps`` is saved; timed saves coalesce into one once the writer
-            is free. ``"skip"``: such saves are skipped (logged ``checkpoint.skipped``).
-        checkpoint_staging: copy the state into buffers kept for the session at each
-            snapshot (one memcpy at the step boundary, no copy-on-write in the next
-            step); costs the state's size in host memory. ``False``: copy-on-write
-            snapshots only (no extra memory, a slower next step after each save).
-        checkpoint_store: where checkpoint bytes go through: ``"auto"`` (the fast local
-            store on Linux, the plain one elsewhere), ``"fast"`` (Linux only: the native
-            bundle writer, direct I/O, idle-priority I/O, the project's own restore) or
-            ``"plain"`` (TensorFlow's own ``SaveV2``/``RestoreV2`` and portable file
-            calls; the same files, commit protocol and promises). ``None``: the
-            environment variable ``ASUPERVISOR_CHECKPOINT_STORE``, else ``"auto"``.
         hooks: per-step ``SessionRunHook`` objects.
         progress: a live progress display on stderr: one line updated in place on a
             terminal (step, steps/sec, loss and other scalars, ETA, last checkpoint),
             plain lines every 10 s otherwise.
-        handle_signals: the ``stop_signals`` request a graceful stop; a second one abandons
-            the final checkpoint; the application's own handler is called too and put back
-            at the end (main thread only).
         metrics_port: serve ``metrics_text()`` at ``http://127.0.0.1:<port>/metrics``
             while a session lives (a port already taken fails the start, naming it).
-        stop_signals: which signals those are, by name (``"SIGUSR1"`` or ``"USR1"``) or
-            number; e.g. add ``"SIGUSR1"`` for SLURM's ``--signal=USR1@90``. The exit
-            status after one is ``asv.exit_code``'s: 130 for SIGINT, 143 for SIGTERM,
-            128 + its number for another.
         queue_runners: input queue runners started with the session.
-        clock: the time source of timers and services (tests pass a manual clock).
+        **flat: the other options fields by their flat keyword:
+            ``checkpoint_basename``, ``save_model_steps``, ``save_policy``,
+            ``max_to_keep``, ``keep_checkpoint_every_n_hours``, ``keep_policy``,
+            ``checkpoint_when_busy``, ``checkpoint_staging``, ``checkpoint_store``,
+            ``local_dir``, ``upload_every``, ``upload_every_secs``
+            (``CheckpointOptions``); ``stop_grace_secs``, ``stop_signals``,
+            ``handle_signals`` (``StopOptions``); and ``clock``, the time source of
+            timers and services (tests pass a ``testing.ManualClock``).
 
     Raises:
         ValueError: a setting is out of range (the message names it), ``logdir`` exists
             and is not a directory, ``logdir`` is a URL nothing serves (an unknown
             scheme, or its library not installed), ``TF_CONFIG`` is malformed, or ``TF_CONFIG`` names
             several workers and saving is enabled by ``save_model_secs`` alone.
-        TypeError: a setting has the wrong type, or a group is not its options type.
+        TypeError: a setting has the wrong type, a group is not its options type, or a
+            keyword is unknown (the message names it, and the closest known one).
     """
 
     def __init__(
@@ -148,59 +165,29 @@ class Supervisor:
         checkpoint: CheckpointOptions | None = None,
         summaries: SummaryOptions | None = None,
         stop: StopOptions | None = None,
-        local_dir: str | os.PathLike[str] | None = None,
-        upload_every: int = 1,
-        upload_every_secs: float | None = None,
+        store: str | object | None = None,
         state: Any = None,
         global_step: Any = None,
         is_chief: bool | None = None,
         init_fn: Callable[[], Any] | None = None,
         local_init_fn: Callable[[], Any] | None = None,
         ready_fn: Callable[[], Iterable[str]] | None = None,
-        checkpoint_basename: str = "model.ckpt",
         save_model_secs: float | str = 600,
-        save_model_steps: int | None = None,
-        save_policy: SavePolicy | None = None,
-        max_to_keep: int | None = 5,
-        keep_checkpoint_every_n_hours: float | None = None,
-        keep_policy: KeepPolicy | None = None,
         save_summaries_secs: float = 120,
         recovery_wait_secs: float = 30,
-        stop_grace_secs: float = 120,
-        checkpoint_when_busy: str = "wait",
-        checkpoint_staging: bool = True,
-        checkpoint_store: str | None = None,
         hooks: Sequence[SessionRunHook] = (),
         progress: bool = False,
-        handle_signals: bool = True,
-        stop_signals: Sequence[str | int] = ("SIGINT", "SIGTERM"),
         metrics_port: int | None = None,
         queue_runners: Sequence[QueueRunner] = (),
-        clock: Clock | None = None,
+        **flat: Unpack[_FlatKeywords],
     ) -> None:
-        settings: dict[str, Any] = {
-            "local_dir": local_dir,
-            "upload_every": upload_every,
-            "upload_every_secs": upload_every_secs,
-            "checkpoint_basename": checkpoint_basename,
-            "save_model_secs": save_model_secs,
-            "save_model_steps": save_model_steps,
-            "save_policy": save_policy,
-            "max_to_keep": max_to_keep,
-            "keep_checkpoint_every_n_hours": keep_checkpoint_every_n_hours,
-            "keep_policy": keep_policy,
-            "save_summaries_secs": save_summaries_secs,
-            "stop_grace_secs": stop_grace_secs,
-            "checkpoint_when_busy": checkpoint_when_busy,
-            "checkpoint_staging": checkpoint_staging,
-            "checkpoint_store": checkpoint_store,
-            "handle_signals": handle_signals,
-            "stop_signals": stop_signals,
-        }
+        explicit = {"save_model_secs": save_model_secs, "save_summaries_secs": save_summaries_secs}
+        settings = _settings(flat, explicit, store)
         if checkpoint is not None or summaries is not None or stop is not None:
-            settings = merge_options(
-                settings, _keyword_defaults(), checkpoint=checkpoint, summaries=summaries, stop=stop
-            )
+            settings = merge_options(settings, flat_defaults(), checkpoint=checkpoint, summaries=summaries, stop=stop)
+        #: a store object given as ``store=`` (a name went into the settings); the
+        #: checkpoint feature's wiring of store objects reads it
+        self.store_object: object | None = None if store is None or isinstance(store, str) else store
         cluster = cluster_info()
         self.config = SupervisorConfig(
             logdir=logdir,  # type: ignore[arg-type]  # normalised to a Path
@@ -215,7 +202,7 @@ class Supervisor:
             progress=progress,
             metrics_port=metrics_port,
             queue_runners=queue_runners,
-            clock=clock or MonotonicClock(),
+            clock=flat.get("clock") or MonotonicClock(),
             cluster=cluster,
             **settings,
         )

@@ -45,6 +45,16 @@ def test_chief_gets_tf1_default_hooks_in_tf1_order(tmp_path: Path) -> None:
     assert session.supervisor.config.stop_grace_secs == 120
 
 
+def test_the_checkpoint_hook_takes_the_basename_of_either_spelling(tmp_path: Path) -> None:
+    """``CheckpointSaverHook`` names its files as the supervisor does, whether the basename
+    comes as ``checkpoint_basename=`` or as ``checkpoint=asv.CheckpointOptions(basename=)``."""
+    grouped = mts(tmp_path, checkpoint=asv.CheckpointOptions(basename="weights"))
+    flat = mts(tmp_path, checkpoint_basename="weights")
+    for session in (grouped, flat):
+        assert session.supervisor.config.checkpoint_basename == "weights"
+        assert session.hooks[-1]._basename == "weights"  # type: ignore[attr-defined]
+
+
 def test_non_chief_gets_no_checkpoint_or_summary_hooks(tmp_path: Path) -> None:
     """A non-chief runs only ``hooks``: no chief-only, checkpoint or summary hooks."""
     user = asv.StopAtStepHook(last_step=1)

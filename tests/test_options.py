@@ -146,16 +146,84 @@ def test_options_are_frozen_keyword_only_and_hashable() -> None:
 
 
 def test_every_field_names_a_supervisor_keyword_with_the_same_default() -> None:
-    """Each field stands for one flat ``Supervisor`` keyword, whose default it shares."""
-    defaults = {p.name: p.default for p in inspect.signature(asv.Supervisor).parameters.values()}
-    seen = set()
+    """Each field stands for one flat ``Supervisor`` keyword: one in the signature, with
+    the field's default, or one of ``**flat`` (typed by ``_FlatKeywords``, defaulted by
+    the field). ``_FlatKeywords`` lists exactly those, and ``clock``."""
+    from asupervisor._supervisor import _FlatKeywords
+
+    params = inspect.signature(asv.Supervisor).parameters.values()
+    defaults = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+    seen, in_flat = set(), set()
     for kind in (asv.CheckpointOptions, asv.SummaryOptions, asv.StopOptions):
         for f in dataclasses.fields(kind):
             flat = f.metadata["flat"]
-            assert flat in defaults, (kind.__name__, f.name, flat)
-            assert f.default == defaults[flat], (kind.__name__, f.name)
+            if flat in defaults:
+                assert f.default == defaults[flat], (kind.__name__, f.name)
+            else:
+                in_flat.add(flat)
             seen.add(flat)
     assert len(seen) == 17
+    assert set(_FlatKeywords.__annotations__) == in_flat | {"clock"}
+
+
+def test_the_front_door_is_narrow() -> None:
+    """``Supervisor()`` takes at most 20 parameters (``**flat`` counts as one): the options
+    objects carry a feature's settings."""
+    params = inspect.signature(asv.Supervisor).parameters
+    assert len(params) <= 20, list(params)
+    assert list(params)[-1] == "flat" and params["flat"].kind is inspect.Parameter.VAR_KEYWORD
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value", "field"),
+    [
+        ("checkpoint_basename", "weights", "checkpoint_basename"),
+        ("save_model_steps", 7, "save_model_steps"),
+        ("max_to_keep", None, "max_to_keep"),
+        ("keep_checkpoint_every_n_hours", 1.5, "keep_checkpoint_every_n_hours"),
+        ("checkpoint_when_busy", "skip", "checkpoint_when_busy"),
+        ("checkpoint_staging", False, "checkpoint_staging"),
+        ("checkpoint_store", "plain", "checkpoint_store"),
+        ("stop_grace_secs", 9, "stop_grace_secs"),
+        ("handle_signals", False, "handle_signals"),
+    ],
+)
+def test_each_flat_keyword_reaches_the_config(tmp_path: Path, keyword: str, value: object, field: str) -> None:
+    """A keyword given through ``**flat`` lands in ``sv.config`` as it did when it was in
+    the signature, and equals its options object's spelling."""
+    config = asv.Supervisor(tmp_path, **{keyword: value}).config  # type: ignore[arg-type]
+    assert getattr(config, field) == value
+
+
+@pytest.mark.parametrize(
+    ("keyword", "message"),
+    [
+        ("xyz", "Supervisor() got an unexpected keyword argument 'xyz'"),
+        ("max_to_kep", "Supervisor() got an unexpected keyword argument 'max_to_kep'; did you mean 'max_to_keep'?"),
+        ("grace_secs", "did you mean stop_grace_secs= or stop=asv.StopOptions(grace_secs=...)?"),
+    ],
+)
+def test_an_unknown_keyword_is_a_type_error_naming_it(keyword: str, message: str) -> None:
+    """An unknown keyword is a ``TypeError`` naming it, with the closest known keyword
+    (or, for an options field's name, its flat keyword and its group) as a hint."""
+    with pytest.raises(TypeError) as info:
+        asv.Supervisor(None, **{keyword: 1})  # type: ignore[arg-type]
+    assert message in str(info.value)
+
+
+def test_store_takes_a_name_or_an_object(tmp_path: Path) -> None:
+    """``store="plain"`` is ``checkpoint_store="plain"`` (a different ``checkpoint_store``
+    too is a ``ValueError`` naming both); a store object is kept as ``store_object``."""
+    clock = ManualClock()
+    named = asv.Supervisor(tmp_path, store="plain", clock=clock).config
+    assert named == asv.Supervisor(tmp_path, checkpoint_store="plain", clock=clock).config
+    with pytest.raises(ValueError, match=r"store='plain' and checkpoint_store='auto' disagree"):
+        asv.Supervisor(tmp_path, store="plain", checkpoint_store="auto")
+    with pytest.raises(ValueError, match="checkpoint_store must be one of"):
+        asv.Supervisor(tmp_path, store="quick")
+    store = object()
+    sv = asv.Supervisor(tmp_path, store=store)
+    assert sv.store_object is store and sv.config.checkpoint_store is None
 
 
 # -- groups and flat keywords ------------------------------------------------------

@@ -136,9 +136,8 @@ def _save_and_restore(tmp_path: Path) -> None:
 
 def _other_uses(name: str) -> None:
     """What the name serves outside a save and restore, with it hidden."""
-    from asupervisor import _config
+    from asupervisor import _config, _keras
     from asupervisor._checkpoint.snapshot import _iterator_state, _iterator_tracking
-    from asupervisor._core import _keras
 
     model, _, plain, data = _build()
     if name == _tf_internals.CHILDREN:

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .._core._abc import SessionAttribute, context_of
+from .._core._clock import Clock
 from .._core._hooks import Gate, SessionRunContext, SessionRunHook, SessionRunValues
 from .._logging import get_logger
-from ._timer import ThreadSafeClock
 
 if TYPE_CHECKING:
     from .._core._abc import SessionContext
@@ -58,7 +58,8 @@ class CheckpointSaverHook(SessionRunHook):
         save_steps: steps between checkpoints.
         checkpoint_basename: files are ``<checkpoint_dir>/<basename>-<step>.*``.
         listeners: :class:`CheckpointSaverListener` objects.
-        clock: the time source (any thread may read it); ``time.monotonic`` by default.
+        clock: the time source, a :class:`~asupervisor.Clock` whose ``now()`` any thread may read
+            (``asupervisor.testing.ManualClock``); ``time.monotonic`` by default.
 
     Raises:
         ValueError: both or neither of ``save_secs`` and ``save_steps`` were given.
@@ -72,7 +73,7 @@ class CheckpointSaverHook(SessionRunHook):
         checkpoint_basename: str = "model.ckpt",
         listeners: Sequence[CheckpointSaverListener] | None = None,
         *,
-        clock: ThreadSafeClock | None = None,
+        clock: Clock | None = None,
     ) -> None:
         import os
 

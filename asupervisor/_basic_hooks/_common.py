@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._core._clock import Clock
 from .._core._hooks import Gate
-from ._timer import SecondOrStepTimer, ThreadSafeClock, check_every
+from ._timer import SecondOrStepTimer, check_every
 
 if TYPE_CHECKING:
     pass
@@ -37,7 +38,7 @@ def _timer_gate(timer: SecondOrStepTimer) -> Gate:
 
 
 def _hook_timer(
-    secs_name: str, secs: float | None, steps_name: str, steps: int | None, clock: ThreadSafeClock | None
+    secs_name: str, secs: float | None, steps_name: str, steps: int | None, clock: Clock | None
 ) -> SecondOrStepTimer:
     """A hook's timer; a bad period is an error naming the hook's own argument."""
     if (secs is None) == (steps is None):

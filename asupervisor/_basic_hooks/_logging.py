@@ -7,9 +7,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._core._abc import context_of
+from .._core._clock import Clock
 from .._core._hooks import NEVER, Gate, SessionRunContext, SessionRunHook, SessionRunValues
 from .._logging import get_logger
-from ._timer import ThreadSafeClock
 
 if TYPE_CHECKING:
     from .._core._abc import SessionContext
@@ -32,7 +32,8 @@ class LoggingTensorHook(SessionRunHook):
         every_n_secs: log every this many seconds.
         at_end: also log the last step's values at the end.
         formatter: ``formatter(values) -> str``; the line is logged as ``message=``.
-        clock: the time source (any thread may read it); ``time.monotonic`` by default.
+        clock: the time source, a :class:`~asupervisor.Clock` whose ``now()`` any thread may read
+            (``asupervisor.testing.ManualClock``); ``time.monotonic`` by default.
 
     Raises:
         ValueError: no timing given without ``at_end``, or both were given.
@@ -46,7 +47,7 @@ class LoggingTensorHook(SessionRunHook):
         at_end: bool = False,
         formatter: Callable[[dict[str, Any]], str] | None = None,
         *,
-        clock: ThreadSafeClock | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if isinstance(keys, str):
             keys = [keys]

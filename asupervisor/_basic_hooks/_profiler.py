@@ -6,9 +6,9 @@ import math
 from typing import TYPE_CHECKING
 
 from .._core._abc import SessionPart, context_of
+from .._core._clock import Clock
 from .._core._hooks import NEVER, Gate, SessionRunContext, SessionRunHook, SessionRunValues
 from .._logging import describe, get_logger
-from ._timer import ThreadSafeClock
 
 if TYPE_CHECKING:
     from .._core._abc import SessionContext
@@ -39,7 +39,8 @@ class ProfilerHook(SessionRunHook):
         save_steps: steps between traced steps.
         save_secs: seconds between traced steps.
         output_dir: where traces go.
-        clock: the time source (any thread may read it); ``time.monotonic`` by default.
+        clock: the time source, a :class:`~asupervisor.Clock` whose ``now()`` any thread may read
+            (``asupervisor.testing.ManualClock``); ``time.monotonic`` by default.
 
     Raises:
         ValueError: both or neither of ``save_steps`` and ``save_secs`` were given.
@@ -51,7 +52,7 @@ class ProfilerHook(SessionRunHook):
         save_secs: float | None = None,
         output_dir: str | None = None,
         *,
-        clock: ThreadSafeClock | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._timer = _hook_timer("save_secs", save_secs, "save_steps", save_steps, clock)
         self._output_dir = output_dir

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._core._abc import SessionAttribute, context_of
+from .._core._clock import Clock
 from .._core._hooks import Gate, SessionRunContext, SessionRunHook, SessionRunValues
 from .._logging import get_logger
-from ._timer import ThreadSafeClock
 
 if TYPE_CHECKING:
     from .._core._abc import SummarySink
@@ -28,7 +28,8 @@ class StepCounterHook(SessionRunHook):
     Args:
         every_n_steps: steps between measurements (TF1's default, 100).
         every_n_secs: seconds between measurements; pass ``every_n_steps=None`` with it.
-        clock: the time source (any thread may read it); ``time.monotonic`` by default.
+        clock: the time source, a :class:`~asupervisor.Clock` whose ``now()`` any thread may read
+            (``asupervisor.testing.ManualClock``); ``time.monotonic`` by default.
 
     Raises:
         ValueError: both or neither of ``every_n_steps`` and ``every_n_secs`` were given.
@@ -42,7 +43,7 @@ class StepCounterHook(SessionRunHook):
         every_n_steps: int | None = 100,
         every_n_secs: float | None = None,
         *,
-        clock: ThreadSafeClock | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._timer = _hook_timer("every_n_secs", every_n_secs, "every_n_steps", every_n_steps, clock)
         self._writer: SummarySink | None = None

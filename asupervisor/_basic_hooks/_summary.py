@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .._core._abc import SessionAttribute, context_of
+from .._core._clock import Clock
 from .._core._hooks import NEVER, Gate, SessionRunContext, SessionRunHook, SessionRunValues
 from .._core._outputs import scalar_entries
 from .._logging import get_logger
-from ._timer import ThreadSafeClock
 
 if TYPE_CHECKING:
     from .._core._abc import SummarySink
@@ -32,7 +32,8 @@ class SummarySaverHook(SessionRunHook):
         save_steps: steps between summaries.
         save_secs: seconds between summaries.
         keys: only these names of the step's result (default: every scalar entry).
-        clock: the time source (any thread may read it); ``time.monotonic`` by default.
+        clock: the time source, a :class:`~asupervisor.Clock` whose ``now()`` any thread may read
+            (``asupervisor.testing.ManualClock``); ``time.monotonic`` by default.
 
     Raises:
         ValueError: both or neither of ``save_steps`` and ``save_secs`` were given.
@@ -44,7 +45,7 @@ class SummarySaverHook(SessionRunHook):
         save_secs: float | None = None,
         *,
         keys: Sequence[str] | None = None,
-        clock: ThreadSafeClock | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._timer = _hook_timer("save_secs", save_secs, "save_steps", save_steps, clock)
         self._keys = None if keys is None else tuple(keys)

@@ -12,7 +12,7 @@ with ``every_n_steps=`` / ``every_n_secs=`` style arguments shares:
 
 It is called on the step thread for every step, so the check is cheap: an int compare for
 step timers, one clock read and a float compare for time timers, no allocation. The clock
-is injectable (anything with ``now()`` that may be read from any thread; the default is
+is injectable (an ``asv.Clock`` whose ``now()`` any thread may read; the default is
 ``time.monotonic``). This module must never import TensorFlow.
 """
 
@@ -22,19 +22,12 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from typing import Protocol
 
-__all__ = ["SecondOrStepTimer", "ThreadSafeClock", "check_every"]
+from .._core._clock import Clock
+
+__all__ = ["SecondOrStepTimer", "check_every"]
 
 _NEVER = sys.maxsize
-
-
-class ThreadSafeClock(Protocol):
-    """A time source that any thread may read (``asupervisor.testing.ManualClock`` is one)."""
-
-    def now(self) -> float:
-        """Seconds on a monotonic scale."""
-        ...
 
 
 def check_every(name: str, value: object, *, kind: str) -> None:
@@ -65,7 +58,8 @@ class SecondOrStepTimer:
     Args:
         every_secs: seconds between firings, or ``None``.
         every_steps: steps between firings, or ``None``.
-        clock: the time source for ``every_secs``; read on whatever thread asks.
+        clock: the time source for ``every_secs``: a :class:`~asupervisor.Clock` whose
+            ``now()`` is read on whatever thread asks (``asupervisor.testing.ManualClock``).
 
     Raises:
         ValueError: both or neither of ``every_secs`` and ``every_steps`` were given, or
@@ -79,7 +73,7 @@ class SecondOrStepTimer:
         every_secs: float | None = None,
         every_steps: int | None = None,
         *,
-        clock: ThreadSafeClock | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if every_secs is None and every_steps is None:
             raise ValueError("give either every_secs or every_steps (neither was given)")

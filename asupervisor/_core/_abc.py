@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CheckpointSaving",
     "EngineConfig",
+    "KerasFit",
     "SessionAttribute",
     "SessionContext",
     "SessionPart",
@@ -288,6 +289,26 @@ class CheckpointSaving(Protocol):
         ...
 
 
+class KerasFit(Protocol):
+    """``Session.fit``'s body, which the Keras front door offers the session (the engine
+    imports no front door): ``await fit(session, model, data, epochs=..., ...)``."""
+
+    async def __call__(
+        self,
+        session: Any,
+        model: Any,
+        data: Iterable[Any],
+        *,
+        epochs: int,
+        validation_data: Iterable[Any] | None,
+        validation_freq: int,
+        callbacks: Sequence[Any],
+        save_each_epoch: bool | None,
+    ) -> dict[str, list[float]]:
+        """Train ``model`` on ``data`` in ``session``; Keras's ``History.history``."""
+        ...
+
+
 class SessionAttribute(TypedAttributeSet):
     """Typed capabilities a part offers the others (see :meth:`SessionContext.extra`)."""
 
@@ -299,6 +320,8 @@ class SessionAttribute(TypedAttributeSet):
     steps_per_sec: float | None = typed_attribute()
     #: the remote tier of a URL logdir
     remote: RemoteStatus = typed_attribute()
+    #: ``Session.fit`` (the Keras front door)
+    keras_fit: KerasFit = typed_attribute()
 
 
 class SessionPart:

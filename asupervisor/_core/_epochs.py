@@ -24,10 +24,14 @@ from typing import Any
 from .._tf import tf
 from ._abc import SessionPart
 
-__all__ = ["EPOCH_ATTR", "EpochCounter"]
+__all__ = ["EPOCH_ATTR", "KERAS_ATTR", "EpochCounter"]
 
 #: the attribute of the state's ``tf.train.Checkpoint`` holding ``[epoch, start step]``
 EPOCH_ATTR = "asv_epoch"
+#: the attribute of the state's checkpoint holding what Keras 3 keeps out of TF
+#: checkpoints and an exact resume of ``sess.fit`` mid-epoch needs (its seed generators,
+#: the epoch's running metrics); the Keras front door fills it, a restore allows it missing
+KERAS_ATTR = "asv_keras"
 
 
 class EpochCounter(SessionPart):

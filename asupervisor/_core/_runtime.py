@@ -435,7 +435,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
                 self.loop, self._on_signal, self._on_signal_again, signals=tuple(self.config.stop_signals)
             )
             self._signals.install()
-        self.session = Session(self)
+        self.session = Session._for(self)
         self.step_thread = self.new_thread("asv-step")
         self.steps = Steps(self)
         try:

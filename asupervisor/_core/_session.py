@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
+from ._abc import SessionAttribute
 from ._steps import Halt
 
 if TYPE_CHECKING:
@@ -31,11 +32,22 @@ class StepContext:
 
     __slots__ = ("_rt", "_step_error", "_stop")
 
-    def __init__(self, runtime: Engine) -> None:
-        self._rt = runtime
-        self._stop = False
-        #: the last error ``run_with_hooks`` raised (already handled as a step error)
-        self._step_error: BaseException | None = None
+    _rt: Engine
+    _stop: bool
+    #: the last error ``run_with_hooks`` raised (already handled as a step error)
+    _step_error: BaseException | None
+
+    def __init__(self) -> None:
+        raise TypeError("a StepContext is handed to run_step_fn's step_fn inside managed_session()")
+
+    @classmethod
+    def _for(cls, runtime: Engine) -> StepContext:
+        """The engine's constructor (the engine's type stays out of the public signature)."""
+        ctx = object.__new__(cls)
+        ctx._rt = runtime
+        ctx._stop = False
+        ctx._step_error = None
+        return ctx
 
     @property
     def session(self) -> Session:
@@ -78,8 +90,17 @@ class StepContext:
 class Session:
     """Runs steps for the body of ``async with sv.managed_session() as sess``."""
 
-    def __init__(self, runtime: Engine) -> None:
-        self._rt = runtime
+    _rt: Engine
+
+    def __init__(self) -> None:
+        raise TypeError("a Session comes from Supervisor.managed_session(): async with sv.managed_session() as sess")
+
+    @classmethod
+    def _for(cls, runtime: Engine) -> Session:
+        """The engine's constructor (the engine's type stays out of the public signature)."""
+        session = object.__new__(cls)
+        session._rt = runtime
+        return session
 
     @property
     def global_step(self) -> int:
@@ -283,8 +304,9 @@ class Session:
             ValueError: the model is not compiled or not in the supervisor's state, or
                 a bad ``epochs``/``validation_freq``/callback.
         """
-        from ._keras import fit
-
+        fit = self._rt.extra(SessionAttribute.keras_fit, None)
+        if fit is None:
+            raise RuntimeError("fit() needs the Keras front door: sessions of asv.Supervisor have it")
         return await fit(
             self,
             model,
@@ -321,7 +343,7 @@ class Session:
         rt = self._rt
         while True:  # once more after each successful recovery
             await self._check_running()
-            ctx = StepContext(rt)
+            ctx = StepContext._for(rt)
             waiter = rt.step_thread.submit(ctx._call, step_fn)
             try:
                 result = await waiter.wait(grace_secs=rt.config.stop_grace_secs)

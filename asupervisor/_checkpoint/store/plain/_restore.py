@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .... import _tf_internals as internals
-from ...._core._epochs import EPOCH_ATTR
-from ...._core._keras import KERAS_ATTR
+from ...._core._epochs import EPOCH_ATTR, KERAS_ATTR
 from ...._exceptions import CheckpointError
 from ...._logging import describe, get_logger
 from ...._tf import tf

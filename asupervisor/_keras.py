@@ -1,5 +1,9 @@
 """The Keras front door: ``await sess.fit(model, data, epochs=..., validation_data=...)``.
 
+A front door, not part of the engine: :class:`KerasPart` (added to every session by
+:mod:`._assembly`) offers :func:`fit` as the session's ``SessionAttribute.keras_fit``,
+which ``Session.fit`` calls; the engine never imports this module.
+
 A compiled Keras model is trained with its own ``train_step`` (wrapped in a
 ``tf.function`` as ``model.fit`` wraps it: ``jit_compile`` and ``run_eagerly`` as compiled)
 inside the session's ``run_loop(..., epochs=)``, so everything the supervisor promises
@@ -17,19 +21,20 @@ default) a checkpoint carrying the epoch's metrics (``val_loss``, ... for
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from .. import _tf_internals
-from .._logging import describe, get_logger
-from .._tf import tf
-from ._abc import SessionAttribute
-from ._outputs import float_entries
+from . import _tf_internals
+from ._core._abc import SessionAttribute, SessionContext, SessionPart
+from ._core._epochs import KERAS_ATTR
+from ._core._outputs import float_entries
+from ._logging import describe, get_logger
+from ._tf import tf
 
-__all__ = ["fit"]
+__all__ = ["KerasPart", "fit"]
 
 log = get_logger(__name__)
 
@@ -48,7 +53,8 @@ async def fit(
     callbacks: Sequence[Any] = (),
     save_each_epoch: bool | None = None,
 ) -> dict[str, list[float]]:
-    """See :meth:`asupervisor.Session.fit` (``sess``: the session handle)."""
+    """See :meth:`asupervisor.Session.fit` (``sess``: the session handle; the engine
+    behind it, ``sess._rt``, is what this front door drives)."""
     _check_arguments(model, data, epochs, validation_freq, callbacks)
     if save_each_epoch is not None and not isinstance(save_each_epoch, bool):
         raise ValueError(f"save_each_epoch must be None, True or False, got {save_each_epoch!r}")
@@ -63,6 +69,17 @@ async def fit(
         with anyio.CancelScope(shield=True):  # the session may be stopping: this is short
             await rt.step_thread.call(trainer.end)
     return history
+
+
+class KerasPart(SessionPart):
+    """Offers :func:`fit` to the session (``SessionAttribute.keras_fit``), so that
+    ``Session.fit`` reaches this front door without the engine importing it."""
+
+    name = "keras"
+
+    def extra_attributes(self, ctx: SessionContext) -> Mapping[Any, Callable[[], Any]]:
+        """``SessionAttribute.keras_fit``: :func:`fit`."""
+        return {SessionAttribute.keras_fit: lambda: fit}
 
 
 def _check_arguments(model: Any, data: Any, epochs: Any, validation_freq: Any, callbacks: Any) -> None:
@@ -253,10 +270,6 @@ def _build(model: Any, data: Any) -> None:
     optimizer = model.optimizer
     if not getattr(optimizer, "built", True) and model.built:
         optimizer.build(model.trainable_variables)
-
-
-#: the attribute of the state's checkpoint holding what Keras 3 keeps out of TF checkpoints
-KERAS_ATTR = "asv_keras"
 
 
 def _attach_keras_state(state: Any, model: Any) -> None:
