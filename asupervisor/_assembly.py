@@ -49,6 +49,11 @@ def session_parts(config: SupervisorConfig) -> list[SessionPart]:
             owner=bool(config.is_chief),
         )
         remote = [RemotePart(tier, upload_every=config.upload_every, upload_every_secs=config.upload_every_secs)]
+    memory = None
+    if config.ram_tier is not False and config.logdir is not None:
+        from ._checkpoint.store import open_memory_tier  # the RAM tier: optional code, opened when asked for
+
+        memory = open_memory_tier(config.logdir, config.ram_tier, config.checkpoint_fast_path)
     return [
         *progress,
         *cluster_stop,
@@ -66,6 +71,9 @@ def session_parts(config: SupervisorConfig) -> list[SessionPart]:
             staging=config.checkpoint_staging,
             fast_path=config.checkpoint_fast_path,
             remote=tier,
+            memory=memory,
+            ram_save_secs=config.ram_save_secs,
+            store=config.store,
         ),
         *remote,  # after the checkpoint part: its final upload follows the final checkpoint
         KerasPart(),

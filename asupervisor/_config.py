@@ -75,6 +75,12 @@ class SupervisorConfig:
     checkpoint_staging: bool = True
     #: "auto", "fast", "plain" or None (the environment's choice); see checkpoint_fast_path
     checkpoint_store: str | None = None
+    #: a store object (``Supervisor(store=...)``) the checkpoints of ``logdir`` go through
+    store: Any = None
+    #: the RAM tier below the disk: ``False``, ``True`` (``/dev/shm``) or its root directory
+    ram_tier: Any = False
+    #: seconds between RAM saves, or ``"auto"`` (the 2 % overhead budget)
+    ram_save_secs: float | str = "auto"
     hooks: Sequence[SessionRunHook] = ()
     #: a live progress display on stderr
     progress: bool = False
@@ -224,6 +230,21 @@ class SupervisorConfig:
         from ._checkpoint.store import resolve_store
 
         resolve_store(self.checkpoint_store)  # a bad value, or "fast" off Linux: an error now
+        if self.ram_tier is True:
+            from ._checkpoint.store import ram_tier_root
+
+            ram_tier_root(True)  # no /dev/shm here: an error now, not at the start
+        if self.store is not None:
+            missing = [
+                m
+                for m in ("prepare", "write", "commit", "restore_newest")
+                if not callable(getattr(self.store, m, None))
+            ]
+            if missing:
+                raise TypeError(
+                    f"store must be a store name or a checkpoint store object (asupervisor.testing's "
+                    f"CheckpointStore protocol), got {self.store!r}: it lacks {', '.join(missing)}"
+                )
         if self.checkpoint_when_busy not in ("wait", "skip"):
             raise ValueError(f"checkpoint_when_busy must be 'wait' or 'skip', got {self.checkpoint_when_busy!r}")
         hooks = tuple(self.hooks)

@@ -5,7 +5,8 @@ commit time, size, whether plain TensorFlow loads every value of it (TF's own re
 which checks the CRCs), the metrics it records (``loss``, ``val_loss``: what
 ``KeepBest`` ranks), whether the state file names it and which one is the latest; the
 leftovers of interrupted saves (``*.asv-tmp-*``); a damaged ``checkpoint`` state file;
-the data iterator's share of the latest checkpoint; the last value of each scalar
+the data iterator's share of the latest checkpoint; the RAM tier (its directory and
+checkpoints, when ``CheckpointOptions(ram_tier=...)`` made one); the last value of each scalar
 summary (TensorBoard's ``EventAccumulator``). Nothing is written. A front door.
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 
 from ._checkpoint.snapshot import _metrics
 from ._checkpoint.snapshot._iterator_state import iterator_share
-from ._checkpoint.store import inspect_remote
+from ._checkpoint.store import inspect_ram_tier, inspect_remote
 from ._checkpoint.store import names as _names
 from ._checkpoint.store import state_file as _state_file
 
@@ -119,6 +120,7 @@ def inspect_logdir(logdir: str | os.PathLike[str]) -> dict[str, Any]:
         "leftovers": leftovers,
         "iterator_share": share,
         "scalars": _scalars(root),
+        "ram_tier": inspect_ram_tier(root),
     }
     report["empty"] = state is None and problem is None and not checkpoints and not leftovers and not report["scalars"]
     report["ok"] = problem is None and all(c["loads"] for c in checkpoints) and not report["empty"]
@@ -144,6 +146,13 @@ def _text(report: dict[str, Any]) -> str:
         )
     for name in report["leftovers"]:
         lines.append(f"  leftover of an interrupted save: {name}")
+    ram = report.get("ram_tier")
+    if ram is not None:
+        if ram["newest_step"] is not None:
+            held = ", ".join(f"{c['name']} ({c['bytes'] / 2**20:.2f} MiB)" for c in ram["checkpoints"])
+            lines.append(f"  ram tier: {ram['dir']}  newest step {ram['newest_step']}: {held}")
+        else:
+            lines.append(f"  ram tier: {ram['dir']}  empty (a reboot, another machine, or nothing saved yet)")
     if report.get("owner"):
         lines.append(f"  in use by a training: {report['owner']}")
     if report["iterator_share"]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ._checkpoint.policy._policies import KeepPolicy, SavePolicy
 
-__all__ = ["CheckpointOptions", "StopOptions", "SummaryOptions", "flat_defaults", "merge_options"]
+__all__ = ["CheckpointOptions", "StopOptions", "SummaryOptions", "flat_defaults", "merge_options", "options_only"]
 
 
 def _number(
@@ -94,6 +94,16 @@ class CheckpointOptions:
             one always) (``upload_every``)...
         upload_every_secs: ...or the newest one once this many seconds passed since the
             last upload; ``None``: by count alone (``upload_every_secs``).
+        ram_tier: a RAM tier below the disk (options only, no flat keyword): checkpoints
+            saved to memory that outlives the process, often, so that a SIGKILL, an OOM
+            kill or a crash loses about a second of training; a restart on the same
+            machine restores the newest intact checkpoint of either tier. ``True``:
+            ``/dev/shm`` (Linux); a path: a directory on a RAM file system (a tmpfs);
+            ``False`` (default): none. It holds two checkpoints at most (twice the
+            state's size, plus one being written); single-worker training only. See
+            ``docs/checkpoints.md``.
+        ram_save_secs: seconds between RAM saves, or ``"auto"`` (default): as often as
+            keeps their measured cost to training under 2 % (at least 0.5 s apart).
 
     Raises:
         TypeError: a field has the wrong type (the message names it and the value).
@@ -114,9 +124,23 @@ class CheckpointOptions:
     local_dir: str | os.PathLike[str] | None = field(default=None, metadata={"flat": "local_dir"})
     upload_every: int = field(default=1, metadata={"flat": "upload_every"})
     upload_every_secs: float | None = field(default=None, metadata={"flat": "upload_every_secs"})
+    ram_tier: bool | str | os.PathLike[str] = field(default=False, metadata={"flat": "ram_tier", "options_only": True})
+    ram_save_secs: float | str = field(default="auto", metadata={"flat": "ram_save_secs", "options_only": True})
 
     def __post_init__(self) -> None:
         where = "CheckpointOptions."
+        ram = self.ram_tier
+        if not isinstance(ram, (bool, str, os.PathLike)) or (isinstance(ram, str) and not ram.strip()):
+            raise TypeError(f"{where}ram_tier must be True, False or a directory, got {ram!r}")
+        if isinstance(self.ram_save_secs, str):
+            if self.ram_save_secs != "auto":
+                raise TypeError(
+                    f"{where}ram_save_secs must be a number of seconds or 'auto', got {self.ram_save_secs!r}"
+                )
+        else:
+            _number(f"{where}ram_save_secs", self.ram_save_secs)
+            if self.ram_save_secs == 0:
+                raise ValueError(f"{where}ram_save_secs must be > 0 (ram_tier=False turns the tier off), got 0")
         if isinstance(self.save_secs, str):
             if self.save_secs != "auto":
                 raise TypeError(f"{where}save_secs must be a number of seconds or 'auto', got {self.save_secs!r}")
@@ -278,6 +302,13 @@ _GROUPS: dict[str, type] = {"checkpoint": CheckpointOptions, "summaries": Summar
 
 
 @functools.cache
+def options_only() -> frozenset[str]:
+    """The settings an options object alone takes (no flat keyword of ``Supervisor``)."""
+    return frozenset(
+        f.metadata["flat"] for kind in _GROUPS.values() for f in fields(kind) if f.metadata.get("options_only")
+    )
+
+
 def flat_defaults() -> Mapping[str, Any]:
     """Every flat keyword an options field stands for, with the field's default (which
     is the keyword's): ``{"save_model_secs": 600, "max_to_keep": 5, ...}``."""

@@ -28,7 +28,7 @@ from ._core._runtime import Runtime
 from ._core._services import LoopedService, RestartPolicy, Service
 from ._core._status import CheckpointInfo, Status
 from ._input._queue_runner import QueueRunner
-from ._options import CheckpointOptions, StopOptions, SummaryOptions, flat_defaults, merge_options
+from ._options import CheckpointOptions, StopOptions, SummaryOptions, flat_defaults, merge_options, options_only
 
 if sys.version_info >= (3, 11):  # at run time too, so typing.get_type_hints() works
     from typing import Unpack
@@ -68,13 +68,17 @@ def _unexpected(name: str) -> TypeError:
     """The ``TypeError`` for an unknown keyword, naming it and the closest known one."""
     groups = {"checkpoint": CheckpointOptions, "summaries": SummaryOptions, "stop": StopOptions}
     fields_named = [
-        f"{f.metadata['flat']}= or {group}=asv.{kind.__name__}({name}=...)"
+        f"{group}=asv.{kind.__name__}({name}=...)"
+        if f.metadata.get("options_only")
+        else f"{f.metadata['flat']}= or {group}=asv.{kind.__name__}({name}=...)"
         for group, kind in groups.items()
         for f in dataclasses.fields(kind)
         if f.name == name
     ]
     params = inspect.signature(Supervisor).parameters.values()
-    known = [*(p.name for p in params if p.kind is not p.VAR_KEYWORD), *flat_defaults(), "clock"]
+    only = options_only()
+    known = [*(p.name for p in params if p.kind is not p.VAR_KEYWORD), *(n for n in flat_defaults() if n not in only)]
+    known.append("clock")
     close = [repr(c) for c in difflib.get_close_matches(name, known, n=1)]
     hint = f"; did you mean {' or '.join(fields_named or close)}?" if fields_named or close else ""
     return TypeError(f"Supervisor() got an unexpected keyword argument {name!r}{hint}")
@@ -83,8 +87,9 @@ def _unexpected(name: str) -> TypeError:
 def _settings(flat: Mapping[str, Any], explicit: Mapping[str, Any], store: object) -> dict[str, Any]:
     """The flat keywords, every one given or defaulted, with a store's name folded in."""
     defaults = flat_defaults()
+    only = options_only()
     for name in flat:
-        if name not in defaults and name != "clock":
+        if (name not in defaults or name in only) and name != "clock":
             raise _unexpected(name)
     settings = {**defaults, **explicit, **{k: v for k, v in flat.items() if k != "clock"}}
     if isinstance(store, str):
@@ -185,9 +190,6 @@ class Supervisor:
         settings = _settings(flat, explicit, store)
         if checkpoint is not None or summaries is not None or stop is not None:
             settings = merge_options(settings, flat_defaults(), checkpoint=checkpoint, summaries=summaries, stop=stop)
-        #: a store object given as ``store=`` (a name went into the settings); the
-        #: checkpoint feature's wiring of store objects reads it
-        self.store_object: object | None = None if store is None or isinstance(store, str) else store
         cluster = cluster_info()
         self.config = SupervisorConfig(
             logdir=logdir,  # type: ignore[arg-type]  # normalised to a Path
@@ -203,6 +205,7 @@ class Supervisor:
             metrics_port=metrics_port,
             queue_runners=queue_runners,
             clock=flat.get("clock") or MonotonicClock(),
+            store=None if store is None or isinstance(store, str) else store,  # a name went into the settings
             cluster=cluster,
             **settings,
         )

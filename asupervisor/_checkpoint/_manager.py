@@ -14,6 +14,7 @@ loop thread.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import threading
@@ -29,7 +30,15 @@ from .policy._policies import AnyKeepPolicy, KeepPolicy, LatestN, keep_policy_fo
 from .snapshot import _metrics, _snapshot
 from .snapshot._iterator_tracking import IteratorTracker
 from .snapshot._walk_cache import WalkCache
-from .store import CheckpointStore, FastPath, OwnerLock, RestoreOutcome, SaveAbandoned, open_store, write_error
+from .store import (
+    CheckpointStore,
+    FastPath,
+    OwnerLock,
+    RestoreOutcome,
+    SaveAbandoned,
+    open_store,
+    write_error,
+)
 from .store import candidates as _candidates
 from .store import commit as _commit
 from .store import names as _names
@@ -37,7 +46,10 @@ from .store import state_file as _state_file
 from .store import writeback as _writeback
 
 if TYPE_CHECKING:
-    from .store import IdleIO
+    from .store import IdleIO, MemoryTier
+
+#: the tiers a snapshot is written to (:attr:`.snapshot._snapshot.Snapshot.tier`)
+DISK, RAM = "disk", "ram"
 
 __all__ = ["Checkpointer", "write_checkpoint_now"]
 
@@ -87,6 +99,7 @@ class Checkpointer:
         fast_path: FastPath | None = None,
         metrics: Callable[[], Mapping[str, float]] | None = None,
         store: CheckpointStore | None = None,
+        memory: MemoryTier | None = None,
     ) -> None:
         self.checkpoint = checkpoint
         self.logdir = Path(logdir) if store is None else store.logdir
@@ -115,6 +128,25 @@ class Checkpointer:
         #: lock): filled at each commit, and when first asked for one of an earlier run
         self._recorded: dict[str, Mapping[str, float]] = {}
         self._pinned: dict[str, int] = {}  # checkpoints retention must leave (an upload reads them)
+        self._saved_log = log.info  # how each commit is logged
+        self.memory = memory
+        #: the RAM tier's checkpoints: written from this checkpointer's snapshots
+        self.ram: Checkpointer | None = None
+        if memory is not None:
+            self.ram = Checkpointer(
+                checkpoint,
+                memory.dir,
+                basename=basename,
+                keep_policy=LatestN(memory.max_to_keep),
+                wall_clock=wall_clock,
+                staging=False,
+                store=memory.store,
+            )
+            self.ram._saved_log = log.debug  # one a second: not news
+        #: a RAM checkpoint restored, not on disk yet: :meth:`promote` copies it there
+        self.promotion: str | None = None
+        #: the newest step committed to ``logdir`` (restored, saved or promoted), if any
+        self.disk_step: int | None = None
 
     # -- step thread ---------------------------------------------------------------
 
@@ -149,6 +181,16 @@ class Checkpointer:
             ) from exc
         self.store.clean_leftovers()
         self._owner = True
+        if self.memory is not None and self.ram is not None:
+            try:
+                self.memory.prepare()  # under the logdir's owner lock: one training per tier too
+            except OSError as exc:
+                raise CheckpointError(
+                    f"the RAM tier {self.memory.dir} cannot be written: {exc.filename or self.memory.dir}: "
+                    f"{exc.strerror or exc}; give ram_tier a writable directory on a RAM file system, "
+                    "or ram_tier=False"
+                ) from exc
+            self.ram._owner = True
 
     def restore(self, *, strict: bool = True) -> str | None:
         """Restore the newest good checkpoint; returns its path or ``None``.
@@ -163,6 +205,9 @@ class Checkpointer:
         Raises:
             CheckpointError: a different model, or checkpoint files exist and none loads.
         """
+        from_ram = self._restore_from_ram(strict)
+        if from_ram is not None:
+            return from_ram
         outcome = self.store.restore_newest(self.checkpoint, strict=strict, basename=self.basename)
         path = outcome.path
         if path is not None and self._owner and (outcome.corrupt or outcome.gone or outcome.state_problem):
@@ -174,8 +219,94 @@ class Checkpointer:
             self.last = CheckpointInfo(
                 path=path, step=step if step is not None else -1, time=self.store.committed_at(path)
             )
-            self.last_snapshot_step = self.last.step
+            self.last_snapshot_step = self.disk_step = self.last.step
         return path
+
+    def _newest_on_disk(self) -> int:
+        """The step of the newest complete checkpoint of ``logdir`` (-1: none)."""
+        steps = [_names.step_of(n) for n in self.store.complete_checkpoints(self.basename)]
+        return max((s for s in steps if s is not None), default=-1)
+
+    def _restore_from_ram(self, strict: bool) -> str | None:
+        """Restore the RAM tier's newest intact checkpoint if it is newer than every one on
+        disk (checked as every restore is; damaged ones set aside in RAM); its path, or
+        ``None`` for the disk's restore. A RAM tier none of whose newer checkpoints loads
+        is logged and left for the disk."""
+        ram, memory = self.ram, self.memory
+        if ram is None or memory is None:
+            return None
+        on_disk = self._newest_on_disk()
+        newest = memory.newest_step(self.basename)
+        if newest is None or newest <= on_disk:
+            return None
+        try:
+            path = ram.restore(strict=strict)
+        except CheckpointError as exc:
+            log.error("checkpoint.ram_tier_unusable", dir=str(memory.dir), error=str(exc), action="restoring from disk")
+            return None
+        if path is None or ram.last is None or ram.last.step <= on_disk:
+            return None  # what loads in RAM is not newer than the disk's: the disk's restore
+        self.last = ram.last
+        self.last_snapshot_step = ram.last.step
+        self.promotion = path
+        self.disk_step = on_disk if on_disk >= 0 else None
+        log.info("checkpoint.restored_from_tier", tier=RAM, path=path, step=ram.last.step, disk_step=on_disk)
+        return path
+
+    def promote(self) -> CheckpointInfo | None:
+        """On the writer thread, after a restore from the RAM tier: copy that checkpoint
+        into ``logdir`` and commit it there (the commit protocol and retention of any
+        save), so the disk, and a remote tier after it, hold it too. ``None`` if there
+        was nothing to promote or the disk has a newer one by now.
+
+        Raises:
+            CheckpointError: the copy could not be written (named, as a save's error).
+        """
+        source, self.promotion = self.promotion, None
+        if source is None or self.last is None or Path(self.last.path).parent != Path(source).parent:
+            return None
+        step = self.last.step
+        name = f"{self.basename}-{step}"
+        final = self.logdir / name
+        tmp = self.logdir / f"{name}{_names.TMP_MARKER}{secrets.token_hex(4)}"
+        t0 = time.perf_counter()
+        store = self.store
+        try:
+            _writeback.copy_checkpoint(Path(source), tmp, self._check_abandon)
+            with store.commit_lock:
+                self._check_abandon()
+                snapshot = _snapshot.Snapshot(step, [], [], [], t0, 0.0)
+                info, state, delete = self._plan(name, snapshot)
+                store.commit(tmp, final, state, [self.logdir / old for old in delete])
+        except BaseException as exc:
+            store.remove_partial(tmp)
+            error = write_error(exc, final, step)
+            if error is not None:
+                raise error from exc
+            raise
+        for old in delete:
+            try:
+                store.retire(self.logdir / old)
+            except OSError as exc:
+                log.error("checkpoint.cleanup_failed", path=str(self.logdir / old), error=describe(exc))
+        with self._lock:
+            if self.last is not None and self.last.step == step:
+                self.last = info
+            self.commits += 1
+            self.disk_step = max(step, self.disk_step if self.disk_step is not None else -1)
+        log.info("checkpoint.promoted", tier=RAM, step=step, path=info.path, secs=round(time.perf_counter() - t0, 4))
+        return info
+
+    @property
+    def tiers(self) -> dict[str, int]:
+        """Each tier's newest committed step this process knows of: ``disk`` and, with
+        the RAM tier, ``ram`` (any thread)."""
+        out: dict[str, int] = {}
+        if self.disk_step is not None:
+            out[DISK] = self.disk_step
+        if self.ram is not None and self.ram.last is not None:
+            out[RAM] = self.ram.last.step
+        return out
 
     def _set_aside(self, corrupt: list[str], restored: str, outcome: RestoreOutcome | None = None) -> None:
         """Make the state file name ``restored`` as the latest and drop ``corrupt`` (and
@@ -227,14 +358,23 @@ class Checkpointer:
             path = str(self.logdir / _names.STATE_FILE)
             log.warning("checkpoint.state_repaired", path=path, problem=problem, set_aside=moved, latest=None)
 
-    def snapshot(self, step: int) -> _snapshot.Snapshot | None:
-        """Snapshot the state at ``step``; ``None`` if that step is already saved."""
+    def snapshot(self, step: int, tier: str = DISK) -> _snapshot.Snapshot | None:
+        """Snapshot the state at ``step`` for ``tier`` (``"disk"``, or ``"ram"``: the RAM
+        tier's); ``None`` if that tier has that step already (or, for the RAM tier, the
+        disk has it: a RAM copy would be no newer)."""
+        ram = self.ram if tier == RAM else None
+        if tier == RAM and (ram is None or step == ram.last_snapshot_step):
+            return None
         if step == self.last_snapshot_step:
             return None
         value, metrics = _metrics.record(self._metrics_source, step)
         extra = () if value is None else ((_metrics.METRICS_KEY, value),)
         snap = _snapshot.take_snapshot(self.checkpoint, step, self._walks, self._staging_ready(), extra, metrics)
-        self.last_snapshot_step = step
+        snap = dataclasses.replace(snap, tier=tier) if tier != DISK else snap
+        if ram is not None:
+            ram.last_snapshot_step = step
+        else:
+            self.last_snapshot_step = step
         return snap
 
     def _staging_ready(self) -> _snapshot.Staging | None:
@@ -269,6 +409,8 @@ class Checkpointer:
         latest. A write already committing (renames and the state file) completes.
         """
         self._abandon.set()
+        if self.ram is not None:
+            self.ram.abandon()
 
     def _check_abandon(self) -> None:
         if self._abandon.is_set():
@@ -297,6 +439,8 @@ class Checkpointer:
                 of the failed save stays on disk.
             SaveAbandoned: :meth:`abandon` was called before the commit.
         """
+        if snapshot.tier == RAM and self.ram is not None:
+            return self.ram.write(snapshot, min_keep=min_keep)  # no idle I/O: memory, not a disk
         t0 = time.perf_counter()
         name = f"{self.basename}-{snapshot.step}"
         final = self.logdir / name
@@ -329,7 +473,8 @@ class Checkpointer:
         with self._lock:
             self.last = info
             self.commits += 1
-        log.info(
+            self.disk_step = max(snapshot.step, self.disk_step if self.disk_step is not None else -1)
+        self._saved_log(
             "checkpoint.saved",
             step=snapshot.step,
             path=info.path,

@@ -27,7 +27,7 @@ from .._tf import tf
 from ._manager import Checkpointer, write_checkpoint_now
 from .policy._cadence import Cadence, MomentKind
 from .policy._multi_worker import WorkerTempWriter
-from .policy._policies import KeepPolicy, SaveMoment, SavePolicy
+from .policy._policies import EverySeconds, KeepPolicy, OverheadBudget, SaveMoment, SavePolicy
 from .policy._saver import CheckpointSaver, CheckpointService
 from .store import FastPath, OwnerLock
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .._core._abc import SessionContext
     from .._core._services import Service
     from .._core._status import CheckpointInfo
-    from .store import RemoteTier
+    from .store import CheckpointStore, MemoryTier, RemoteTier
 
 __all__ = ["CheckpointPart"]
 
@@ -68,6 +68,10 @@ class CheckpointPart(SessionPart):
         fast_path: the store (``checkpoint_store``): :class:`Checkpointer`'s ``fast_path``.
         remote: a URL logdir's remote tier (``logdir`` is then its local working
             directory): opened, and its newest checkpoint brought down, before the restore.
+        memory: the RAM tier below ``logdir`` (the chief of a single-worker training
+            only; :class:`Checkpointer`'s ``memory``).
+        ram_save_secs: seconds between RAM saves, or ``"auto"`` (a 2 % overhead budget).
+        store: a store object for ``logdir`` (``Supervisor(store=...)``), else chosen.
     """
 
     name = "checkpoint"
@@ -86,9 +90,15 @@ class CheckpointPart(SessionPart):
         staging: bool = True,
         fast_path: FastPath | None = None,
         remote: RemoteTier | None = None,
+        memory: MemoryTier | None = None,
+        ram_save_secs: float | str = "auto",
+        store: CheckpointStore | None = None,
     ) -> None:
         self.logdir = None if logdir is None else Path(logdir)
         self.remote = remote
+        self.memory = memory
+        self.ram_save_secs = ram_save_secs
+        self.store = store
         self.fast_path = fast_path
         self.basename = basename
         self.is_chief = is_chief
@@ -237,7 +247,14 @@ class CheckpointPart(SessionPart):
             staging=self.staging,
             fast_path=self.fast_path,
             metrics=getattr(ctx, "current_metrics", None),  # recorded in each checkpoint
+            store=self.store,
+            memory=self.memory if self.is_chief and not self.multi_worker else None,
         )
+        if self.memory is not None and (self.multi_worker or not self.is_chief):
+            log.warning(
+                "checkpoint.ram_tier_off",
+                why="multi-worker training: every worker restores the same checkpoint, and a RAM tier is one machine's",
+            )
         worker_writer = None
         if self.is_chief:
             if self._owner is None:
@@ -269,8 +286,25 @@ class CheckpointPart(SessionPart):
                 write=None if worker_writer is None else worker_writer.write,
                 multi_worker=self.multi_worker,
                 when_busy=self.when_busy,
+                ram_cadence=None if checkpointer.ram is None else self._ram_cadence(ctx),
             )
         return path
+
+    def _ram_cadence(self, ctx: SessionContext) -> Cadence:
+        """The RAM tier's cadence: ``ram_save_secs`` apart, or by a 2 % overhead budget
+        (at least 0.5 s apart, a first save 1 s in, at most a minute apart)."""
+        secs = self.ram_save_secs
+        policy = (
+            OverheadBudget(0.02, min_secs=0.5, max_secs=60.0, start_secs=1.0)
+            if secs == "auto"
+            else EverySeconds(float(secs))
+        )
+        return Cadence(policy, partial(self._moment, ctx), lambda: ctx.global_step)
+
+    @property
+    def tiers(self) -> Mapping[str, int]:
+        """Each tier's newest committed step (``disk``, ``ram``; any thread)."""
+        return {} if self.checkpointer is None else self.checkpointer.tiers
 
     async def settle(self, ctx: SessionContext) -> None:
         """Before a recovery's restore: a checkpoint being written is the one to restore."""
@@ -294,7 +328,12 @@ class CheckpointPart(SessionPart):
         if not self.saving:
             return []  # saving disabled: no start-up, timed or final checkpoint
         assert self.saver is not None
-        return [CheckpointService(self.saver, save_at_start=self.saver.cadence.due("startup"))]
+        services = [CheckpointService(self.saver, save_at_start=self.saver.cadence.due("startup"))]
+        if self.saver.ram_cadence is not None:
+            services.append(
+                CheckpointService(self.saver, save_at_start=False, cadence=self.saver.ram_cadence, reason="ram")
+            )
+        return services
 
     def _moment(self, ctx: SessionContext, kind: MomentKind) -> SaveMoment:
         return SaveMoment(

@@ -250,7 +250,7 @@ class SummarySink(Protocol):
 #: every ``save_model_steps``, a tick of ``save_model_secs``, ``save_now()``, the end of a
 #: ``fit`` epoch, the stop. Whether one is due is the save policy's decision alone
 #: (:class:`~asupervisor.SaveMoment`); the reason says which moment asked.
-SaveReason = Literal["startup", "steps", "timer", "save_now", "epoch", "final"]
+SaveReason = Literal["startup", "steps", "timer", "save_now", "epoch", "final", "ram"]
 
 
 class CheckpointSaving(Protocol):
@@ -269,6 +269,11 @@ class CheckpointSaving(Protocol):
     @property
     def commits(self) -> int:
         """How many checkpoints this session committed into its logdir so far."""
+        ...
+
+    @property
+    def tiers(self) -> Mapping[str, int]:
+        """Each local tier's newest committed step: ``disk``, and ``ram`` with a RAM tier."""
         ...
 
     def pinned(self, path: str) -> AbstractContextManager[bool]:

@@ -226,6 +226,10 @@ class Runtime(anyio.AsyncContextManagerMixin):
         eta = None
         if max_steps is not None and rate:
             eta = max(0, max_steps - step) / rate
+        remote = self.extra(SessionAttribute.remote, None)
+        tiers = dict(checkpoints.tiers) if checkpoints is not None else {}
+        if remote is not None and remote.uploaded_step is not None:
+            tiers["remote"] = remote.uploaded_step
         return Status(
             running=running,
             global_step=step,
@@ -239,8 +243,9 @@ class Runtime(anyio.AsyncContextManagerMixin):
             started_at=None if self._started is None else self._started[0],
             eta_secs=eta,
             restarts=ReadOnlyDict(dict(self._restarts)),
-            remote=self.extra(SessionAttribute.remote, None),
+            remote=remote,
             save_seconds=self._save_secs.snapshot(),
+            tiers=ReadOnlyDict(tiers),
             **self._epoch_status(step),
         )
 

@@ -175,6 +175,9 @@ class Status:
             step thread held while a snapshot is taken), ``write`` (its files written and
             synced, in the background), ``commit`` (made the latest: renames and the
             state file) and, for a URL logdir, ``upload``; a phase appears once observed.
+        tiers: each checkpoint tier's newest committed step: ``disk`` (the logdir),
+            ``ram`` (with ``CheckpointOptions(ram_tier=...)``), ``remote`` (a URL logdir);
+            a tier appears once it holds a checkpoint.
     """
 
     running: bool
@@ -195,6 +198,7 @@ class Status:
     epoch_step: int | None = None
     steps_per_epoch: int | None = None
     save_seconds: Mapping[str, Histogram] = field(default_factory=ReadOnlyDict)
+    tiers: Mapping[str, int] = field(default_factory=ReadOnlyDict)
 
     def to_dict(self) -> dict[str, Any]:
         """This status as plain JSON types (``json.dumps`` takes it as it is)."""

@@ -119,6 +119,10 @@ class CheckpointSaver:
             being skipped while a write is in flight, final saves follow the agreed rule.
         when_busy: ``"wait"`` (back-pressure) or ``"skip"``: what a periodic save does
             while the previous write is in flight (see the module docstring).
+        ram_cadence: the RAM tier's cadence (its own timer and save costs), when the
+            checkpointer has a RAM tier: its saves (``reason="ram"``) are skipped, never
+            waited for, while a write is in flight, and a failed one is logged, not
+            raised (the disk's saves go on).
     """
 
     def __init__(
@@ -130,6 +134,7 @@ class CheckpointSaver:
         write: Callable[..., CheckpointInfo | None] | None = None,
         multi_worker: bool = False,
         when_busy: str = "wait",
+        ram_cadence: Cadence | None = None,
     ) -> None:
         if when_busy not in WHEN_BUSY:
             raise ValueError(f"checkpoint_when_busy must be 'wait' or 'skip', got {when_busy!r}")
@@ -146,6 +151,8 @@ class CheckpointSaver:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when a write ends, or on stop
         self._failures = FailureWindow(SAVE_RETRY)
+        self.ram_cadence = ram_cadence
+        self._ram_failed = False  # a RAM save failed and was logged at error level
 
     # -- step thread -----------------------------------------------------------------
 
@@ -208,6 +215,8 @@ class CheckpointSaver:
             return None
         with self._lock:
             busy = self._in_flight > 0
+        if reason == "ram" and (busy or ctx.control.stopping):
+            return None  # the next tick's: a RAM save never waits
         if busy and not force:
             why = (
                 "stopping: the final checkpoint saves the state"
@@ -224,7 +233,7 @@ class CheckpointSaver:
             log.error("checkpoint.skipped", reason=reason, step=ctx.global_step, why=describe(exc))
             return None
         ctx.sync_global_step()
-        snap = self.checkpointer.snapshot(ctx.global_step)
+        snap = self.checkpointer.snapshot(ctx.global_step, "ram" if reason == "ram" else "disk")
         if snap is None:
             return None
         with self._lock:
@@ -235,6 +244,8 @@ class CheckpointSaver:
     # -- writer thread ---------------------------------------------------------------
 
     def _write(self, snap: Snapshot) -> CheckpointInfo | None:
+        if snap.tier == "ram":
+            return self._write_ram(snap)
         with self._lock:
             others = self._in_flight - 1  # snapshots queued behind this one
         try:
@@ -251,14 +262,50 @@ class CheckpointSaver:
                     self._error = exc
             return None
         finally:
-            with self._lock:
-                self._in_flight -= 1
-                self._idle.notify_all()
+            self._one_done()
         self._measure(snap)
         control = self.ctx.control
         if not control.stopping:
             self.checkpointer.prepare_next(snap, lambda: control.stopping)
         return info  # None: a non-chief's temporary save
+
+    def _one_done(self) -> None:
+        """A job of the writer (a write, a promotion) ended: waiters for it may go on."""
+        with self._lock:
+            self._in_flight -= 1
+            self._idle.notify_all()
+
+    def _write_ram(self, snap: Snapshot) -> CheckpointInfo | None:
+        """A RAM tier's write: its cost to its own cadence; a failure logged (at error
+        level the first time, then at debug), never the session's error."""
+        try:
+            info = self.checkpointer.write(snap)
+        except SaveAbandoned:
+            return None
+        except Exception as exc:
+            (log.debug if self._ram_failed else log.error)("checkpoint.ram_failed", step=snap.step, error=describe(exc))
+            self._ram_failed = True
+            return None
+        finally:
+            self._one_done()
+        ram = self.checkpointer.ram
+        if self.ram_cadence is not None and ram is not None:
+            self.ram_cadence.committed(snap, ram.last_commit_secs)
+        control = self.ctx.control
+        if not control.stopping:
+            self.checkpointer.prepare_next(snap, lambda: control.stopping)
+        return info
+
+    def _promote(self) -> None:
+        """On the writer thread, first: a checkpoint restored from the RAM tier copied to
+        the disk (:meth:`Checkpointer.promote`); a failure is logged, the training goes on
+        (the next disk save holds a newer state)."""
+        try:
+            self.checkpointer.promote()
+        except Exception as exc:
+            log.error("checkpoint.promote_failed", error=describe(exc), action="the next disk save holds a newer state")
+        finally:
+            self._one_done()
 
     def _observe_phases(self, snap: Snapshot) -> None:
         """After a write: its phases' durations for ``status().save_seconds``."""
@@ -281,6 +328,10 @@ class CheckpointSaver:
         if self._writer is None:
             self._writer = self.ctx.new_thread("asv-checkpoint")
             self._io = self.checkpointer.store.idle_io(lambda: self.ctx.new_thread("asv-checkpoint-io").submit_nowait)
+            if self.checkpointer.promotion is not None:  # restored from RAM: to disk, before any save
+                with self._lock:
+                    self._in_flight += 1
+                self._writer.submit_nowait(self._promote)
 
     def _hand_off(self, snap: Snapshot, keep: _Launched | None) -> None:
         """On the step thread: queue the write of ``snap`` on the writer (its outcome to
@@ -356,7 +407,8 @@ class CheckpointSaver:
             pending = self._take_error()
             if pending is not None:
                 log.warning("checkpoint.retrying", reason=reason, error=describe(pending))
-        self.raise_pending()
+        if reason != "ram":  # a disk save's error is for the disk's saves to raise
+            self.raise_pending()
         if reason == "timer" and self.when_busy == "wait" and not force:
             with self._lock:
                 busy = self._in_flight > 0
@@ -411,15 +463,29 @@ class CheckpointService(Service):
         saver: the session's save coordinator.
         save_at_start: take a checkpoint right away (the cadence's ``"startup"``
             moment, asked as the session starts).
+        cadence: the timer's cadence (``None``: the saver's); the RAM tier's service has
+            its own.
+        reason: what each tick's save is (``"timer"``; ``"ram"``: the RAM tier's service,
+            named ``checkpoint_ram``).
     """
 
     name = "checkpoint"
     restart = SAVE_RETRY  # a failed timed save: the service restarts, the next tick retries
 
-    def __init__(self, saver: CheckpointSaver, *, save_at_start: bool) -> None:
+    def __init__(
+        self,
+        saver: CheckpointSaver,
+        *,
+        save_at_start: bool,
+        cadence: Cadence | None = None,
+        reason: SaveReason = "timer",
+    ) -> None:
         self.saver = saver
-        self.cadence = saver.cadence
+        self.cadence = saver.cadence if cadence is None else cadence
         self.save_at_start = save_at_start
+        self.reason: SaveReason = reason
+        if reason == "ram":
+            self.name = "checkpoint_ram"
 
     async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
         """Take the start-up checkpoint, then one per tick until cancelled."""
@@ -440,7 +506,7 @@ class CheckpointService(Service):
 
     async def _tick(self) -> None:
         if self.cadence.due("tick"):
-            await self.saver.save("timer")
+            await self.saver.save(self.reason)
 
     async def _adaptive_ticks(self, ctx: ServiceContext) -> None:
         cadence = self.cadence

@@ -55,6 +55,7 @@ class Snapshot:
     taken_at: float  # perf_counter when taken
     blocked_secs: float
     metrics: Mapping[str, float] = field(default_factory=dict)  # recorded with it (:mod:`._metrics`)
+    tier: str = "disk"  # where it is to be written: "disk" (the logdir) or "ram" (the RAM tier)
 
 
 class Staged:

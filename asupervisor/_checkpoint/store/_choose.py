@@ -31,12 +31,14 @@ if TYPE_CHECKING:
 __all__ = [
     "check_url",
     "fast_store_available",
+    "inspect_ram_tier",
     "inspect_remote",
     "load_fast",
     "open_memory_tier",
     "open_remote_fs",
     "open_remote_tier",
     "open_store",
+    "ram_tier_root",
     "resolve_store",
     "restore_latest",
     "restore_path",
@@ -149,6 +151,19 @@ def restore_latest(
     return open_store(logdir, setting).restore_newest(checkpoint, strict=strict, basename=basename).path
 
 
+def ram_tier_root(root: str | os.PathLike[str] | bool) -> Path:
+    """Where the RAM tier goes for ``ram_tier=root`` (``True``: ``/dev/shm``).
+
+    Raises:
+        ValueError: ``True`` and there is no ``/dev/shm`` here (the message says what to give).
+    """
+    if root is True:
+        from .memory._tier import default_root
+
+        return default_root()
+    return Path(os.fspath(root))  # type: ignore[arg-type]
+
+
 def open_memory_tier(
     logdir: str | os.PathLike[str], root: str | os.PathLike[str] | bool, setting: str | FastPath | None = None
 ) -> MemoryTier:
@@ -160,9 +175,9 @@ def open_memory_tier(
     Raises:
         ValueError: ``root`` is ``True`` and there is no ``/dev/shm`` here.
     """
-    from .memory._tier import MemoryTier, default_root, tier_dir
+    from .memory._tier import MemoryTier, tier_dir
 
-    base = default_root() if root is True else Path(os.fspath(root))  # type: ignore[arg-type]
+    base = ram_tier_root(root)
     fast = resolve_store(setting)
     if fast.kind == "fast":
         fast = FastPath(
@@ -193,6 +208,16 @@ def check_url(url: str) -> str:
             f"(asupervisor._checkpoint.store.remote: {exc}); use a local path"
         ) from None
     return normal
+
+
+def inspect_ram_tier(logdir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What the RAM tier of the local ``logdir`` holds (:func:`.memory._tier.report`), or
+    ``None`` (none, or the RAM tier's code is not installed)."""
+    try:
+        from .memory._tier import report
+    except ImportError:
+        return None
+    return report(Path(logdir))
 
 
 def open_remote_tier(url: str, local_dir: Path, **kwargs: Any) -> RemoteTier:

@@ -191,3 +191,21 @@ def sync_data(prefix: Path, check: Callable[[], None]) -> None:
                 check()
         finally:
             os.close(fd)
+
+
+_COPY_CHUNK = 8 << 20
+
+
+def copy_checkpoint(source: Path, tmp: Path, check: Callable[[], None]) -> None:
+    """Copy the files of checkpoint ``source`` (a prefix) to the prefix ``tmp`` (the same
+    suffixes), in chunks with ``check()`` between them (it raises to abandon the copy;
+    the caller removes what was copied). Not synced: the commit that follows syncs."""
+    files = _names.checkpoint_files(source)
+    if not files:
+        raise FileNotFoundError(f"no checkpoint files under {source}")
+    for path in files:
+        target = tmp.parent / (tmp.name + path.name[len(source.name) :])
+        with open(path, "rb") as src, open(target, "wb") as dst:
+            while chunk := src.read(_COPY_CHUNK):
+                dst.write(chunk)
+                check()

@@ -9,9 +9,10 @@ them: the disk (and the object store) serve then, as without this tier.
 The tier's directory is ``<root>/asupervisor-<uid>/<hash of the logdir's real path>``: an
 ordinary checkpoint directory (a state file, ``<basename>-<step>.*``, written through the
 store protocol, :attr:`MemoryTier.store`), so every guarantee of a commit holds in it.
-A file ``asupervisor-ram-tier.json`` ties it to its logdir: the logdir's real path and
-its directory's inode. A logdir removed and made again (a new training under an old
-name) gets a new inode, and the tier's old checkpoints are removed, not restored.
+A random token, in the tier (``asupervisor-ram-tier.json``) and in the logdir
+(``asupervisor.ram-tier``, which also names the tier for ``asupervisor inspect``), ties
+the two: a logdir removed and made again (a new training under an old name) lacks it,
+and the tier's old checkpoints are removed, not restored.
 
 What it holds: at most :attr:`MemoryTier.max_to_keep` committed checkpoints (retention
 keeps the newest), plus the one being written. Nothing here decides when to save or
@@ -23,23 +24,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...._logging import describe, get_logger
+from ...._logging import get_logger
 from .. import _names, _state_file
 
 if TYPE_CHECKING:
     from .._types import CheckpointStore
 
-__all__ = ["IDENTITY_FILE", "MemoryTier", "default_root", "tier_dir"]
+__all__ = ["IDENTITY_FILE", "POINTER_FILE", "MemoryTier", "default_root", "report", "tier_dir"]
 
 log = get_logger(__name__)
 
 #: the file tying a tier's directory to its logdir
 IDENTITY_FILE = "asupervisor-ram-tier.json"
+
+#: the file in the logdir naming its RAM tier's directory (for ``asupervisor inspect``)
+POINTER_FILE = "asupervisor.ram-tier"
 
 
 def default_root() -> Path:
@@ -65,9 +70,46 @@ def tier_dir(root: Path, logdir: Path) -> Path:
     return Path(root) / f"asupervisor-{uid}" / digest
 
 
-def _identity(logdir: Path) -> dict[str, Any]:
-    st = os.stat(logdir)
-    return {"logdir": os.path.realpath(logdir), "dev": st.st_dev, "ino": st.st_ino}
+def _write_small(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically (a crash leaves the old or the new)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def report(logdir: Path) -> dict[str, Any] | None:
+    """What the RAM tier of ``logdir`` holds, for ``asupervisor inspect``: its directory,
+    whether it is there (a reboot empties it), its checkpoints (name, step, bytes) and the
+    newest step; ``None`` if the logdir never had one. Reads only."""
+    pointer = _read_json(Path(logdir) / POINTER_FILE)
+    if pointer is None or not isinstance(pointer.get("dir"), str):
+        return None
+    directory = Path(pointer["dir"])
+    identity = _read_json(directory / IDENTITY_FILE)
+    present = identity is not None and identity.get("token") == pointer.get("token")
+    checkpoints = []
+    if present:
+        for name in _names.scan_checkpoints(directory, None):
+            if _names.missing_files(directory / name) is None:
+                files = _names.checkpoint_files(directory / name)
+                size = sum(f.stat().st_size for f in files if f.exists())
+                checkpoints.append({"name": name, "step": _names.step_of(name), "bytes": size})
+    steps = [c["step"] for c in checkpoints if c["step"] is not None]
+    return {
+        "dir": str(directory),
+        "present": present,
+        "checkpoints": checkpoints,
+        "newest_step": max(steps, default=None),
+    }
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A small JSON object file, or ``None`` (missing, unreadable, not an object)."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 class MemoryTier:
@@ -93,32 +135,33 @@ class MemoryTier:
         0700), checkpoints of another logdir of the same name removed, leftovers of
         interrupted saves removed.
 
+        The tier and its logdir share a random token (the tier's :data:`IDENTITY_FILE`,
+        the logdir's :data:`POINTER_FILE`): a logdir removed and made again lacks it (an
+        inode number can be reused, a token is not), and the tier is emptied first.
+
         Raises:
             OSError: the directory cannot be made or written (named in the error).
         """
         os.makedirs(self.dir.parent, mode=0o700, exist_ok=True)
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
-        identity = _identity(self.logdir)
-        path = self.dir / IDENTITY_FILE
-        try:
-            recorded = json.loads(path.read_text())
-        except FileNotFoundError:
-            recorded = None
-        except (OSError, ValueError) as exc:
-            recorded = {"unreadable": describe(exc)}
-        if recorded != identity:
-            if recorded is not None or any(p.name != IDENTITY_FILE for p in self.dir.iterdir()):
+        pointer = _read_json(self.logdir / POINTER_FILE)
+        recorded = _read_json(self.dir / IDENTITY_FILE)
+        token = recorded.get("token") if recorded else None
+        if token is None or pointer is None or pointer.get("token") != token:
+            if any(p.name != IDENTITY_FILE for p in self.dir.iterdir()):
                 log.warning(
                     "checkpoint.ram_tier_reset",
                     dir=str(self.dir),
                     logdir=str(self.logdir),
-                    why="its checkpoints are of another directory of this name (made again since)",
+                    why="its checkpoints are not this logdir's (it was made again since, or never used this tier)",
                 )
                 self.clear()
                 os.makedirs(self.dir, mode=0o700, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(identity))
-            os.replace(tmp, path)
+            token = secrets.token_hex(16)
+            _write_small(
+                self.dir / IDENTITY_FILE, json.dumps({"logdir": os.path.realpath(self.logdir), "token": token})
+            )
+        _write_small(self.logdir / POINTER_FILE, json.dumps({"dir": str(self.dir), "token": token}))
         self.store.clean_leftovers()
 
     def newest_step(self, basename: str) -> int | None:

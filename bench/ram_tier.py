@@ -1,0 +1,247 @@
+"""RAM tier benchmark: work lost per SIGKILL, training overhead, time to the first
+resumed step, with ``CheckpointOptions(ram_tier=True)`` (``/dev/shm``).
+
+Run from the repository root::
+
+    .venv/bin/python bench/ram_tier.py                  # 128 MB state, 8 kills
+    .venv/bin/python bench/ram_tier.py --mb 64 --kills 4 --secs 10
+
+The training state is ``--mb`` MB of float32 ``tf.Variable`` s (8 MB each); each step
+adds to every variable (the whole state changes, as an optimizer step does) and does a
+192x192 matmul. Disk saves are ``save_model_secs=600`` apart (the start-up save only, in
+these windows); RAM saves as the overhead budget allows (``ram_save_secs="auto"``).
+
+1. **Work lost per SIGKILL**: a child trains and prints each completed step with its
+   wall time; the parent SIGKILLs it at a random moment (uniform in 4-8 s after its
+   first step), then starts it again: it prints the step it resumed at. Work lost =
+   the kill's time - the time that step was completed (what the restart must redo).
+   Goal: mean <= 1.0 s, worst <= 2.5 s. The same without the RAM tier, for scale (the
+   disk saves only at the start here: it loses everything).
+2. **Training overhead**: steps/sec over ``--secs`` with the RAM tier on vs off,
+   alternating, in the same process (each a fresh ``Supervisor`` on a fresh logdir).
+   Goal: on / off >= 0.98.
+3. **Time to the first resumed step** after a SIGKILL (process start to the first step
+   done, restored from RAM) vs a bare child: python, ``import tensorflow`` and a raw
+   read of the checkpoint's files. Goal: <= 1.1x.
+
+Prints medians and ranges; about 3 minutes on 2 cores with the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+CHILD = r"""
+import os, sys, time
+t_start = float(sys.argv[4])
+import anyio, tensorflow as tf
+import asupervisor as asv
+mb, logdir, ram = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+variables = [tf.Variable(tf.zeros([2 << 20])) for _ in range(max(1, mb // 8))]
+x = tf.random.normal([192, 192])
+ram_tier = False if ram == "-" else ram
+
+@tf.function
+def step():
+    for v in variables:
+        v.assign_add(tf.fill(v.shape, 1.0))
+    return tf.reduce_sum(tf.matmul(x, x))
+
+sv = asv.Supervisor(logdir, state={"v": variables}, save_summaries_secs=0, handle_signals=False,
+                    checkpoint=asv.CheckpointOptions(save_secs=600, ram_tier=ram_tier))
+
+async def main():
+    async with sv.managed_session() as sess:
+        first = [True]
+        def one():
+            step()
+            now = time.time()
+            if first[0]:
+                first[0] = False
+                print(f"resumed {sv.global_step} {now - t_start:.4f}", flush=True)
+            print(f"step {sv.global_step + 1} {now:.4f}", flush=True)
+        await sess.run_loop(one)
+
+anyio.run(main)
+"""
+
+BARE = r"""
+import sys, time
+t_start = float(sys.argv[2])
+import tensorflow as tf
+total = 0
+for p in sorted(__import__("glob").glob(sys.argv[1] + "*")):
+    with open(p, "rb") as f:
+        while chunk := f.read(8 << 20):
+            total += len(chunk)
+print(f"read {total} {time.time() - t_start:.4f}", flush=True)
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _child(mb: int, logdir: Path, ram: str) -> subprocess.Popen[str]:
+    """The training child, started now (it reports times from this moment)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(mb), str(logdir), ram, f"{time.time():.4f}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=_env(),
+    )
+
+
+def _resumed_step(mb: int, logdir: Path, ram: str) -> tuple[int, float]:
+    """Start once more until its first step; (the step it resumed at, secs to its first step)."""
+    proc = _child(mb, logdir, ram)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    _, step, secs = line.split()
+    return int(step), float(secs)
+
+
+def lost_per_kill(mb: int, kills: int, ram: str, rng: random.Random) -> tuple[list[float], list[float]]:
+    """Work lost per kill and time to the first resumed step, over ``kills`` kills."""
+    lost, first = [], []
+    with tempfile.TemporaryDirectory(prefix="asv-bench-ram-") as tmp:
+        logdir = Path(tmp) / "run"
+        for _ in range(kills):
+            steps: dict[int, float] = {}
+            proc = _child(mb, logdir, ram)
+            assert proc.stdout is not None
+            kill_at = None
+            for line in proc.stdout:
+                kind, a, b = line.split()
+                if kind == "resumed":
+                    first.append(float(b))
+                    continue
+                steps[int(a)] = float(b)
+                if kill_at is None:
+                    kill_at = float(b) + rng.uniform(4.0, 8.0)
+                if float(b) >= kill_at:
+                    break
+            t_kill = time.time()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            proc.stdout.close()
+            resumed, _ = _resumed_step(mb, logdir, ram)
+            # the time the resumed step was completed (before this process's first: its first)
+            done = steps.get(resumed, steps[min(steps)])
+            lost.append(t_kill - done)
+    return lost, first
+
+
+def bare_start(mb: int) -> float:
+    """Python + ``import tensorflow`` + a raw read of an ``mb`` MB checkpoint's files."""
+    with tempfile.TemporaryDirectory(prefix="asv-bench-bare-") as tmp:
+        prefix = Path(tmp) / "model.ckpt-1"
+        Path(f"{prefix}.data-00000-of-00001").write_bytes(os.urandom(mb << 20))
+        out = subprocess.run(
+            [sys.executable, "-c", BARE, str(prefix), f"{time.time():.4f}"],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            check=True,
+        )
+        return float(out.stdout.split()[2])
+
+
+def overhead(mb: int, secs: float, rounds: int) -> tuple[list[float], list[float]]:
+    """Steps/sec with the RAM tier off and on, alternating; the two lists."""
+    import anyio
+    import tensorflow as tf
+
+    import asupervisor as asv
+
+    variables = [tf.Variable(tf.zeros([2 << 20])) for _ in range(max(1, mb // 8))]
+    x = tf.random.normal([192, 192])
+
+    @tf.function
+    def step() -> tf.Tensor:
+        for v in variables:
+            v.assign_add(tf.fill(v.shape, 1.0))
+        return tf.reduce_sum(tf.matmul(x, x))
+
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    for r in range(rounds):
+        for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
+            with tempfile.TemporaryDirectory(prefix="asv-bench-ram-") as tmp:
+                sv = asv.Supervisor(
+                    Path(tmp) / "run",
+                    state={"v": variables},
+                    save_summaries_secs=0,
+                    handle_signals=False,
+                    checkpoint=asv.CheckpointOptions(save_secs=600, ram_tier=mode == "on"),
+                )
+                window: list[float] = []
+
+                async def main(sv: asv.Supervisor = sv, window: list[float] = window) -> None:
+                    async with sv.managed_session() as sess:
+                        await sess.run_loop(step, max_steps=sv.global_step + 20)  # warm: the first RAM saves
+                        t0, s0 = time.perf_counter(), sv.global_step
+                        while time.perf_counter() - t0 < secs:
+                            await sess.run_loop(step, max_steps=sv.global_step + 10)
+                        window.append((sv.global_step - s0) / (time.perf_counter() - t0))
+
+                anyio.run(main)
+                rates[mode].append(window[0])
+            print(f"  round {r + 1} {mode}: {rates[mode][-1]:.2f} steps/s", flush=True)
+    return rates["off"], rates["on"]
+
+
+def _fmt(xs: list[float]) -> str:
+    xs = [x for x in xs if x == x]
+    return f"median {statistics.median(xs):.3f} (range {min(xs):.3f}-{max(xs):.3f}, n={len(xs)})" if xs else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", type=int, default=128)
+    parser.add_argument("--kills", type=int, default=8)
+    parser.add_argument("--secs", type=float, default=15.0)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--skip", nargs="*", default=[], choices=["kill", "disk", "overhead", "start"])
+    args = parser.parse_args()
+    sys.path.insert(0, str(HERE))
+    from _common import machine
+
+    print(f"RAM tier, {args.mb} MB state: {machine()}", flush=True)
+    rng = random.Random(args.seed)
+    if "kill" not in args.skip:
+        lost, first = lost_per_kill(args.mb, args.kills, "/dev/shm", rng)
+        print(
+            f"work lost per SIGKILL, RAM tier on: mean {statistics.fmean(lost):.3f} s, {_fmt(lost)}, worst {max(lost):.3f} s"
+        )
+        if "start" not in args.skip:
+            bare = [bare_start(args.mb) for _ in range(3)]
+            print(f"first resumed step: {_fmt(first)} s; bare start (python + TF + raw read): {_fmt(bare)} s")
+            print(f"  ratio first resumed step / bare start: {statistics.median(first) / statistics.median(bare):.3f}")
+    if "disk" not in args.skip:
+        lost, _ = lost_per_kill(args.mb, max(2, args.kills // 4), "-", rng)
+        print(f"work lost per SIGKILL, RAM tier off (disk every 600 s): {_fmt(lost)} s")
+    if "overhead" not in args.skip:
+        off, on = overhead(args.mb, args.secs, args.rounds)
+        ratios = [b / a for a, b in zip(off, on)]
+        print(f"training rate off: {_fmt(off)} steps/s; on: {_fmt(on)} steps/s")
+        print(f"  ratio on / off: {_fmt(ratios)}")
+
+
+if __name__ == "__main__":
+    main()

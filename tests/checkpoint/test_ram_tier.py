@@ -1,0 +1,269 @@
+"""The RAM tier (``CheckpointOptions(ram_tier=...)``): checkpoints in memory that outlives
+the process, below the disk. A SIGKILLed training resumes from the tier's newest intact
+checkpoint when it is newer than the disk's (checked as every restore is), copies it to
+the disk, and otherwise the disk serves: a newer disk, a damaged or emptied tier (a
+reboot), a logdir made again under the same name. The tier holds two checkpoints at most,
+and ``status().tiers`` and ``asupervisor inspect`` show each tier's newest step. A promise
+test: both stores."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import tensorflow as tf
+
+import asupervisor as asv
+from asupervisor._checkpoint._manager import Checkpointer
+from asupervisor._checkpoint.store import names, open_memory_tier, open_store, state_file
+from asupervisor.testing import capture_logs
+
+pytestmark = pytest.mark.usefixtures("no_new_threads", "checkpoint_store")
+
+SCRIPT = Path(__file__).parent / "scripts" / "ram_tier_train.py"
+
+
+def _run(logdir: Path, ram: Path, max_steps: int, *kill_at: int) -> list[str]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(logdir), str(ram), str(max_steps), *map(str, kill_at)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    if kill_at:
+        assert out.returncode == -9, (out.returncode, out.stderr[-3000:])
+    else:
+        assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.splitlines()
+
+
+@pytest.mark.timeout(300)
+def test_a_sigkilled_training_resumes_from_the_ram_tier_and_the_disk_gets_it(tmp_path: Path) -> None:
+    """The first process saves to disk only at its start (step 0) and to RAM every 0.05 s;
+    it is SIGKILLed once the tier holds step >= 30. The second resumes at the tier's step,
+    bitwise (``w`` is the step it was saved at), copies that checkpoint to the disk, and
+    trains on to 60; the tier then holds two checkpoints and no leftover."""
+    logdir, ram = tmp_path / "run", tmp_path / "ram"
+    killed = _run(logdir, ram, 1000, 30)
+    assert killed[0] == "started 0 0.0 disk", killed
+    saved, at = map(int, killed[1].split()[1:])
+    assert 30 <= saved <= at, killed
+    assert state_file.read_state(logdir).latest == "model.ckpt-0"  # the disk has the start only
+
+    resumed = _run(logdir, ram, 60)
+    assert resumed[0] == f"started {saved} {float(saved)} ram", resumed
+    assert resumed[1].startswith("done 60 "), resumed
+    state = state_file.read_state(logdir)
+    assert state.latest == "model.ckpt-60" and f"model.ckpt-{saved}" in state.paths, state
+    (tier,) = (ram / f"asupervisor-{os.getuid()}").iterdir()
+    held = names.scan_checkpoints(tier, "model.ckpt")
+    assert 1 <= len(held) <= 2, held
+    assert sorted(p.name for p in tier.iterdir() if names.TMP_MARKER in p.name) == []
+
+
+def _state() -> tuple[tf.train.Checkpoint, tf.Variable]:
+    w = tf.Variable(tf.zeros([64, 32]))
+    return tf.train.Checkpoint(w=w), w
+
+
+def _checkpointer(logdir: Path, ram: Path) -> tuple[Checkpointer, tf.Variable]:
+    ckpt, w = _state()
+    checkpointer = Checkpointer(ckpt, logdir, memory=open_memory_tier(logdir, ram))
+    checkpointer.prepare()
+    return checkpointer, w
+
+
+def _save(checkpointer: Checkpointer, w: tf.Variable, step: int, tier: str) -> None:
+    w.assign(tf.fill(w.shape, float(step)))
+    snap = checkpointer.snapshot(step, tier)
+    assert snap is not None
+    checkpointer.write(snap)
+
+
+def _restored(logdir: Path, ram: Path) -> tuple[Checkpointer, tf.Variable, list[dict[str, Any]]]:
+    checkpointer, w = _checkpointer(logdir, ram)
+    with capture_logs() as logs:
+        checkpointer.restore()
+    return checkpointer, w, logs
+
+
+def test_the_newest_of_either_tier_is_restored(tmp_path: Path) -> None:
+    """RAM at 30 over disk at 20: the RAM checkpoint is restored and then promoted (the
+    disk commits it, named in the state file); disk at 40 over RAM at 30: the disk's."""
+    logdir, ram = tmp_path / "run", tmp_path / "ram"
+    first, w = _checkpointer(logdir, ram)
+    _save(first, w, 20, "disk")
+    _save(first, w, 30, "ram")
+    assert first.tiers == {"disk": 20, "ram": 30}
+
+    second, w, logs = _restored(logdir, ram)
+    assert float(w[0, 0]) == 30.0 and second.promotion is not None and second.tiers == {"disk": 20, "ram": 30}
+    assert [e["tier"] for e in logs if e["event"] == "checkpoint.restored_from_tier"] == ["ram"]
+    info = second.promote()
+    assert info is not None and info.path == str(logdir / "model.ckpt-30")
+    assert state_file.read_state(logdir).latest == "model.ckpt-30" and second.tiers["disk"] == 30
+    assert second.last is not None and second.last.path == str(logdir / "model.ckpt-30")
+
+    _save(second, w, 40, "disk")
+    third, w, logs = _restored(logdir, ram)
+    assert float(w[0, 0]) == 40.0 and third.promotion is None
+    assert not [e for e in logs if e["event"] == "checkpoint.restored_from_tier"]
+
+
+def test_a_damaged_ram_checkpoint_falls_back_to_an_older_one_then_to_the_disk(tmp_path: Path) -> None:
+    """The tier's newest checkpoint fails its checksum: the one before it (still newer
+    than the disk's) is restored and the damaged one set aside in the tier; with every
+    RAM checkpoint damaged, the disk's is restored and the tier named as unusable."""
+    logdir, ram = tmp_path / "run", tmp_path / "ram"
+    first, w = _checkpointer(logdir, ram)
+    _save(first, w, 10, "disk")
+    _save(first, w, 20, "ram")
+    _save(first, w, 25, "ram")
+    tier = first.memory.dir  # type: ignore[union-attr]
+    data = next(tier.glob("model.ckpt-25.data-*"))
+    data.write_bytes(b"\x00" * data.stat().st_size)
+
+    _, w, logs = _restored(logdir, ram)
+    assert float(w[0, 0]) == 20.0
+    assert any(e["event"] == "checkpoint.corrupt" and "model.ckpt-25" in e["path"] for e in logs), logs
+    assert not (tier / "model.ckpt-25.index").exists()  # set aside, as on disk
+
+    for data in tier.glob("model.ckpt-20.data-*"):
+        data.write_bytes(b"\x01" * data.stat().st_size)
+    _, w, logs = _restored(logdir, ram)
+    assert float(w[0, 0]) == 10.0
+    assert [e["event"] for e in logs if e["event"] == "checkpoint.ram_tier_unusable"] == [
+        "checkpoint.ram_tier_unusable"
+    ]
+
+
+def test_an_emptied_tier_or_a_logdir_made_again_leaves_the_disk_to_serve(tmp_path: Path) -> None:
+    """A reboot empties the tier: the disk's checkpoint is restored. A logdir removed and
+    made again under the same name does not get the old tier's checkpoints: the tier is
+    reset (logged) and nothing is restored."""
+    logdir, ram = tmp_path / "run", tmp_path / "ram"
+    first, w = _checkpointer(logdir, ram)
+    _save(first, w, 10, "disk")
+    _save(first, w, 20, "ram")
+    first.memory.clear()  # type: ignore[union-attr]
+    _, w, _ = _restored(logdir, ram)
+    assert float(w[0, 0]) == 10.0
+
+    again, w = _checkpointer(logdir, ram)
+    _save(again, w, 20, "ram")
+    for path in logdir.iterdir():
+        path.unlink()
+    logdir.rmdir()
+    with capture_logs() as logs:
+        fresh, w, _ = _restored(logdir, ram)
+    assert [e["event"] for e in logs] == ["checkpoint.ram_tier_reset"] and float(w[0, 0]) == 0.0
+    assert fresh.last is None and names.scan_checkpoints(fresh.memory.dir, None) == []  # type: ignore[union-attr]
+
+
+def test_the_ram_tier_holds_two_checkpoints_and_never_repeats_the_disk(tmp_path: Path) -> None:
+    """Five RAM saves leave the newest two in the tier; a RAM snapshot of a step the disk
+    has already is not taken (it would be no newer)."""
+    logdir, ram = tmp_path / "run", tmp_path / "ram"
+    checkpointer, w = _checkpointer(logdir, ram)
+    for step in range(1, 6):
+        _save(checkpointer, w, step, "ram")
+    assert names.scan_checkpoints(checkpointer.memory.dir, "model.ckpt") == ["model.ckpt-5", "model.ckpt-4"]  # type: ignore[union-attr]
+    _save(checkpointer, w, 6, "disk")
+    assert checkpointer.snapshot(6, "ram") is None
+
+
+def test_the_ram_tier_is_an_option_with_clear_errors(tmp_path: Path) -> None:
+    """``ram_tier`` and ``ram_save_secs`` live in ``CheckpointOptions`` alone: a wrong type
+    or value names it, and the flat keyword is refused, pointing at the option."""
+    with pytest.raises(TypeError, match=r"CheckpointOptions.ram_tier must be True, False or a directory, got 3"):
+        asv.CheckpointOptions(ram_tier=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"ram_save_secs must be a number of seconds or 'auto', got 'often'"):
+        asv.CheckpointOptions(ram_tier=True, ram_save_secs="often")
+    with pytest.raises(ValueError, match=r"ram_save_secs must be > 0 .*got 0"):
+        asv.CheckpointOptions(ram_tier=True, ram_save_secs=0)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'ram_tier'; did you mean checkpoint=asv\."):
+        asv.Supervisor(tmp_path, state={"v": tf.Variable(1.0)}, ram_tier=True)  # type: ignore[call-arg]
+
+
+@pytest.mark.timeout(240)
+def test_status_and_inspect_show_each_tier(tmp_path: Path, anyio_backend: str) -> None:
+    """While a session with the RAM tier trains, ``status().tiers`` shows the disk's start
+    checkpoint and, once one is saved, the tier's newest step; ``asupervisor inspect``
+    names the tier and its newest step."""
+    logdir, ram = tmp_path / "run", tmp_path / "ram"
+    w = tf.Variable(0.0)
+    sv = asv.Supervisor(
+        logdir,
+        state={"w": w},
+        checkpoint=asv.CheckpointOptions(save_secs=3600, ram_tier=ram, ram_save_secs=0.05),
+        save_summaries_secs=0,
+        handle_signals=False,
+    )
+
+    async def main() -> None:
+        with anyio.fail_after(120):
+            async with sv.managed_session() as sess:
+                while "ram" not in sv.status().tiers:
+                    await sess.run(lambda: w.assign_add(1.0))
+                    await anyio.sleep(0.01)  # the step's work, as a training's
+                sess.request_stop()
+
+    anyio.run(main, backend=anyio_backend)
+    tiers = sv.status().tiers
+    assert tiers["disk"] == sv.global_step and 1 <= tiers["ram"] <= sv.global_step, tiers
+    out = subprocess.run(
+        [sys.executable, "-m", "asupervisor", "inspect", str(logdir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"ram tier: {open_memory_tier(logdir, ram).dir}  newest step" in out.stdout, out.stdout
+
+
+def test_a_store_object_given_to_the_supervisor_takes_every_byte(tmp_path: Path, anyio_backend: str) -> None:
+    """``Supervisor(store=...)`` takes a store object, as httpx's ``Client(transport=)``:
+    here the chosen store of the logdir wrapped to count its writes and commits; a
+    second training restores what it committed."""
+    logdir = tmp_path / "run"
+
+    class Counting:
+        def __init__(self) -> None:
+            self.inner = open_store(logdir)
+            self.calls: list[str] = []
+
+        def __getattr__(self, name: str) -> Any:
+            attr = getattr(self.inner, name)
+            if name not in ("write", "commit", "restore_newest"):
+                return attr
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                self.calls.append(name)
+                return attr(*args, **kwargs)
+
+            return counted
+
+    store = Counting()
+    w = tf.Variable(0.0)
+    sv = asv.Supervisor(logdir, state={"w": w}, store=store, save_summaries_secs=0, handle_signals=False)
+
+    async def main(supervisor: asv.Supervisor) -> None:
+        async with supervisor.managed_session() as sess:
+            await sess.run_loop(lambda: w.assign_add(1.0), max_steps=3)
+
+    anyio.run(main, sv, backend=anyio_backend)
+    assert store.calls.count("write") == store.calls.count("commit") == 2 and "restore_newest" in store.calls
+    with pytest.raises(TypeError, match=r"store must be a store name or a checkpoint store object.*lacks prepare"):
+        asv.Supervisor(logdir, state={"w": w}, store=object())
+    w.assign(0.0)
+    again = asv.Supervisor(logdir, state={"w": w}, save_summaries_secs=0, handle_signals=False)
+    anyio.run(main, again, backend=anyio_backend)
+    assert again.status().last_checkpoint is not None and float(w) == 3.0
