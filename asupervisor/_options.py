@@ -96,14 +96,14 @@ class CheckpointOptions:
             last upload; ``None``: by count alone (``upload_every_secs``).
         ram_tier: a RAM tier below the disk (options only, no flat keyword): checkpoints
             saved to memory that outlives the process, often, so that a SIGKILL, an OOM
-            kill or a crash loses about a second of training; a restart on the same
+            kill or a crash loses seconds of training, not minutes; a restart on the same
             machine restores the newest intact checkpoint of either tier. ``True``:
             ``/dev/shm`` (Linux); a path: a directory on a RAM file system (a tmpfs);
             ``False`` (default): none. It holds two checkpoints at most (twice the
             state's size, plus one being written); single-worker training only. See
             ``docs/checkpoints.md``.
         ram_save_secs: seconds between RAM saves, or ``"auto"`` (default): as often as
-            keeps their measured cost to training under 2 % (at least 0.5 s apart).
+            keeps their measured cost to training under 2 % (0.5 to 10 s apart).
 
     Raises:
         TypeError: a field has the wrong type (the message names it and the value).

@@ -412,3 +412,44 @@ def test_the_chooser_check_finds_a_store_opened_past_it(tmp_path: Path) -> None:
         "_checkpoint.store._past:2 imports _checkpoint.store.fast._store",
         "_checkpoint.store.plain._restore:3 imports _checkpoint.store.remote._tier",
     ]
+
+
+def below_violations(root: Path) -> list[str]:
+    """Imports by ``_checkpoint/policy/`` and ``_checkpoint/snapshot/`` of anything of
+    ``_checkpoint`` above them: ``policy/`` may import ``snapshot/`` (its types), neither
+    imports ``store/``, ``saving/`` or the modules at ``_checkpoint/``'s top."""
+    found = []
+    for imp in imports_of(root):
+        for low, allowed in (("policy", ("policy", "snapshot")), ("snapshot", ("snapshot",))):
+            if not imp.module.startswith(f"_checkpoint.{low}."):
+                continue
+            if imp.target.startswith("_checkpoint.") and not any(
+                imp.target.startswith(f"_checkpoint.{a}.") for a in allowed
+            ):
+                found.append(f"{imp.module}:{imp.line} imports {imp.target}")
+    return sorted(found)
+
+
+def test_policy_and_snapshot_import_nothing_above_them() -> None:
+    """``policy/`` (when to save, what to keep) and ``snapshot/`` (the consistent copy) are
+    plain layers: the saver, the store and the parts build on them, not the reverse."""
+    assert below_violations(PACKAGE) == []
+
+
+def test_the_below_check_finds_a_policy_reaching_up(tmp_path: Path) -> None:
+    """Fed a policy module importing the checkpointer, the check reports it; its import
+    of a snapshot type it leaves alone."""
+    for name in (
+        "__init__.py",
+        "_checkpoint/__init__.py",
+        "_checkpoint/_manager.py",
+        "_checkpoint/policy/__init__.py",
+        "_checkpoint/snapshot/__init__.py",
+        "_checkpoint/snapshot/_snapshot.py",
+    ):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    (tmp_path / "_checkpoint/policy/_up.py").write_text(
+        "from ..snapshot._snapshot import Snapshot\nfrom .._manager import Checkpointer\n"
+    )
+    assert below_violations(tmp_path) == ["_checkpoint.policy._up:2 imports _checkpoint._manager"]

@@ -147,6 +147,8 @@ class Checkpointer:
         self.promotion: str | None = None
         #: the newest step committed to ``logdir`` (restored, saved or promoted), if any
         self.disk_step: int | None = None
+        #: called after each commit to ``logdir``, on the committing thread (must not block)
+        self.commit_listeners: list[Callable[[], None]] = []
 
     # -- step thread ---------------------------------------------------------------
 
@@ -294,6 +296,7 @@ class Checkpointer:
                 self.last = info
             self.commits += 1
             self.disk_step = max(step, self.disk_step if self.disk_step is not None else -1)
+        self._committed()
         log.info("checkpoint.promoted", tier=RAM, step=step, path=info.path, secs=round(time.perf_counter() - t0, 4))
         return info
 
@@ -440,7 +443,7 @@ class Checkpointer:
             SaveAbandoned: :meth:`abandon` was called before the commit.
         """
         if snapshot.tier == RAM and self.ram is not None:
-            return self.ram.write(snapshot, min_keep=min_keep)  # no idle I/O: memory, not a disk
+            return self.ram.write(snapshot, min_keep=min_keep, io=io)
         t0 = time.perf_counter()
         name = f"{self.basename}-{snapshot.step}"
         final = self.logdir / name
@@ -474,6 +477,7 @@ class Checkpointer:
             self.last = info
             self.commits += 1
             self.disk_step = max(snapshot.step, self.disk_step if self.disk_step is not None else -1)
+        self._committed()
         self._saved_log(
             "checkpoint.saved",
             step=snapshot.step,
@@ -484,6 +488,20 @@ class Checkpointer:
         )
         self.iterators.report_share(info.path)
         return info
+
+    def _committed(self) -> None:
+        """Tell the listeners a checkpoint was committed to ``logdir`` (never fails a save)."""
+        for listener in list(self.commit_listeners):
+            try:
+                listener()
+            except Exception as exc:
+                log.error("checkpoint.listener_failed", error=describe(exc))
+
+    def recorded_metrics(self, path: str) -> Mapping[str, float] | None:
+        """The metrics a checkpoint this checkpointer committed recorded (``None``: not
+        known without reading its files)."""
+        recorded = self._recorded.get(Path(path).name)
+        return None if recorded is None or isinstance(recorded, _metrics.Recorded) else recorded
 
     def prepare_next(self, snapshot: _snapshot.Snapshot, stopping: Callable[[], bool] | None = None) -> None:
         """On the writer thread, after ``snapshot`` was written (not when the session is

@@ -8,7 +8,7 @@ start-up saves), takes the final checkpoint and waits for writes in flight at th
 The chief owns the logdir for the session (:class:`.store._owner.OwnerLock`, let go in
 ``release``). It offers ``SessionAttribute.checkpoints`` (``save_now``, the last checkpoint, saves for
 ``CheckpointSaverHook``). When to save is decided in one place, the session's
-:class:`.policy._cadence.Cadence`; how (the writer, waits, retries) in :mod:`.policy._saver`; the
+:class:`.policy._cadence.Cadence`; how (the writer, waits, retries) in :mod:`.saving._saver`; the
 snapshots, writes and restores in :mod:`._manager`. Never imports another feature.
 """
 
@@ -26,9 +26,9 @@ from .._logging import get_logger
 from .._tf import tf
 from ._manager import Checkpointer, write_checkpoint_now
 from .policy._cadence import Cadence, MomentKind
-from .policy._multi_worker import WorkerTempWriter
-from .policy._policies import EverySeconds, KeepPolicy, OverheadBudget, SaveMoment, SavePolicy
-from .policy._saver import CheckpointSaver, CheckpointService
+from .policy._policies import EverySeconds, KeepPolicy, RamTierBudget, SaveMoment, SavePolicy
+from .saving._multi_worker import WorkerTempWriter
+from .saving._saver import CheckpointSaver, CheckpointService
 from .store import FastPath, OwnerLock
 
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ class CheckpointPart(SessionPart):
         self.memory = memory
         self.ram_save_secs = ram_save_secs
         self.store = store
+        self._commit_listeners: list[Callable[[], None]] = []  # shared with the checkpointer
         self.fast_path = fast_path
         self.basename = basename
         self.is_chief = is_chief
@@ -250,6 +251,7 @@ class CheckpointPart(SessionPart):
             store=self.store,
             memory=self.memory if self.is_chief and not self.multi_worker else None,
         )
+        checkpointer.commit_listeners = self._commit_listeners
         if self.memory is not None and (self.multi_worker or not self.is_chief):
             log.warning(
                 "checkpoint.ram_tier_off",
@@ -292,19 +294,24 @@ class CheckpointPart(SessionPart):
 
     def _ram_cadence(self, ctx: SessionContext) -> Cadence:
         """The RAM tier's cadence: ``ram_save_secs`` apart, or by a 2 % overhead budget
-        (at least 0.5 s apart, a first save 1 s in, at most a minute apart)."""
+        between 0.5 and 10 s apart (:class:`.policy._policies.RamTierBudget`; the first
+        save's cost, a process's first, is not a measurement)."""
         secs = self.ram_save_secs
-        policy = (
-            OverheadBudget(0.02, min_secs=0.5, max_secs=60.0, start_secs=1.0)
-            if secs == "auto"
-            else EverySeconds(float(secs))
-        )
-        return Cadence(policy, partial(self._moment, ctx), lambda: ctx.global_step)
+        policy = RamTierBudget() if secs == "auto" else EverySeconds(float(secs))
+        return Cadence(policy, partial(self._moment, ctx), lambda: ctx.global_step, warmup=1)
 
     @property
     def tiers(self) -> Mapping[str, int]:
         """Each tier's newest committed step (``disk``, ``ram``; any thread)."""
         return {} if self.checkpointer is None else self.checkpointer.tiers
+
+    def on_commit(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after each commit to the logdir (the committing thread)."""
+        self._commit_listeners.append(listener)
+
+    def recorded_metrics(self, path: str) -> Mapping[str, float] | None:
+        """The metrics checkpoint ``path`` recorded, if this session committed it."""
+        return None if self.checkpointer is None else self.checkpointer.recorded_metrics(path)
 
     async def settle(self, ctx: SessionContext) -> None:
         """Before a recovery's restore: a checkpoint being written is the one to restore."""

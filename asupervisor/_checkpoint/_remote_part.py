@@ -47,7 +47,6 @@ __all__ = ["RemotePart"]
 log = get_logger(__name__)
 
 #: how often the upload service looks for a new local checkpoint
-_POLL_SECS = 0.2
 #: backoff after a failed upload: doubling from the first to the last, then the last
 _RETRY_SECS = (1.0, 60.0)
 
@@ -76,6 +75,7 @@ class RemotePart(SessionPart):
         self._behind_said = False  # the last upload said the remote is behind
         self._ctx: SessionContext | None = None
         self._started_wall = time.time()
+        self._committed: anyio.Event | None = None  # set (on the loop) by a local commit
 
     # -- status ------------------------------------------------------------------------
 
@@ -148,7 +148,7 @@ class RemotePart(SessionPart):
         every = self.upload_every_secs
         return every is not None and now - self._last_upload_at >= every
 
-    def _upload(self, local: CheckpointInfo) -> Uploaded | None:
+    def _upload(self, local: CheckpointInfo, metrics: Mapping[str, float] | None = None) -> Uploaded | None:
         """On the upload thread: upload ``local`` unless the remote has it already; it is
         pinned against local retention meanwhile."""
         uploaded = self.tier.uploaded
@@ -161,7 +161,7 @@ class RemotePart(SessionPart):
             with contextlib.ExitStack() as stack:
                 if checkpoints is not None and not stack.enter_context(checkpoints.pinned(local.path)):
                     return None  # retired before it could be pinned: the newest goes up next
-                done = self.tier.upload(Path(local.path), local.step, local.time)
+                done = self.tier.upload(Path(local.path), local.step, local.time, metrics)
         finally:
             self._uploading = False
         if done is not None:
@@ -169,6 +169,33 @@ class RemotePart(SessionPart):
             if self._ctx is not None:
                 self._ctx.observe_save_secs("upload", time.perf_counter() - started)
         return done
+
+    def _wake(self) -> None:
+        """On the loop: a local checkpoint was committed."""
+        if self._committed is not None:
+            self._committed.set()
+
+    async def next_commit(self, ctx: EngineContext) -> None:
+        """Wait for the next local commit (one made since the last wait returns at once),
+        or until ``upload_every_secs`` passed since the last upload (the session clock)."""
+        event = self._committed
+        assert event is not None
+        every = self.upload_every_secs
+        if not event.is_set():
+            if every is None or self._last_upload_at is None:
+                await event.wait()
+            else:
+                async with anyio.create_task_group() as tg:
+
+                    async def timer() -> None:
+                        assert self._last_upload_at is not None
+                        await ctx.clock.sleep_until(self._last_upload_at + every)
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(timer)
+                    await event.wait()
+                    tg.cancel_scope.cancel()
+        self._committed = anyio.Event()
 
     async def upload_newest(self, ctx: EngineContext, *, force: bool) -> bool:
         """Upload the newest local checkpoint if due (or ``force``); whether one went up."""
@@ -196,7 +223,8 @@ class RemotePart(SessionPart):
             )
         self._behind_said = behind
         assert self._thread is not None
-        done = await self._thread.submit(self._upload, local).wait_cancellable()
+        metrics = checkpoints.recorded_metrics(local.path)  # as the write had them: no reopening
+        done = await self._thread.submit(self._upload, local, metrics).wait_cancellable()
         self._error = None
         self._commits_at_upload = commits
         self._last_upload_at = ctx.clock.now()
@@ -256,26 +284,38 @@ class _UploadService(Service):
         self.part = part
 
     async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
-        """Watch, upload, retry after an error, until cancelled."""
+        """Upload when a local commit wakes it (or ``upload_every_secs`` passed), retry
+        after an error, until cancelled. No polling: the commit's listener wakes it."""
+        part = self.part
+        engine = engine_context(ctx)
+        part._committed = anyio.Event()
+        checkpoints = part._checkpoints()
+        if checkpoints is not None:
+            loop = engine.loop
+
+            def committed() -> None:  # on the committing thread
+                loop.call_if_running(part._wake)
+
+            checkpoints.on_commit(committed)
         task_status.started()
         ctx.set_service_state(self.name, "running")
         failures = 0
         while True:
             try:
-                await self.part.upload_newest(engine_context(ctx), force=False)
+                await part.upload_newest(engine, force=False)
                 failures = 0
             except LeaseLostError:
                 raise  # another training holds the logdir: the session stops (lease_lost)
             except Exception as exc:
                 failures += 1
                 wait = min(_RETRY_SECS[1], _RETRY_SECS[0] * 2 ** (failures - 1))
-                self.part._error = describe(exc)
-                log.warning("remote.upload_failed", url=self.part.tier.url, error=describe(exc), retry_secs=wait)
+                part._error = describe(exc)
+                log.warning("remote.upload_failed", url=part.tier.url, error=describe(exc), retry_secs=wait)
                 ctx.set_service_state(self.name, "backoff")
                 await anyio.sleep(wait)
                 ctx.set_service_state(self.name, "running")
                 continue
-            await anyio.sleep(_POLL_SECS)
+            await part.next_commit(engine)
 
 
 class _LeaseService(Service):

@@ -276,6 +276,16 @@ class CheckpointSaving(Protocol):
         """Each local tier's newest committed step: ``disk``, and ``ram`` with a RAM tier."""
         ...
 
+    def on_commit(self, listener: Callable[[], None]) -> None:
+        """Any thread: call ``listener()`` after each commit to the logdir, on the
+        committing thread (it must not block: it wakes a task, as the upload's)."""
+        ...
+
+    def recorded_metrics(self, path: str) -> Mapping[str, float] | None:
+        """The metrics the checkpoint ``path`` recorded, as this session wrote them, or
+        ``None`` (not known here without reading it)."""
+        ...
+
     def pinned(self, path: str) -> AbstractContextManager[bool]:
         """Any thread: keep the committed checkpoint ``path`` from retention while the
         block runs; yields whether it is still there."""

@@ -23,7 +23,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint.policy._multi_worker import temp_prefix
+from asupervisor._checkpoint.saving._multi_worker import temp_prefix
 from asupervisor._checkpoint.snapshot._snapshot import take_snapshot
 from asupervisor._checkpoint.store import _state_file, restore_path
 from asupervisor._checkpoint.store._owner import OWNER_FILE

@@ -16,7 +16,7 @@ from eventfiles import tick
 import asupervisor as asv
 from asupervisor._checkpoint.policy._cadence import Cadence, SaveCostMeter
 from asupervisor._checkpoint.policy._policies import SaveMoment, interval_bound, save_policy_for, takes_write_secs
-from asupervisor._checkpoint.policy._saver import CheckpointSaver
+from asupervisor._checkpoint.saving._saver import CheckpointSaver
 from asupervisor._checkpoint.snapshot._snapshot import Snapshot
 from asupervisor._core._abc import SessionAttribute
 from asupervisor.testing import ManualClock, capture_logs

@@ -209,8 +209,9 @@ async def test_watch_checkpoints_follows_a_url_logdir(s3_url: str, tmp_path: Pat
     """An evaluator watching a URL logdir gets each committed checkpoint once, downloaded
     and verified into its own directory, restorable by plain TensorFlow; a checkpoint it
     moved on from is deleted there, the last one it got stays."""
-    await _train(s3_url, tmp_path / "train", 5)
-    await _train(s3_url, tmp_path / "train", 10)  # two runs: two final uploads (5, 10)
+    # two runs saving only at their stop: two final uploads (5, 10)
+    await _train(s3_url, tmp_path / "train", 5, save_policy=asv.OnStop())
+    await _train(s3_url, tmp_path / "train", 10, save_policy=asv.OnStop())
     seen = []
     async with asv.watch_checkpoints(s3_url, timeout=0, local_dir=tmp_path / "eval") as checkpoints:
         async for path in checkpoints:

@@ -34,8 +34,10 @@ async def train(url: str, local: Path, steps: int, **kwargs: Any) -> tuple[asv.S
     """Train a fresh state into ``url`` (``local``: its working directory) to ``steps``;
     saves every 5 steps unless told otherwise."""
     state = model()
-    kwargs.setdefault("save_model_steps", 5)
-    sv = asv.Supervisor(url, local_dir=local, state=state, save_model_secs=0, handle_signals=False, **kwargs)
+    if "save_policy" not in kwargs:
+        kwargs.setdefault("save_model_steps", 5)
+        kwargs.setdefault("save_model_secs", 0)
+    sv = asv.Supervisor(url, local_dir=local, state=state, handle_signals=False, **kwargs)
     async with sv.managed_session() as sess:
         await sess.run_loop(lambda: step(state), max_steps=steps)
     return sv, state

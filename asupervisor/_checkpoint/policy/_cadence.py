@@ -92,6 +92,9 @@ class Cadence:
             ``save_now`` and for hooks).
         moment: makes the :class:`SaveMoment` of a kind, now (step, stop reason, ...).
         steps: the global step now, for the save-cost meter of an adaptive policy.
+        warmup: the first this-many measured saves are not measurements (a process's
+            first save checks the native writer and has no staging buffers yet: after a
+            restart, with no start-up save, it would set the interval for a while).
     """
 
     def __init__(
@@ -99,8 +102,11 @@ class Cadence:
         policy: SavePolicy | None,
         moment: Callable[[MomentKind], SaveMoment],
         steps: Callable[[], int],
+        *,
+        warmup: int = 0,
     ) -> None:
         self.policy = policy
+        self._warmup = warmup
         self._moment = moment
         self.every_steps = None if policy is None else every_steps(policy)
         #: whether the timer's interval follows measured save costs (``observe_save_cost``)
@@ -135,6 +141,10 @@ class Cadence:
             return
         cost = self.meter.committed(snapshot)
         if cost is None:
+            return
+        if self._warmup > 0:
+            self._warmup -= 1
+            log.debug("checkpoint.save_cost", secs=round(cost, 4), step=snapshot.step, warmup=True)
             return
         write_rounded = None if write_secs is None else round(write_secs, 4)
         log.debug("checkpoint.save_cost", secs=round(cost, 4), write_secs=write_rounded, step=snapshot.step)

@@ -492,6 +492,27 @@ class OverheadBudget:
             return statistics.median(self._writes) if self._writes else None
 
 
+class RamTierBudget(OverheadBudget):
+    """The RAM tier's ``ram_save_secs="auto"``: :class:`OverheadBudget` (2 %) between
+    ``min_secs`` (0.5 s) and ``max_secs`` (10 s: what a crash loses at most, however
+    costly the saves), except that the write-share floor wins over ``max_secs``: a state
+    whose RAM write takes longer than 5 s is saved every two write times, never back to
+    back."""
+
+    def __init__(self) -> None:
+        super().__init__(0.02, min_secs=0.5, max_secs=10.0, start_secs=1.0)
+
+    def observe_save_cost(self, cost_secs: float, *, write_secs: float | None = None) -> float | None:
+        """As :meth:`OverheadBudget.observe_save_cost`, the write-share floor over the cap."""
+        moved = super().observe_save_cost(cost_secs, write_secs=write_secs)
+        writes = self.write_secs
+        with self._lock:
+            if writes is not None and (floor := writes / self.max_write_share) > self._interval:
+                old, self._interval, self._bound = self._interval, floor, "write_share"
+                return floor if abs(floor - old) > 0.1 * old else moved
+        return moved
+
+
 def observes_save_cost(policy: SavePolicy) -> bool:
     """Whether ``policy``'s timer adapts to measured save costs (``observe_save_cost``)."""
     if isinstance(policy, AnySavePolicy):

@@ -25,7 +25,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -470,7 +470,9 @@ class RemoteTier:
         else:
             log.info("remote.moving", url=self.url)
 
-    def upload(self, prefix: Path, step: int, committed_at: float) -> Uploaded | None:
+    def upload(
+        self, prefix: Path, step: int, committed_at: float, metrics: Mapping[str, float] | None = None
+    ) -> Uploaded | None:
         """Copy the local checkpoint ``prefix`` to the remote and commit it there: its
         files, then its marker, then the state object; then retention on the remote, the
         objects of earlier uploads that never committed, and the summaries. Each write is
@@ -494,17 +496,20 @@ class RemoteTier:
             )
         ):
             try:
-                return self._upload(prefix, step, committed_at)
+                return self._upload(prefix, step, committed_at, metrics)
             finally:
                 self.stalled = False  # this upload is over, whatever ended it
 
-    def _upload(self, prefix: Path, step: int, committed_at: float) -> Uploaded | None:
+    def _upload(
+        self, prefix: Path, step: int, committed_at: float, metrics: Mapping[str, float] | None
+    ) -> Uploaded | None:
         name = prefix.name
         files = _names.checkpoint_files(prefix)
         if _names.missing_files(prefix) is not None:
             return None
         started = time.monotonic()
-        metrics = _metrics.read(str(prefix))  # for retention on the remote (unreadable: none)
+        # as the write had them, else read (for retention on the remote; unreadable: none)
+        metrics = _metrics.read(str(prefix)) if metrics is None else dict(metrics)
         sums: dict[str, tuple[int, str]] = {}
         data = [f for f in files if not f.name.endswith(".index")]
         index = [f for f in files if f.name.endswith(".index")]

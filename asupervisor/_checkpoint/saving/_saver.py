@@ -60,9 +60,9 @@ from ..._core._services import FailureWindow, RestartPolicy, Service
 from ..._core._threads import ThreadClosedError
 from ..._logging import describe, get_logger
 from .._manager import Checkpointer
+from ..policy._cadence import Cadence
 from ..snapshot._snapshot import Snapshot
 from ..store import SaveAbandoned
-from ._cadence import Cadence
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
@@ -145,6 +145,7 @@ class CheckpointSaver:
         self._write_fn = checkpointer.write if write is None else write
         self.multi_worker = multi_worker
         self._writer: DedicatedThread | None = None
+        self._promoter: DedicatedThread | None = None  # a RAM checkpoint's copy to disk, at start
         self._io: IdleIO | None = None
         self._in_flight = 0
         self._error: BaseException | None = None
@@ -279,7 +280,7 @@ class CheckpointSaver:
         """A RAM tier's write: its cost to its own cadence; a failure logged (at error
         level the first time, then at debug), never the session's error."""
         try:
-            info = self.checkpointer.write(snap)
+            info = self.checkpointer.write(snap, io=self._io)  # at idle priority: training first
         except SaveAbandoned:
             return None
         except Exception as exc:
@@ -297,15 +298,16 @@ class CheckpointSaver:
         return info
 
     def _promote(self) -> None:
-        """On the writer thread, first: a checkpoint restored from the RAM tier copied to
-        the disk (:meth:`Checkpointer.promote`); a failure is logged, the training goes on
-        (the next disk save holds a newer state)."""
+        """On its own thread (``asv-checkpoint-promote``): a checkpoint restored from the
+        RAM tier copied to the disk (:meth:`Checkpointer.promote`) while the writer goes
+        on with the RAM tier's saves (a copy's fsync may take seconds); a failure is
+        logged, the training goes on (the next disk save holds a newer state)."""
         try:
             self.checkpointer.promote()
+        except SaveAbandoned:
+            log.warning("checkpoint.promote_abandoned", why="the stop's deadline came first")
         except Exception as exc:
             log.error("checkpoint.promote_failed", error=describe(exc), action="the next disk save holds a newer state")
-        finally:
-            self._one_done()
 
     def _observe_phases(self, snap: Snapshot) -> None:
         """After a write: its phases' durations for ``status().save_seconds``."""
@@ -328,10 +330,9 @@ class CheckpointSaver:
         if self._writer is None:
             self._writer = self.ctx.new_thread("asv-checkpoint")
             self._io = self.checkpointer.store.idle_io(lambda: self.ctx.new_thread("asv-checkpoint-io").submit_nowait)
-            if self.checkpointer.promotion is not None:  # restored from RAM: to disk, before any save
-                with self._lock:
-                    self._in_flight += 1
-                self._writer.submit_nowait(self._promote)
+            if self.checkpointer.promotion is not None:  # restored from RAM: to disk, beside the saves
+                self._promoter = self.ctx.new_thread("asv-checkpoint-promote")
+                self._promoter.submit_nowait(self._promote)
 
     def _hand_off(self, snap: Snapshot, keep: _Launched | None) -> None:
         """On the step thread: queue the write of ``snap`` on the writer (its outcome to
@@ -385,8 +386,10 @@ class CheckpointSaver:
         # hand-offs made by step-boundary jobs are queued on the loop by now; at a boundary,
         # not as an ordinary job, which would wait for a running run_loop to end
         await self.ctx.step_thread.submit_at_boundary(_noop).wait()
-        if self._writer is not None:
-            done = self._writer.submit(_noop)
+        for thread in (self._writer, self._promoter):
+            if thread is None:
+                continue
+            done = thread.submit(_noop)
             if abandon_on_cancel:
                 await done.wait(self.abandon, grace_secs=grace_secs)
             else:

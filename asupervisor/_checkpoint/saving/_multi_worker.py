@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING
 
 from ..._cluster import ClusterInfo
 from ..._logging import describe, get_logger
+from ..policy._policies import AGREED_STOP_REASONS
 from ..snapshot._snapshot import Snapshot
 from ..store import FastPath, open_store, resolve_store
-from ._policies import AGREED_STOP_REASONS
 
 if TYPE_CHECKING:
     from ..store import IdleIO
