@@ -105,7 +105,9 @@ class WorkerTempWriter:
         tmp = Path(tempfile.mkdtemp(prefix=self.prefix, dir=self.root))
         try:
             # the chief's store writes it, so each worker does the same work per save
-            open_store(tmp, self.fast).write(snapshot, tmp / f"{self.basename}-{snapshot.step}", _go_on, io)
+            open_store(tmp, self.fast).write(
+                snapshot, tmp / f"{self.basename}-{snapshot.step}", _go_on, io, durable=False
+            )
         finally:
             try:
                 shutil.rmtree(tmp)

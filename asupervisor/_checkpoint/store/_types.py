@@ -99,8 +99,17 @@ class CheckpointStore(Protocol):
     def prepare(self, owner: OwnerLock | None = None) -> None: ...
     def clean_leftovers(self) -> list[str]: ...
 
-    # 2. write: a snapshot's files under a temporary prefix, abandonable
-    def write(self, snapshot: Snapshot, tmp: Path, check: Callable[[], None], io: IdleIO | None = None) -> None: ...
+    # 2. write: a snapshot's files under a temporary prefix, abandonable (``durable``:
+    #    on the disk when it returns; ``False`` for a save removed right after)
+    def write(
+        self,
+        snapshot: Snapshot,
+        tmp: Path,
+        check: Callable[[], None],
+        io: IdleIO | None = None,
+        *,
+        durable: bool = True,
+    ) -> None: ...
     def remove_partial(self, tmp: Path) -> None: ...
 
     # 3. commit with a retention plan: the new latest, durable; what retention dropped

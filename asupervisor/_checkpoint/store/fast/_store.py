@@ -59,10 +59,19 @@ class FastStore(PlainStore):
         self.fast = FastPath() if fast is None else fast
         self._reader = _Reader(self.fast) if self.fast.own_restore else None
 
-    def write(self, snapshot: Snapshot, tmp: Path, check: Callable[[], None], io: AnyIdleIO | None = None) -> None:
+    def write(
+        self,
+        snapshot: Snapshot,
+        tmp: Path,
+        check: Callable[[], None],
+        io: AnyIdleIO | None = None,
+        *,
+        durable: bool = True,
+    ) -> None:
         """Write ``snapshot`` under ``tmp`` (the native writer, direct I/O where on) and
         get its data to disk in abandonable chunks (early writeback, then
-        ``sync_file_range``), the kernel-heavy parts on ``io``'s idle thread."""
+        ``sync_file_range``), the kernel-heavy parts on ``io``'s idle thread.
+        ``durable=False``: not to disk (a temporary save, removed right after)."""
         check()
         fast = self.fast
         native: NativeWriter | None = None
@@ -73,6 +82,8 @@ class FastStore(PlainStore):
                 _write.write_snapshot(snapshot, str(tmp), check, io, native=native, direct=fast.direct_writes)
         else:
             _write.write_snapshot(snapshot, str(tmp), check, io, native=native, direct=fast.direct_writes)
+        if not durable:
+            return
         sync = functools.partial(_writeback.sync_data, tmp, check)
         if io is None:
             sync()

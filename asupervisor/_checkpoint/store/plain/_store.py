@@ -97,10 +97,18 @@ class PlainStore:
 
     # -- the writer thread -----------------------------------------------------------
 
-    def write(self, snapshot: Snapshot, tmp: Path, check: Callable[[], None], io: IdleIO | None = None) -> None:
+    def write(
+        self,
+        snapshot: Snapshot,
+        tmp: Path,
+        check: Callable[[], None],
+        io: IdleIO | None = None,
+        *,
+        durable: bool = True,
+    ) -> None:
         """Write ``snapshot``'s files under the temporary prefix ``tmp`` (``SaveV2``).
         ``check`` raises to abandon the save (between parts: ``SaveV2`` itself cannot be
-        interrupted)."""
+        interrupted). ``durable`` changes nothing here: the commit syncs."""
         check()
         _write.write_snapshot(snapshot, str(tmp), check, None)
         check()
