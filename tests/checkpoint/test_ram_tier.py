@@ -3,8 +3,8 @@ the process, below the disk. A SIGKILLed training resumes from the tier's newest
 checkpoint when it is newer than the disk's (checked as every restore is), copies it to
 the disk, and otherwise the disk serves: a newer disk, a damaged or emptied tier (a
 reboot), a logdir made again under the same name. The tier holds two checkpoints at most,
-and ``status().tiers`` and ``asupervisor inspect`` show each tier's newest step. A promise
-test: both stores."""
+and ``status().tiers`` and ``asupervisor inspect`` show each tier's newest step. The promise tests (the
+checkpointer's and the SIGKILL's) run on both stores; the session's, on the default one."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint.store import names, open_memory_tier, open_store, state_file
 from asupervisor.testing import capture_logs
 
-pytestmark = pytest.mark.usefixtures("no_new_threads", "checkpoint_store")
+pytestmark = pytest.mark.usefixtures("no_new_threads")
+both_stores = pytest.mark.usefixtures("checkpoint_store")
 
 SCRIPT = Path(__file__).parent / "scripts" / "ram_tier_train.py"
 
@@ -44,6 +45,7 @@ def _run(logdir: Path, ram: Path, max_steps: int, *kill_at: int) -> list[str]:
     return out.stdout.splitlines()
 
 
+@both_stores
 @pytest.mark.timeout(300)
 def test_a_sigkilled_training_resumes_from_the_ram_tier_and_the_disk_gets_it(tmp_path: Path) -> None:
     """The first process saves to disk only at its start (step 0) and to RAM every 0.05 s;
@@ -94,6 +96,7 @@ def _restored(logdir: Path, ram: Path) -> tuple[Checkpointer, tf.Variable, list[
     return checkpointer, w, logs
 
 
+@both_stores
 def test_the_newest_of_either_tier_is_restored(tmp_path: Path) -> None:
     """RAM at 30 over disk at 20: the RAM checkpoint is restored and then promoted (the
     disk commits it, named in the state file); disk at 40 over RAM at 30: the disk's."""
@@ -117,6 +120,7 @@ def test_the_newest_of_either_tier_is_restored(tmp_path: Path) -> None:
     assert not [e for e in logs if e["event"] == "checkpoint.restored_from_tier"]
 
 
+@both_stores
 def test_a_damaged_ram_checkpoint_falls_back_to_an_older_one_then_to_the_disk(tmp_path: Path) -> None:
     """The tier's newest checkpoint fails its checksum: the one before it (still newer
     than the disk's) is restored and the damaged one set aside in the tier; with every
@@ -144,6 +148,7 @@ def test_a_damaged_ram_checkpoint_falls_back_to_an_older_one_then_to_the_disk(tm
     ]
 
 
+@both_stores
 def test_an_emptied_tier_or_a_logdir_made_again_leaves_the_disk_to_serve(tmp_path: Path) -> None:
     """A reboot empties the tier: the disk's checkpoint is restored. A logdir removed and
     made again under the same name does not get the old tier's checkpoints: the tier is
@@ -167,6 +172,7 @@ def test_an_emptied_tier_or_a_logdir_made_again_leaves_the_disk_to_serve(tmp_pat
     assert fresh.last is None and names.scan_checkpoints(fresh.memory.dir, None) == []  # type: ignore[union-attr]
 
 
+@both_stores
 def test_the_ram_tier_holds_two_checkpoints_and_never_repeats_the_disk(tmp_path: Path) -> None:
     """Five RAM saves leave the newest two in the tier; a RAM snapshot of a step the disk
     has already is not taken (it would be no newer)."""
@@ -218,6 +224,8 @@ def test_status_and_inspect_show_each_tier(tmp_path: Path, anyio_backend: str) -
     anyio.run(main, backend=anyio_backend)
     tiers = sv.status().tiers
     assert tiers["disk"] == sv.global_step and 1 <= tiers["ram"] <= sv.global_step, tiers
+    if anyio_backend == "trio":
+        return  # inspect reads the files: the same whatever the backend that wrote them
     out = subprocess.run(
         [sys.executable, "-m", "asupervisor", "inspect", str(logdir)],
         capture_output=True,
