@@ -86,7 +86,7 @@ class SupervisorConfig:
     progress: bool = False
     handle_signals: bool = True
     #: serve Prometheus text at http://127.0.0.1:<port>/metrics while a session lives
-    metrics_port: int | None = None
+    metrics_port: int | str | None = None
     #: the signals that request a graceful stop (names or numbers; ``signal.Signals`` once checked)
     stop_signals: Sequence[Any] = ("SIGINT", "SIGTERM")
     queue_runners: Sequence[Any] = ()
@@ -214,12 +214,10 @@ class SupervisorConfig:
                     f"give save_policy={self.save_policy!r} or save_model_secs / save_model_steps, not both "
                     f"(got save_model_secs={self.save_model_secs!r}, save_model_steps={self.save_model_steps!r})"
                 )
-        if self.metrics_port is not None and (
-            isinstance(self.metrics_port, bool)
-            or not isinstance(self.metrics_port, int)
-            or not 1 <= self.metrics_port <= 65535
-        ):
-            raise ValueError(f"metrics_port must be a TCP port (1-65535) or None, got {self.metrics_port!r}")
+        if self.metrics_port is not None:
+            from ._prometheus import parse_address
+
+            parse_address(self.metrics_port)  # a bad port or host: an error now, naming it
         from ._core._signals import stop_signals_from
 
         object.__setattr__(self, "stop_signals", stop_signals_from(self.stop_signals))

@@ -4,7 +4,8 @@
 0.0.4): the step, the rate, the epoch, the last checkpoint, the step output's scalars,
 the services' states and restarts, the queues, each checkpoint phase's seconds
 (histograms), a URL logdir's remote lag, the stop reason. :class:`MetricsServer`
-is a session service serving that text at ``http://127.0.0.1:<port>/metrics`` while the
+is a session service serving that text at ``http://<host>:<port>/metrics`` (127.0.0.1
+unless ``metrics_port="host:port"`` names another: ``"0.0.0.0:9100"`` in a pod) while the
 session lives (a few lines of HTTP/1.1 on an anyio listener: one request a connection,
 no dependency). A front door; no TensorFlow.
 """
@@ -21,7 +22,7 @@ from ._core._services import Service, ServiceContext
 from ._core._status import Histogram, Status
 from ._logging import describe, get_logger
 
-__all__ = ["MetricsServer", "render"]
+__all__ = ["MetricsServer", "parse_address", "render"]
 
 log = get_logger(__name__)
 
@@ -165,33 +166,55 @@ def render(status: Status) -> str:
     return "\n".join(w.lines) + "\n"
 
 
+def parse_address(value: object) -> tuple[str, int]:
+    """``metrics_port`` as ``(host, port)``: a port (on 127.0.0.1) or ``"host:port"``
+    (``"0.0.0.0:9100"``: every IPv4 address, for a pod's scrape; ``"[::]:9100"``: IPv6).
+
+    Raises:
+        ValueError: not a port 1-65535, or a string that is not ``host:port``; the
+            message names the value.
+    """
+    host, port = "127.0.0.1", value
+    if isinstance(value, str):
+        head, sep, tail = value.rpartition(":")
+        host = head[1:-1] if head.startswith("[") and head.endswith("]") else head
+        port = int(tail) if sep and host and tail.isdigit() else None
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(
+            f"metrics_port must be a TCP port (1-65535), 'host:port' (e.g. '0.0.0.0:9100') or None, got {value!r}"
+        )
+    return host, port
+
+
 class MetricsServer(Service):
-    """Serves :func:`render` of ``status()`` at ``http://127.0.0.1:<port>/metrics``.
+    """Serves :func:`render` of ``status()`` at ``http://<host>:<port>/metrics``.
 
     Args:
-        port: the TCP port on 127.0.0.1.
+        address: ``metrics_port``: a TCP port on 127.0.0.1, or ``"host:port"``
+            (:func:`parse_address`).
         status: the status source (``Supervisor.status``).
     """
 
     name = "metrics"
     restart = None  # the port taken: the start fails, naming it
 
-    def __init__(self, port: int, status: Callable[[], Status]) -> None:
-        self.port = port
+    def __init__(self, address: int | str, status: Callable[[], Status]) -> None:
+        self.address = address
+        self.host, self.port = parse_address(address)
         self.status = status
 
     async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
         """Listen (the start fails if the port is taken), then serve until cancelled."""
         try:
-            listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=self.port)
+            listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
         except OSError as exc:
             raise OSError(
-                exc.errno, f"metrics_port={self.port}: cannot listen on 127.0.0.1:{self.port}: {exc.strerror}"
+                exc.errno, f"metrics_port={self.address!r}: cannot listen on {self.host}:{self.port}: {exc.strerror}"
             ) from exc
         async with listener:
             task_status.started()
             ctx.set_service_state(self.name, "running")
-            log.info("metrics.serving", url=f"http://127.0.0.1:{self.port}/metrics")
+            log.info("metrics.serving", url=f"http://{self.host}:{self.port}/metrics")
             await listener.serve(self._handle)
 
     async def _handle(self, stream: SocketStream) -> None:

@@ -143,7 +143,8 @@ class Supervisor:
             terminal (step, steps/sec, loss and other scalars, ETA, last checkpoint),
             plain lines every 10 s otherwise.
         metrics_port: serve ``metrics_text()`` at ``http://127.0.0.1:<port>/metrics``
-            while a session lives (a port already taken fails the start, naming it).
+            while a session lives (a port already taken fails the start, naming it);
+            ``"host:port"`` listens on ``host`` (``"0.0.0.0:9100"``: a pod's scrape).
         queue_runners: input queue runners started with the session.
         **flat: the other options fields by their flat keyword:
             ``checkpoint_basename``, ``save_model_steps``, ``save_policy``,
@@ -182,7 +183,7 @@ class Supervisor:
         recovery_wait_secs: float = 30,
         hooks: Sequence[SessionRunHook] = (),
         progress: bool = False,
-        metrics_port: int | None = None,
+        metrics_port: int | str | None = None,
         queue_runners: Sequence[QueueRunner] = (),
         **flat: Unpack[_FlatKeywords],
     ) -> None:

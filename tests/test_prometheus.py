@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import socket
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -105,10 +106,51 @@ async def test_a_taken_metrics_port_fails_the_start_naming_it() -> None:
                 pytest.fail("the session started")
 
 
-@pytest.mark.parametrize("port", [0, 70000, True, "9100"])
+@pytest.mark.parametrize("port", [0, 70000, True, "9100", "0.0.0.0:", ":9100", "0.0.0.0:99999", "[::]:x"])
 def test_a_bad_metrics_port_is_a_value_error_naming_it(port: object) -> None:
     with pytest.raises(ValueError, match="metrics_port must be a TCP port"):
         asv.Supervisor(metrics_port=port)  # type: ignore[arg-type]
+
+
+def _own_addresses() -> list[str]:
+    """Addresses of this host other than 127.0.0.1: 127.0.0.2 (Linux answers for all of
+    127/8 on its loopback) and the address of its default route, if it has one."""
+    found = ["127.0.0.2"] if sys.platform.startswith("linux") else []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))  # no packet: only picks the route's address
+            found.append(str(s.getsockname()[0]))
+        except OSError:
+            pass
+    return sorted(set(found) - {"127.0.0.1", "0.0.0.0"})
+
+
+@pytest.mark.anyio
+async def test_a_host_port_listens_on_that_host(tmp_path: Path) -> None:
+    """``metrics_port="0.0.0.0:<port>"`` (a pod's scrape): the text is served on
+    127.0.0.1 and on this host's other addresses; ``"127.0.0.1:<port>"`` only there."""
+    port = _free_port()
+    sv = asv.Supervisor(handle_signals=False, metrics_port=f"0.0.0.0:{port}")
+    async with sv.managed_session():
+        for host in ["127.0.0.1", *_own_addresses()]:
+            body = await anyio.to_thread.run_sync(_raw_get, host, port)
+            assert "asupervisor_up 1" in body, (host, body[:200])
+    port = _free_port()
+    sv = asv.Supervisor(handle_signals=False, metrics_port=f"127.0.0.1:{port}")
+    async with sv.managed_session():
+        assert "asupervisor_up 1" in await anyio.to_thread.run_sync(_raw_get, "127.0.0.1", port)
+        for host in _own_addresses():
+            with pytest.raises(OSError):
+                await anyio.to_thread.run_sync(_raw_get, host, port)
+
+
+def _raw_get(host: str, port: int) -> str:
+    with socket.create_connection((host, port), timeout=10) as conn:
+        conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    return data.decode()
 
 
 @pytest.mark.anyio

@@ -114,6 +114,12 @@ def test_a_contender_that_lost_the_race_for_the_lease_is_refused(az_url: str, az
     training.lost_race_refused(az_url, lambda name: _get(azure_env, az_url, name))
 
 
+def test_the_conditional_write_refuses_a_second_create(az_url: str) -> None:
+    """``create_only`` (adlfs: ``If-None-Match: *``): a second create at a path is refused
+    and the first's bytes stay."""
+    training.create_only_conforms(az_url)
+
+
 @pytest.mark.anyio
 async def test_a_missing_container_fails_the_start(azure_env: Server, tmp_path: Path) -> None:
     """A container that does not exist: a CheckpointError naming the URL before the first step."""

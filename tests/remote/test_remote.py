@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import anyio
@@ -159,6 +160,13 @@ async def test_a_second_training_is_refused_naming_the_owner(s3_url: str, s3_env
     assert refused  # the refusal above was reached, inside the first session
     sv3, _ = await _train(s3_url, tmp_path / "b", 5)
     assert sv3.status().global_step == 5
+
+
+def test_the_conditional_write_refuses_a_second_create(s3_url: str) -> None:
+    """``create_only`` (s3fs: ``If-None-Match: *``) on moto: a second create at a path is
+    refused and the first's bytes stay; memory:// (fsspec's exclusive create) too."""
+    training.create_only_conforms(s3_url)
+    training.create_only_conforms(f"memory://conformance-{uuid.uuid4().hex[:8]}")
 
 
 @pytest.mark.anyio

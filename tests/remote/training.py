@@ -4,6 +4,7 @@ random generator), a deterministic step, and a training into a URL logdir."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpoint.store.remote._io import RemoteFS
+from asupervisor._checkpoint.store.remote._io import RemoteFS, create_only
 from asupervisor._checkpoint.store.remote._lease import LEASE_PREFIX, RemoteLease
 
 
@@ -127,6 +128,23 @@ def lost_race_refused(url: str, read: Callable[[str], bytes]) -> None:
             second.acquire()
         assert read(f"{LEASE_PREFIX}00000001") == owner_body
         first.release()
+    finally:
+        io.close()
+
+
+def create_only_conforms(url: str) -> None:
+    """The one conditional write (``create_only``) on this backend: a first create writes,
+    a second at the same path raises ``FileExistsError`` and leaves the first's bytes; a
+    create at another path writes."""
+    io = RemoteFS(url)
+    try:
+        path = io.path(f"conformance-{uuid.uuid4().hex[:8]}")
+        create_only(io, path, b"first")
+        with pytest.raises(FileExistsError):
+            create_only(io, path, b"second")
+        assert io.cat_file(path) == b"first"
+        create_only(io, path + "-other", b"other")
+        assert io.cat_file(path + "-other") == b"other"
     finally:
         io.close()
 

@@ -122,6 +122,23 @@ def _progress_callback(bounds: list[Bound]) -> Any:
     return _Progress()
 
 
+def create_only(fs: Any, path: str, value: bytes) -> None:
+    """Write ``value`` at ``path`` only if no object is there: the one conditional write
+    (the lease's create; ``fs`` an fsspec file system or a :class:`RemoteFS`).
+
+    fsspec's ``pipe_file(..., mode="create")``, which each backend maps onto its own
+    precondition: S3 (s3fs) ``If-None-Match: *``, GCS (gcsfs) ``ifGenerationMatch=0``,
+    Azure (adlfs) ``If-None-Match: *``; the local and memory file systems an exclusive
+    create. What each guarantees, checked by ``tests/remote/`` per backend: S3 (moto) and
+    Azure (Azurite) refuse a second create; the GCS emulator ignores the precondition
+    (a strict xfail: real GCS honours it).
+
+    Raises:
+        FileExistsError: an object is there already (another writer created it first).
+    """
+    fs.pipe_file(path, value, mode="create")
+
+
 class RemoteFS:
     """An fsspec file system for ``url`` (see the module docstring).
 
@@ -226,7 +243,7 @@ class RemoteFS:
         return bytes(self._call("cat_file", path))
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite") -> None:
-        """``fs.pipe_file``, bounded (``mode="create"``: fails with ``FileExistsError``)."""
+        """``fs.pipe_file``, bounded (``mode="create"``: :func:`create_only`'s)."""
         if mode == "overwrite":
             self._call("pipe_file", path, value)
         else:

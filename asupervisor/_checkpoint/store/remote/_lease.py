@@ -29,6 +29,7 @@ from typing import Any
 
 from ...._exceptions import CheckpointError, LeaseLostError
 from ...._logging import get_logger
+from ._io import create_only
 from ._settings import lease_secs
 
 try:
@@ -225,7 +226,7 @@ class RemoteLease:
                 if not body.get("released"):
                     log.warning("remote.lease_taken_over", url=self.url, previous=describe_lease(body, now))
             try:
-                self.fs.pipe_file(self._path(current + 1), self._body(now), mode="create")
+                create_only(self.fs, self._path(current + 1), self._body(now))
             except FileExistsError:
                 continue  # another contender's, or ours whose answer was lost: the next look tells
             except Exception:
