@@ -66,6 +66,7 @@ from ._core._services import ServiceContext as ServiceContext
 from ._core._services import WorkerThread as WorkerThread
 from ._core._session import Session as Session
 from ._core._session import StepContext as StepContext
+from ._core._signals import catch_stop_signals as catch_stop_signals
 from ._core._status import CheckpointInfo as CheckpointInfo
 from ._core._status import Histogram as Histogram
 from ._core._status import QueueStatistics as QueueStatistics
@@ -153,6 +154,7 @@ __all__ = [
     "Supervisor",
     "SupervisorError",
     "WorkerThread",
+    "catch_stop_signals",
     "cluster_info",
     "configure_logging",
     "exit_code",

@@ -26,6 +26,7 @@ from ._core._clock import Clock, MonotonicClock
 from ._core._hooks import SessionRunHook
 from ._core._runtime import Runtime
 from ._core._services import LoopedService, RestartPolicy, Service
+from ._core._signals import catch_stop_signals
 from ._core._status import CheckpointInfo, Status
 from ._input._queue_runner import QueueRunner
 from ._options import CheckpointOptions, StopOptions, SummaryOptions, flat_defaults, merge_options, options_only
@@ -210,6 +211,8 @@ class Supervisor:
             cluster=cluster,
             **settings,
         )
+        if self.config.handle_signals:  # from now on, a stop signal is kept for the session
+            catch_stop_signals(self.config.stop_signals)
         self._services: list[Service] = []
         self._runtime: Runtime | None = None
         for qr in self.config.queue_runners:

@@ -46,7 +46,7 @@ from .._logging import get_logger
 if TYPE_CHECKING:
     from ._handoff import LoopHandle
 
-__all__ = ["SIGNALS", "SignalHandlers", "stop_signals_from"]
+__all__ = ["SIGNALS", "SignalHandlers", "catch_stop_signals", "stop_signals_from"]
 
 log = get_logger(__name__)
 
@@ -153,6 +153,65 @@ class _AsyncioWakeup:
         self._close_sockets()
 
 
+class _Early:
+    """Stop signals caught before a session runs (:func:`catch_stop_signals`): the first
+    is recorded for the next session, which stops as it starts; a second one gets the
+    default action at once (the process ends, as it would have without asupervisor).
+    Main thread only; the handler only records (no logging in a signal handler)."""
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}  # what was installed before ours
+        self.received: list[str] = []
+
+    def catch(self, signals: tuple[signal.Signals, ...]) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for signum in signals:
+            if signal.getsignal(signum) != self.handle:
+                self.previous[signum] = signal.signal(signum, self.handle)
+        return True
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signal.Signals(signum).name)
+        if len(self.received) > 1:  # a second signal before any session: the default action
+            previous = self.previous.pop(signum, signal.SIG_DFL)
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                signal.raise_signal(signum)
+
+    def hand_over(self, signum: int, installed_over: Any) -> Any:
+        """The handler a session's replaced, past this catcher's (``installed_over``
+        when it was not this catcher)."""
+        if installed_over == self.handle:
+            return self.previous.pop(signum, signal.SIG_DFL)
+        return installed_over
+
+    def take(self) -> str | None:
+        """The signal received before the session, if any (then forgotten)."""
+        received, self.received = self.received, []
+        return received[0] if received else None
+
+
+_EARLY = _Early()
+
+
+def catch_stop_signals(signals: object = ("SIGINT", "SIGTERM")) -> bool:
+    """Catch the stop signals from now on, before any session runs (a script's first
+    lines, before ``import tensorflow``; a ``Supervisor`` does it when it is made): the
+    first one is kept for the next session, which then stops as it starts (a graceful
+    stop: exit status 143 for SIGTERM); a second one ends the process as it would have.
+    As PID 1 of a container, where an uncaught SIGTERM is ignored, this is what lets the
+    scheduler's SIGTERM stop a training still importing. Returns whether the handlers
+    could be installed (only from the main thread).
+
+    Raises:
+        ValueError: a signal that is not one (named).
+    """
+    return _EARLY.catch(stop_signals_from(signals))
+
+
 class SignalHandlers:
     """The session's SIGINT/SIGTERM handlers (see the module docstring).
 
@@ -185,9 +244,14 @@ class SignalHandlers:
             log.info("signals.not_installed", why="the event loop is not on the main thread")
             return False
         for signum in self._signals:
-            self._previous[signum] = signal.signal(signum, self._handle)
+            self._previous[signum] = _EARLY.hand_over(signum, signal.signal(signum, self._handle))
         if self._loop.backend == "asyncio":
             self._wakeup = _AsyncioWakeup()
+        early = _EARLY.take()
+        if early is not None:  # it came before the session: a stop as it starts
+            log.warning("signals.before_start", signal=early, action="the session stops as it starts")
+            self._received = 1
+            self._loop.call_soon(lambda: self._on_first(early))
         return True
 
     def restore(self) -> None:

@@ -1,0 +1,76 @@
+"""Stop signals caught before the session (``asv.catch_stop_signals()`` in a script's
+first lines, or a ``Supervisor`` made): a SIGTERM while the script still imports
+TensorFlow stops the session as it starts, cleanly (the checkpoint on disk is left as it
+was, exit status 143), also as PID 1 of a new PID namespace, where an uncaught SIGTERM is
+ignored. Real processes, real signals."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asupervisor._checkpoint.store import state_file
+
+SCRIPT = Path(__file__).parent / "scripts" / "early_signal.py"
+
+
+def _can_unshare() -> bool:
+    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-pf", "true"], capture_output=True, timeout=30).returncode == 0
+
+
+def _run(logdir: Path, max_steps: int, *, early_signal: bool, pid1: bool = False) -> tuple[int, list[str]]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    command = [sys.executable, str(SCRIPT), str(logdir), str(max_steps)]
+    if pid1:
+        command = ["unshare", "-pf", *command]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        if early_signal:
+            target = proc.pid
+            if pid1:  # the python process: unshare's child, PID 1 of the new namespace
+                target = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+            os.kill(target, signal.SIGTERM)
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        out = proc.stdout.read().splitlines()
+        return proc.wait(timeout=240), out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "pid1",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.skipif(not _can_unshare(), reason="needs unshare -pf (Linux, root or user namespaces)"),
+        ),
+    ],
+)
+def test_a_sigterm_while_importing_stops_the_session_as_it_starts(tmp_path: Path, pid1: bool) -> None:
+    """A first run trains to step 5. The second is sent SIGTERM before it imports
+    TensorFlow: its session stops as it starts (``signal:SIGTERM``, exit status 143),
+    without a step, and checkpoint 5 stays the latest, its files untouched."""
+    logdir = tmp_path / "run"
+    code, out = _run(logdir, 5, early_signal=False, pid1=pid1)
+    assert code == 0 and out[-1] == "done max_steps 5", (code, out)
+    files = {p.name: p.stat().st_mtime_ns for p in logdir.glob("model.ckpt-5.*")}
+    code, out = _run(logdir, 1000, early_signal=True, pid1=pid1)
+    assert (code, out[-1]) == (143, "done signal:SIGTERM 5"), (code, out)
+    assert state_file.read_state(logdir).latest == "model.ckpt-5"
+    assert {p.name: p.stat().st_mtime_ns for p in logdir.glob("model.ckpt-5.*")} == files
