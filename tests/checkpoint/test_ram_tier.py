@@ -172,6 +172,27 @@ def test_an_emptied_tier_or_a_logdir_made_again_leaves_the_disk_to_serve(tmp_pat
     assert fresh.last is None and names.scan_checkpoints(fresh.memory.dir, None) == []  # type: ignore[union-attr]
 
 
+def test_the_tier_of_a_deleted_logdir_is_swept_at_the_next_start(tmp_path: Path) -> None:
+    """A logdir deleted leaves its RAM tier behind (memory until a reboot); the next
+    training with a RAM tier under the same root removes it, and leaves the tier of a
+    logdir that still exists alone."""
+    ram = tmp_path / "ram"
+    gone, kept = tmp_path / "gone", tmp_path / "kept"
+    for logdir in (gone, kept):
+        checkpointer, w = _checkpointer(logdir, ram)
+        _save(checkpointer, w, 3, "ram")
+    gone_tier, kept_tier = open_memory_tier(gone, ram).dir, open_memory_tier(kept, ram).dir
+    for path in gone.iterdir():
+        path.unlink()
+    gone.rmdir()
+    with capture_logs() as logs:
+        _checkpointer(tmp_path / "third", ram)
+    assert [(e["event"], e["dir"]) for e in logs if "swept" in e["event"]] == [
+        ("checkpoint.ram_tier_swept", str(gone_tier))
+    ]
+    assert not gone_tier.exists() and names.scan_checkpoints(kept_tier, None) == ["model.ckpt-3"]
+
+
 @both_stores
 def test_the_ram_tier_holds_two_checkpoints_and_never_repeats_the_disk(tmp_path: Path) -> None:
     """Five RAM saves leave the newest two in the tier; a RAM snapshot of a step the disk

@@ -143,6 +143,7 @@ class MemoryTier:
             OSError: the directory cannot be made or written (named in the error).
         """
         os.makedirs(self.dir.parent, mode=0o700, exist_ok=True)
+        self._sweep_orphans()
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         pointer = _read_json(self.logdir / POINTER_FILE)
         recorded = _read_json(self.dir / IDENTITY_FILE)
@@ -163,6 +164,22 @@ class MemoryTier:
             )
         _write_small(self.logdir / POINTER_FILE, json.dumps({"dir": str(self.dir), "token": token}))
         self.store.clean_leftovers()
+
+    def _sweep_orphans(self) -> None:
+        """Remove the tiers (of this user, under this root) whose logdir no longer exists:
+        a run's logdir deleted would otherwise hold its RAM until a reboot. A tier whose
+        logdir exists is left alone, whoever's it is (its own start resets it if needed)."""
+        try:
+            siblings = [p for p in self.dir.parent.iterdir() if p.is_dir() and p != self.dir]
+        except OSError:
+            return
+        for tier in siblings:
+            identity = _read_json(tier / IDENTITY_FILE)
+            logdir = identity.get("logdir") if identity else None
+            if not isinstance(logdir, str) or os.path.exists(logdir):
+                continue
+            shutil.rmtree(tier, ignore_errors=True)
+            log.info("checkpoint.ram_tier_swept", dir=str(tier), logdir=logdir, why="its logdir is gone")
 
     def newest_step(self, basename: str) -> int | None:
         """The step of the newest complete checkpoint the tier holds, or ``None``; reads
