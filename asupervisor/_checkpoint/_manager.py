@@ -277,7 +277,9 @@ class Checkpointer:
             _writeback.copy_checkpoint(Path(source), tmp, self._check_abandon)
             with store.commit_lock:
                 self._check_abandon()
-                snapshot = _snapshot.Snapshot(step, [], [], [], t0, 0.0)
+                # its metrics as it recorded them (KeepBest ranks it), read when first asked
+                recorded = _metrics.Recorded(lambda: _metrics.read(str(final)))
+                snapshot = _snapshot.Snapshot(step, [], [], [], t0, 0.0, recorded)
                 info, state, delete = self._plan(name, snapshot)
                 store.commit(tmp, final, state, [self.logdir / old for old in delete])
         except BaseException as exc:

@@ -77,7 +77,8 @@ def _state() -> tuple[tf.train.Checkpoint, tf.Variable]:
 
 def _checkpointer(logdir: Path, ram: Path) -> tuple[Checkpointer, tf.Variable]:
     ckpt, w = _state()
-    checkpointer = Checkpointer(ckpt, logdir, memory=open_memory_tier(logdir, ram))
+    metrics = lambda: {"loss": float(w[0, 0])}  # noqa: E731 - each checkpoint records its step as its loss
+    checkpointer = Checkpointer(ckpt, logdir, memory=open_memory_tier(logdir, ram), metrics=metrics)
     checkpointer.prepare()
     return checkpointer, w
 
@@ -99,7 +100,8 @@ def _restored(logdir: Path, ram: Path) -> tuple[Checkpointer, tf.Variable, list[
 @both_stores
 def test_the_newest_of_either_tier_is_restored(tmp_path: Path) -> None:
     """RAM at 30 over disk at 20: the RAM checkpoint is restored and then promoted (the
-    disk commits it, named in the state file); disk at 40 over RAM at 30: the disk's."""
+    disk commits it, named in the state file, with the metrics it recorded); disk at 40
+    over RAM at 30: the disk's."""
     logdir, ram = tmp_path / "run", tmp_path / "ram"
     first, w = _checkpointer(logdir, ram)
     _save(first, w, 20, "disk")
@@ -113,6 +115,7 @@ def test_the_newest_of_either_tier_is_restored(tmp_path: Path) -> None:
     assert info is not None and info.path == str(logdir / "model.ckpt-30")
     assert state_file.read_state(logdir).latest == "model.ckpt-30" and second.tiers["disk"] == 30
     assert second.last is not None and second.last.path == str(logdir / "model.ckpt-30")
+    assert dict(second._metrics_of("model.ckpt-30")) == {"loss": 30.0}  # what KeepBest ranks it by
 
     _save(second, w, 40, "disk")
     third, w, logs = _restored(logdir, ram)

@@ -26,9 +26,11 @@ def _can_unshare() -> bool:
     return subprocess.run(["unshare", "-pf", "true"], capture_output=True, timeout=30).returncode == 0
 
 
-def _run(logdir: Path, max_steps: int, *, early_signal: bool, pid1: bool = False) -> tuple[int, list[str]]:
+def _run(
+    logdir: Path, max_steps: int, *, early_signal: bool, pid1: bool = False, mode: str = "catch"
+) -> tuple[int, list[str]]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    command = [sys.executable, str(SCRIPT), str(logdir), str(max_steps)]
+    command = [sys.executable, str(SCRIPT), str(logdir), str(max_steps), mode]
     if pid1:
         command = ["unshare", "-pf", *command]
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -74,3 +76,16 @@ def test_a_sigterm_while_importing_stops_the_session_as_it_starts(tmp_path: Path
     assert (code, out[-1]) == (143, "done signal:SIGTERM 5"), (code, out)
     assert state_file.read_state(logdir).latest == "model.ckpt-5"
     assert {p.name: p.stat().st_mtime_ns for p in logdir.glob("model.ckpt-5.*")} == files
+
+
+@pytest.mark.timeout(300)
+def test_a_sigterm_between_the_supervisor_and_its_session_stops_it_as_it_starts(tmp_path: Path) -> None:
+    """No early call: the ``Supervisor`` is made, then a SIGTERM comes before
+    ``managed_session()`` (while the data is built): the session stops as it starts with
+    status 143, and the checkpoint on disk stays the latest."""
+    logdir = tmp_path / "run"
+    code, out = _run(logdir, 5, early_signal=False, mode="supervisor")
+    assert code == 0 and out[-1] == "done max_steps 5", (code, out)
+    code, out = _run(logdir, 1000, early_signal=True, mode="supervisor")
+    assert (code, out[-1]) == (143, "done signal:SIGTERM 5"), (code, out)
+    assert state_file.read_state(logdir).latest == "model.ckpt-5"

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..._logging import describe, get_logger
 from . import _names
 
-__all__ = ["early_writeback", "fsync_path", "make_dirs_durable", "sync_data"]
+__all__ = ["copy_checkpoint", "early_writeback", "fsync_path", "make_dirs_durable", "replace_text", "sync_data"]
 
 log = get_logger(__name__)
 
@@ -209,3 +209,11 @@ def copy_checkpoint(source: Path, tmp: Path, check: Callable[[], None]) -> None:
             while chunk := src.read(_COPY_CHUNK):
                 dst.write(chunk)
                 check()
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Replace the small file ``path`` with ``text`` atomically (a crash leaves the old or
+    the new, never a torn one); not synced: for files a lost update of costs nothing."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

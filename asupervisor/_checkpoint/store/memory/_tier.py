@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...._logging import get_logger
-from .. import _names, _state_file
+from .. import _names, _state_file, _writeback
 
 if TYPE_CHECKING:
     from .._types import CheckpointStore
@@ -68,13 +68,6 @@ def tier_dir(root: Path, logdir: Path) -> Path:
     digest = hashlib.sha256(os.path.realpath(logdir).encode()).hexdigest()[:16]
     uid = os.getuid() if hasattr(os, "getuid") else 0
     return Path(root) / f"asupervisor-{uid}" / digest
-
-
-def _write_small(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically (a crash leaves the old or the new)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def report(logdir: Path) -> dict[str, Any] | None:
@@ -159,10 +152,10 @@ class MemoryTier:
                 self.clear()
                 os.makedirs(self.dir, mode=0o700, exist_ok=True)
             token = secrets.token_hex(16)
-            _write_small(
+            _writeback.replace_text(
                 self.dir / IDENTITY_FILE, json.dumps({"logdir": os.path.realpath(self.logdir), "token": token})
             )
-        _write_small(self.logdir / POINTER_FILE, json.dumps({"dir": str(self.dir), "token": token}))
+        _writeback.replace_text(self.logdir / POINTER_FILE, json.dumps({"dir": str(self.dir), "token": token}))
         self.store.clean_leftovers()
 
     def _sweep_orphans(self) -> None:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ...._exceptions import CheckpointError, LeaseLostError
 from ...._logging import describe, get_logger
 from ...snapshot import _metrics
-from .. import _commit, _names, _state_file
+from .. import _commit, _names, _state_file, _writeback
 from ._io import Bound, RemoteFS
 from ._layout import MARKER_SUFFIX, Marker, RemoteCheckpoint, crc32c_of, list_remote, marker_problem
 from ._lease import RemoteLease
@@ -185,9 +185,7 @@ class RemoteTier:
         made = uuid.uuid4().hex
         try:
             self.local_dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-            tmp.write_text(made + "\n")
-            os.replace(tmp, path)
+            _writeback.replace_text(path, made + "\n")
         except OSError as exc:  # a new id each start: a restart waits for the lease to expire
             log.warning("remote.owner_id_unsaved", path=str(path), error=describe(exc))
         return made
