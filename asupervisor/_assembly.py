@@ -35,11 +35,12 @@ def session_parts(config: SupervisorConfig) -> list[SessionPart]:
     )
     keep_policy = config.keep_policy or keep_policy_for(config.max_to_keep, config.keep_checkpoint_every_n_hours)
     remote: list[SessionPart] = []
-    tier = None
+    store = config.store
+    tiered = None
     if config.remote_url is not None and config.logdir is not None:
         # a URL logdir only: the remote store is optional code (checked at construction)
         from ._checkpoint._remote_part import RemotePart
-        from ._checkpoint.store import open_remote_tier
+        from ._checkpoint.store import open_remote_tier, open_store, open_tiered_store
 
         tier = open_remote_tier(
             config.remote_url,
@@ -48,7 +49,9 @@ def session_parts(config: SupervisorConfig) -> list[SessionPart]:
             keep_policy=keep_policy,
             owner=bool(config.is_chief),
         )
-        remote = [RemotePart(tier, upload_every=config.upload_every, upload_every_secs=config.upload_every_secs)]
+        local = store if store is not None else open_store(config.logdir, config.checkpoint_fast_path)
+        store = tiered = open_tiered_store(local, tier)
+        remote = [RemotePart(tiered, upload_every=config.upload_every, upload_every_secs=config.upload_every_secs)]
     memory = None
     if config.ram_tier is not False and config.logdir is not None:
         from ._checkpoint.store import open_memory_tier  # the RAM tier: optional code, opened when asked for
@@ -70,10 +73,10 @@ def session_parts(config: SupervisorConfig) -> list[SessionPart]:
             when_busy=config.checkpoint_when_busy,
             staging=config.checkpoint_staging,
             fast_path=config.checkpoint_fast_path,
-            remote=tier,
+            remote=tiered,
             memory=memory,
             ram_save_secs=config.ram_save_secs,
-            store=config.store,
+            store=store,
         ),
         *remote,  # after the checkpoint part: its final upload follows the final checkpoint
         KerasPart(),

@@ -40,8 +40,8 @@ from .store import (
     write_error,
 )
 from .store import candidates as _candidates
-from .store import commit as _commit
 from .store import names as _names
+from .store import retention as _retention
 from .store import state_file as _state_file
 from .store import writeback as _writeback
 
@@ -527,32 +527,14 @@ class Checkpointer:
         state = self.store.read_state() or _state_file.CheckpointState(last_preserved=self.started_at)
         if state.last_preserved == 0.0:
             state.last_preserved = self.started_at
-        keep = [(p, t) for p, t in zip(state.paths, state.timestamps) if p != name]
-        latest_step = _names.step_of(state.latest) if state.latest else None
-        if latest_step is not None and latest_step > snapshot.step and state.latest in state.paths:
-            # an older snapshot committed after a newer checkpoint (a hook's synchronous
-            # save): keep it in step order and leave the newer one the latest
-            at = next((i for i, (p, _) in enumerate(keep) if (_names.step_of(p) or -1) > snapshot.step), len(keep))
-            keep.insert(at, (name, now))
-            latest = state.latest
-        else:
-            keep.append((name, now))
-            latest = name
-        state = _state_file.CheckpointState(latest, [p for p, _ in keep], [t for _, t in keep], state.last_preserved)
-        prefix = f"{self.basename}-"
-
-        def managed(path: str, stamp: float) -> bool:
-            # ours (not plain tf.train.Checkpoint.save's, nor another basename's), and not
-            # stamped in the future (a clock reset): as tf.train.CheckpointManager
-            return (
-                path.startswith(prefix) and path[len(prefix) :].isdigit() and stamp <= now and path not in self._pinned
-            )
-
+        state = _state_file.adding(state, name, now)
+        # ours, not stamped in the future (a clock reset), not pinned by an upload
+        managed = _retention.managed_by(self.basename, now=now, pinned=self._pinned)
         policy = self.keep_policy
         if min_keep > 1:  # another save is in flight: never fewer than min_keep
             policy = AnyKeepPolicy(policy, LatestN(min_keep))
         self._recorded[name] = snapshot.metrics
-        state, delete = _commit.select_retention(state, policy=policy, managed=managed, metrics=self._metrics_of)
+        state, delete = _retention.select_retention(state, policy=policy, managed=managed, metrics=self._metrics_of)
         named = set(state.paths)
         self._recorded = {n: m for n, m in self._recorded.items() if n in named}
         return CheckpointInfo(path=str(self.logdir / name), step=snapshot.step, time=now), state, delete

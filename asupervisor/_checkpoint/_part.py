@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .._core._abc import SessionContext
     from .._core._services import Service
     from .._core._status import CheckpointInfo
-    from .store import CheckpointStore, MemoryTier, RemoteTier
+    from .store import CheckpointStore, MemoryTier, TieredStore
 
 __all__ = ["CheckpointPart"]
 
@@ -66,8 +66,9 @@ class CheckpointPart(SessionPart):
         when_busy: ``checkpoint_when_busy``.
         staging: ``checkpoint_staging`` (:class:`Checkpointer`'s ``staging``).
         fast_path: the store (``checkpoint_store``): :class:`Checkpointer`'s ``fast_path``.
-        remote: a URL logdir's remote tier (``logdir`` is then its local working
-            directory): opened, and its newest checkpoint brought down, before the restore.
+        remote: a URL logdir's tiered store (``logdir`` is then its local working
+            directory; ``store`` too): opened, and the remote's newest checkpoint brought
+            down, before the restore.
         memory: the RAM tier below ``logdir`` (the chief of a single-worker training
             only; :class:`Checkpointer`'s ``memory``).
         ram_save_secs: seconds between RAM saves, or ``"auto"`` (a 2 % overhead budget).
@@ -89,7 +90,7 @@ class CheckpointPart(SessionPart):
         when_busy: str,
         staging: bool = True,
         fast_path: FastPath | None = None,
-        remote: RemoteTier | None = None,
+        remote: TieredStore | None = None,
         memory: MemoryTier | None = None,
         ram_save_secs: float | str = "auto",
         store: CheckpointStore | None = None,
@@ -170,7 +171,7 @@ class CheckpointPart(SessionPart):
         directory with the same protocol.
         """
         target: str | Path | None = directory if directory is not None else self.logdir
-        if self.remote is not None and str(target).rstrip("/") == self.remote.url:
+        if self.remote is not None and str(target).rstrip("/") == self.remote.tier.url:
             target = self.logdir  # the URL logdir: its local tier, uploaded from there
         if target is None:
             raise ValueError("no checkpoint directory: the Supervisor has no logdir")
@@ -263,11 +264,7 @@ class CheckpointPart(SessionPart):
                 self._owner = OwnerLock(self.logdir)
             checkpointer.prepare(self._owner)
         if self.remote is not None:  # both tiers' newest checkpoint becomes the local latest
-            self.logdir.mkdir(parents=True, exist_ok=True)
-            if self._owner is not None and self._owner.held:
-                self.remote.own_lock = self._owner.path
-            self.remote.open()
-            self.remote.pull(checkpointer.store, agree=self.multi_worker)
+            self.remote.open(self._owner, agree=self.multi_worker)
         if not self.is_chief and self.multi_worker:
             assert self.cluster is not None
             worker_writer = WorkerTempWriter(

@@ -3,11 +3,11 @@ the lease's renewal, the final upload, ``status().remote``.
 
 Start-up's work (prove the remote, take its lease, bring its newest checkpoint down) is
 done by :class:`._part.CheckpointPart` before its restore, on the step thread, through
-the same :class:`.store.remote._tier.RemoteTier`. Here: the upload service watches the
-local tier's newest committed checkpoint and copies it up on its own thread
+the same :class:`.store.TieredStore`. Here: the upload service, woken by the store's
+local commits, copies the newest committed checkpoint up on its own thread
 (``asv-upload``) as the cadence says (every ``upload_every``-th, or once
-``upload_every_secs`` passed), retrying with backoff after an error while training goes
-on. The checkpoint being uploaded is pinned against local retention until the upload
+``upload_every_secs`` passed), with the metrics and checksums its write produced,
+retrying with backoff after an error while training goes on. The checkpoint being uploaded is pinned against local retention until the upload
 ends; when uploads fall behind, the newest local checkpoint goes up next (the ones in
 between are skipped, ``remote.behind``). The lease service renews the lease
 (``asv-lease``); a lost lease (:class:`LeaseLostError`, from either service) stops the
@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
     from .._core._services import EngineContext, ServiceContext
     from .._core._status import CheckpointInfo
     from .._core._threads import DedicatedThread
-    from .store import RemoteTier, Uploaded
+    from .store import TieredStore, Uploaded
 
 __all__ = ["RemotePart"]
 
@@ -55,19 +54,20 @@ class RemotePart(SessionPart):
     """The remote tier of a session (see the module docstring).
 
     Args:
-        tier: the remote tier (opened by the checkpoint part at start-up).
+        store: the URL logdir's tiered store (opened by the checkpoint part at start-up).
         upload_every: upload every this-many-th local checkpoint...
         upload_every_secs: ...or the newest once this many seconds passed (``None``: no).
     """
 
     name = "remote"
 
-    def __init__(self, tier: RemoteTier, *, upload_every: int = 1, upload_every_secs: float | None = None) -> None:
-        self.tier = tier
+    def __init__(self, store: TieredStore, *, upload_every: int = 1, upload_every_secs: float | None = None) -> None:
+        self.store = store
+        self.tier = store.tier
         self.upload_every = upload_every
         self.upload_every_secs = upload_every_secs
         self._thread: DedicatedThread | None = None
-        self._commits_at_upload = 0  # the checkpoint part's commits when the last upload began
+        self._commits_at_upload = 0  # the store's commits when the last upload began
         self._last_upload_at: float | None = None  # session clock
         self._uploading = False
         self._error: str | None = None
@@ -125,9 +125,14 @@ class RemotePart(SessionPart):
         return None if self._ctx is None else self._ctx.extra(SessionAttribute.checkpoints, None)
 
     def _local(self) -> CheckpointInfo | None:
-        """The local tier's newest committed checkpoint."""
+        """The local tier's newest committed checkpoint: the store's (told at its commit,
+        before the checkpointer records it), or the one restored or promoted."""
         checkpoints = self._checkpoints()
-        return None if checkpoints is None else checkpoints.last
+        last = None if checkpoints is None else checkpoints.last
+        newest = self.store.newest
+        if last is None or (newest is not None and newest.step > last.step):
+            return newest
+        return last
 
     def services(self, ctx: SessionContext) -> Iterable[Service]:
         """The upload and lease services (the owner of the remote only)."""
@@ -161,7 +166,7 @@ class RemotePart(SessionPart):
             with contextlib.ExitStack() as stack:
                 if checkpoints is not None and not stack.enter_context(checkpoints.pinned(local.path)):
                     return None  # retired before it could be pinned: the newest goes up next
-                done = self.tier.upload(Path(local.path), local.step, local.time, metrics)
+                done = self.store.upload(local, metrics)
         finally:
             self._uploading = False
         if done is not None:
@@ -200,13 +205,13 @@ class RemotePart(SessionPart):
     async def upload_newest(self, ctx: EngineContext, *, force: bool) -> bool:
         """Upload the newest local checkpoint if due (or ``force``); whether one went up."""
         checkpoints = self._checkpoints()
-        local = None if checkpoints is None else checkpoints.last
+        local = self._local()
         uploaded = self.tier.uploaded
         if checkpoints is None or local is None or (uploaded is not None and uploaded.step >= local.step):
             return False
         if self.tier.fenced:
             return False  # said once: nothing more goes there
-        commits = checkpoints.commits
+        commits = self.store.commits
         if not force and not self._due(commits, ctx.clock.now()):
             return False
         skipped = commits - self._commits_at_upload - 1
@@ -289,14 +294,12 @@ class _UploadService(Service):
         part = self.part
         engine = engine_context(ctx)
         part._committed = anyio.Event()
-        checkpoints = part._checkpoints()
-        if checkpoints is not None:
-            loop = engine.loop
+        loop = engine.loop
 
-            def committed() -> None:  # on the committing thread
-                loop.call_if_running(part._wake)
+        def committed() -> None:  # on the committing thread
+            loop.call_if_running(part._wake)
 
-            checkpoints.on_commit(committed)
+        part.store.on_commit(committed)
         task_status.started()
         ctx.set_service_state(self.name, "running")
         failures = 0

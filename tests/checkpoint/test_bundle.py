@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -193,6 +194,42 @@ def test_variant_tensors_are_left_to_save_v2_and_merged(tmp_path: Path) -> None:
     fresh = tf.Variable(tf.zeros([1000]))
     tf.train.Checkpoint(it=it2, w=fresh).restore(str(tmp_path / "ckpt")).assert_consumed()
     assert int(next(it2)) == 1 and np.array_equal(fresh.numpy(), big.numpy())
+
+
+def _file_crc(path: Path) -> int:
+    return int(google_crc32c.value(path.read_bytes()))
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+def test_the_writer_sums_each_file_from_the_bytes_it_wrote(tmp_path: Path, direct: bool) -> None:
+    """Asked for checksums, the writer returns each file's size and CRC32C, computed from
+    the bytes in memory, equal to the file's: strings, empty and scalar values, and the
+    zeros before a large value placed at an aligned offset, in two data files."""
+    state = varied_state()
+    state["big"] = tf.Variable(tf.random.uniform([700_000], seed=5))  # 2.8 MB: placed at a block
+    snap = _snapshot.take_snapshot(tf.train.Checkpoint(**state), 1)
+    groups = [list(range(j, len(snap.keys), 2)) for j in range(2)]
+    sums = _bundle.write_bundle(str(tmp_path / "ckpt"), snap.keys, snap.tensors, groups, direct=direct, checksums=True)
+    files = {p.name[len("ckpt") :]: p for p in tmp_path.iterdir()}
+    assert sorted(sums) == sorted(files) == [".data-00000-of-00002", ".data-00001-of-00002", ".index"]
+    for suffix, (size, crc) in sums.items():
+        assert (size, crc) == (files[suffix].stat().st_size, _file_crc(files[suffix])), suffix
+    assert _bundle.write_bundle(str(tmp_path / "again"), snap.keys, snap.tensors, groups) == {}
+
+
+def test_a_merged_checkpoint_carries_the_sums_of_the_native_writers_files(tmp_path: Path) -> None:
+    """With a value SaveV2 must write (a tf.data iterator), MergeV2Checkpoints renames the
+    native writer's data file: its sum is carried under the new name; the files TF wrote
+    (its data file, the merged index) are not summed."""
+    it = iter(tf.data.Dataset.range(10))
+    next(it)
+    ckpt = tf.train.Checkpoint(it=it, w=tf.Variable(tf.random.uniform([1000], seed=4)))
+    snap = _snapshot.take_snapshot(ckpt, 1)
+    sums = _write.write_snapshot(snap, str(tmp_path / "ckpt"), native=_bundle, checksums=True)
+    assert list(sums) == [".data-00000-of-00002"]
+    size, crc = sums[".data-00000-of-00002"]
+    data = tmp_path / "ckpt.data-00000-of-00002"
+    assert (size, crc) == (data.stat().st_size, _file_crc(data))
 
 
 def test_the_self_check_passes_with_this_tensorflow(monkeypatch: pytest.MonkeyPatch) -> None:

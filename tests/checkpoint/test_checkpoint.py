@@ -15,7 +15,7 @@ from eventfiles import tick
 import asupervisor as asv
 from asupervisor._checkpoint.policy._policies import keep_policy_for
 from asupervisor._checkpoint.snapshot import _graph
-from asupervisor._checkpoint.store import _commit, _names, _state_file, _writeback
+from asupervisor._checkpoint.store import _commit, _names, _retention, _state_file, _writeback
 from asupervisor._checkpoint.store.fast import _bundle
 from asupervisor._checkpoint.store.plain import _write
 from asupervisor._core._abc import SessionAttribute
@@ -200,11 +200,11 @@ def test_retention_policy_keeps_one_per_n_hours() -> None:
     state = _state_file.CheckpointState(
         "c5", ["c1", "c2", "c3", "c4", "c5"], [0.5 * hour, 1.2 * hour, 1.5 * hour, 2.4 * hour, 3.0 * hour], 0.0
     )
-    kept, delete = _commit.select_retention(state, policy=keep_policy_for(2, 1.0))
+    kept, delete = _retention.select_retention(state, policy=keep_policy_for(2, 1.0))
     assert kept.paths == ["c4", "c5"]
     assert delete == ["c1", "c3"]  # c2 (1.2 h after the last preserved, 0) is kept for good
     assert kept.last_preserved == 1.2 * hour
-    kept, delete = _commit.select_retention(state, policy=keep_policy_for(1, None))
+    kept, delete = _retention.select_retention(state, policy=keep_policy_for(1, None))
     assert kept.paths == ["c5"] and delete == ["c1", "c2", "c3", "c4"]
 
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import asupervisor as asv
 from asupervisor._checkpoint.policy._policies import AnyKeepPolicy, LatestN, keep_policy_for
-from asupervisor._checkpoint.store import _commit, _state_file
+from asupervisor._checkpoint.store import _retention, _state_file
 
 pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores
 
@@ -119,14 +119,14 @@ def test_select_retention_counts_only_managed_and_keeps_two_in_flight() -> None:
     """select_retention deletes the oldest managed checkpoints beyond max_to_keep, skipping
     unmanaged ones, and max_to_keep is raised to 2 by a save in flight (min_keep)."""
     state = _state_file.CheckpointState("m-4", ["m-1", "ckpt-1", "m-2", "m-3", "m-4"], [1.0, 1.5, 2.0, 3.0, 4.0])
-    kept, delete = _commit.select_retention(
+    kept, delete = _retention.select_retention(
         state, policy=keep_policy_for(1, None), managed=lambda p, t: p.startswith("m-")
     )
     assert delete == ["m-1", "m-2", "m-3"]
     assert kept.paths == ["ckpt-1", "m-4"]
-    kept, delete = _commit.select_retention(
+    kept, delete = _retention.select_retention(
         state, policy=AnyKeepPolicy(keep_policy_for(1, None), LatestN(2)), managed=lambda p, t: p.startswith("m-")
     )
     assert delete == ["m-1", "m-2"] and kept.paths == ["ckpt-1", "m-3", "m-4"]
-    kept, delete = _commit.select_retention(state, policy=keep_policy_for(None, None))
+    kept, delete = _retention.select_retention(state, policy=keep_policy_for(None, None))
     assert delete == [] and kept.paths == state.paths

@@ -427,3 +427,24 @@ def test_a_local_path_with_a_colon_is_not_taken_for_a_url(tmp_path: Path) -> Non
     for logdir in ("run:/x", "./s3:/bucket/run"):
         sv = asv.Supervisor(logdir, state=_model(), handle_signals=False)
         assert Path(str(sv.logdir)) == Path(logdir)  # a local logdir, as given
+
+
+@pytest.mark.anyio
+async def test_an_upload_carries_the_checksums_its_write_computed(
+    s3_url: str, s3_env: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the fast store, the commit marker's size and CRC32C of each file come from the
+    write (the native writer summed the bytes it wrote): the upload reads no file for a
+    checksum, only to send it; each carried sum equals the file's."""
+    from asupervisor._checkpoint.store.remote import _tier
+
+    summed: list[str] = []
+    read_for_sum = _tier.crc32c_of
+    monkeypatch.setattr(_tier, "crc32c_of", lambda path: summed.append(Path(path).name) or read_for_sum(path))
+    await _train(s3_url, tmp_path / "a", 10, checkpoint_store="fast", save_model_steps=100)
+    assert summed == []
+    marker = json.loads(s3_read(s3_env.endpoint, s3_url, "model.ckpt-10.asv-commit"))
+    assert len(marker["files"]) == 2
+    for name, entry in marker["files"].items():
+        local = tmp_path / "a" / name
+        assert (entry["size"], entry["crc32c"]) == (local.stat().st_size, read_for_sum(local)), name

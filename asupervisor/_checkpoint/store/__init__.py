@@ -8,13 +8,15 @@ inside a function) gives a directory its store once: ``plain/`` (TF's ``SaveV2``
 restore, portable), ``fast/`` (the Linux fast path) or ``memory/`` (the RAM tier). What
 every store shares, split by guarantee: :mod:`._names` (what the files are called,
 nothing written), :mod:`._state_file` (the ``checkpoint`` file, replaced atomically; the
-only module that writes it), :mod:`._writeback` (bytes and directories to disk),
-:mod:`._commit` (a checkpoint appears whole or not at all; removal; retention's
-selection, the only one), :mod:`._candidates` (which checkpoints a restore tries, in
+only module that writes it or edits what a state names), :mod:`._writeback` (bytes and directories to disk),
+:mod:`._commit` (a checkpoint appears whole or not at all; removal), :mod:`._retention`
+(what a keep policy drops, for every store: the only place one is applied),
+:mod:`._candidates` (which checkpoints a restore tries, in
 order), :mod:`._owner` (one training per logdir), :mod:`._url` (which logdirs are URLs).
 
 ``fast/``, ``memory/`` and ``remote/`` are optional code, reached only through the
-chooser's functions once their store is chosen (:func:`open_remote_tier`,
+chooser's functions once their store is chosen (:func:`open_tiered_store`: a URL
+logdir's store, the local one then object storage; :func:`open_remote_tier`,
 :func:`open_remote_fs`, :func:`inspect_remote`, :func:`open_memory_tier`).
 """
 
@@ -26,6 +28,7 @@ from ..snapshot import _iterator_state, _snapshot
 from . import _candidates as candidates
 from . import _commit as commit
 from . import _names as names
+from . import _retention as retention
 from . import _state_file as state_file
 from . import _writeback as writeback
 from ._choose import (
@@ -38,6 +41,7 @@ from ._choose import (
     open_remote_fs,
     open_remote_tier,
     open_store,
+    open_tiered_store,
     ram_tier_root,
     resolve_store,
     restore_latest,
@@ -46,12 +50,13 @@ from ._choose import (
 from ._errors import SaveAbandoned, write_error
 from ._options import ENV_VAR, PLAIN, STORE_KINDS, FastPath, check_store_kind
 from ._owner import OWNER_FILE, OwnerLock
-from ._types import CheckpointStore, IdleIO, RestoreOutcome
+from ._types import CheckpointStore, IdleIO, RestoreOutcome, Written
 from ._url import check_not_mistyped, default_local_dir, is_url
 
 if TYPE_CHECKING:
     from .memory._tier import MemoryTier
     from .remote._io import RemoteFS
+    from .remote._store import TieredStore
     from .remote._tier import RemoteTier, Uploaded
 
 __all__ = [
@@ -68,7 +73,9 @@ __all__ = [
     "RemoteTier",
     "RestoreOutcome",
     "SaveAbandoned",
+    "TieredStore",
     "Uploaded",
+    "Written",
     "candidates",
     "check_not_mistyped",
     "check_store_kind",
@@ -85,10 +92,12 @@ __all__ = [
     "open_remote_fs",
     "open_remote_tier",
     "open_store",
+    "open_tiered_store",
     "ram_tier_root",
     "resolve_store",
     "restore_latest",
     "restore_path",
+    "retention",
     "state_file",
     "write_error",
     "writeback",

@@ -93,9 +93,9 @@ def repaired_state(
         ]
         if latest not in names:
             names.append(latest)
-        return _state_file.CheckpointState(latest, names, [committed_at(n) for n in names], last_preserved)
+        return _state_file.named(latest, [(n, committed_at(n)) for n in names], last_preserved)
     kept = [(p, t) for p, t in zip(state.paths, state.timestamps) if p not in bad]
     if latest not in [p for p, _ in kept]:
         kept.append((latest, committed_at(latest)))
         kept.sort(key=lambda pt: _names.step_of(Path(pt[0]).name) or -1)
-    return _state_file.CheckpointState(latest, [p for p, _ in kept], [t for _, t in kept], last_preserved)
+    return _state_file.named(latest, kept, last_preserved)

@@ -7,7 +7,8 @@ variable ``ASUPERVISOR_CHECKPOINT_STORE``) says ``"auto"`` (the default: fast on
 plain elsewhere), ``"fast"`` or ``"plain"``. :func:`resolve_store` turns it into a
 :class:`~._options.FastPath`, :func:`open_store` into the store of a directory. Nothing
 else in the package asks which platform it runs on. A URL logdir gets its remote tier
-from :func:`open_remote_tier`, the RAM tier from :func:`open_memory_tier`.
+from :func:`open_remote_tier` and its store, the local one then the remote tier, from
+:func:`open_tiered_store`; the RAM tier from :func:`open_memory_tier`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ._types import CheckpointStore
 if TYPE_CHECKING:
     from .memory._tier import MemoryTier
     from .remote._io import RemoteFS
+    from .remote._store import TieredStore
     from .remote._tier import RemoteTier
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "open_remote_fs",
     "open_remote_tier",
     "open_store",
+    "open_tiered_store",
     "ram_tier_root",
     "resolve_store",
     "restore_latest",
@@ -225,6 +228,14 @@ def open_remote_tier(url: str, local_dir: Path, **kwargs: Any) -> RemoteTier:
     from .remote._tier import RemoteTier
 
     return RemoteTier(url, local_dir, **kwargs)
+
+
+def open_tiered_store(local: CheckpointStore, tier: RemoteTier) -> TieredStore:
+    """The store of a URL logdir: ``local`` (its working directory's), then ``tier``
+    (:class:`.remote._store.TieredStore`)."""
+    from .remote._store import TieredStore
+
+    return TieredStore(local, tier)
 
 
 def open_remote_fs(url: str) -> RemoteFS:

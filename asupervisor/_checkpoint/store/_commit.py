@@ -1,4 +1,4 @@
-"""Committing checkpoint files, removing them, and retention.
+"""Committing checkpoint files, and removing them (what retention drops: :mod:`._retention`).
 
 The layout is in :mod:`._names`.
 
@@ -24,11 +24,10 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..._logging import describe, get_logger
-from ..policy._policies import CheckpointRecord, Keep, KeepPolicy
 from . import _names, _state_file, _writeback
 
 __all__ = [
@@ -38,7 +37,6 @@ __all__ = [
     "probe_writable",
     "remove_partial",
     "retire_checkpoint",
-    "select_retention",
     "set_aside",
 ]
 
@@ -252,45 +250,3 @@ def set_aside(prefix: Path, tag: str) -> list[str]:
     if moved:
         _writeback.fsync_path(prefix.parent)
     return sorted(moved)
-
-
-def select_retention(
-    state: _state_file.CheckpointState,
-    *,
-    policy: KeepPolicy,
-    managed: Callable[[str, float], bool] | None = None,
-    metrics: Callable[[str], Mapping[str, float]] | None = None,
-) -> tuple[_state_file.CheckpointState, list[str]]:
-    """Apply retention to ``state`` (just committed); returns the new state and what to delete.
-
-    Only the checkpoints ``managed(name, timestamp)`` accepts are offered to ``policy``
-    (all by default); the others stay named and on disk, as ``tf.train.CheckpointManager``
-    leaves alone what it does not manage. The latest checkpoint is never offered (never
-    deleted). A checkpoint the policy keeps ``FOREVER`` is dropped from the state file's
-    list but not deleted, and the state remembers when (``last_preserved``).
-    ``metrics(name)``: the metrics recorded with each checkpoint offered
-    (:attr:`CheckpointRecord.metrics`; none by default).
-    """
-    last_preserved = state.last_preserved
-    entries = list(zip(state.paths, state.timestamps))
-    ours = [i for i, (p, t) in enumerate(entries) if p != state.latest and (managed is None or managed(p, t))]
-    records = [
-        CheckpointRecord(*entries[i]) if metrics is None else CheckpointRecord(*entries[i], metrics(entries[i][0]))
-        for i in ours
-    ]
-    decisions = list(policy.decide(records, last_forever=last_preserved))
-    if len(decisions) != len(ours) or not all(isinstance(d, Keep) for d in decisions):
-        raise TypeError(f"{policy!r}.decide() must return one Keep per checkpoint ({len(ours)}), got {decisions!r}")
-    dropped: set[int] = set()
-    delete: list[str] = []
-    for i, decision in zip(ours, decisions):
-        if decision is Keep.KEEP:
-            continue
-        dropped.add(i)
-        path, stamp = entries[i]
-        if decision is Keep.FOREVER:
-            last_preserved = max(last_preserved, stamp)
-        else:
-            delete.append(path)
-    kept = [e for i, e in enumerate(entries) if i not in dropped]
-    return _state_file.CheckpointState(state.latest, [p for p, _ in kept], [t for _, t in kept], last_preserved), delete

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,10 @@ from . import _names, _writeback
 
 __all__ = [
     "CheckpointState",
+    "adding",
+    "dropping",
     "inspect_state",
+    "named",
     "parse_state_text",
     "read_own_state",
     "read_state",
@@ -49,6 +53,36 @@ class CheckpointState:
     paths: list[str] = field(default_factory=list)
     timestamps: list[float] = field(default_factory=list)
     last_preserved: float = 0.0
+
+
+# -- edits: every change of what a state names is one of these ------------------------
+
+
+def named(latest: str | None, entries: Sequence[tuple[str, float]], last_preserved: float = 0.0) -> CheckpointState:
+    """A state naming ``entries`` (name, commit time), oldest first; ``latest`` the latest."""
+    return CheckpointState(latest, [p for p, _ in entries], [t for _, t in entries], last_preserved)
+
+
+def adding(state: CheckpointState, name: str, committed_at: float) -> CheckpointState:
+    """``state`` with the checkpoint ``name`` just committed: named once, and the latest,
+    unless a newer checkpoint is the latest (an older snapshot committed after it: a
+    hook's synchronous save): then in step order, and the newer one stays the latest."""
+    keep = [(p, t) for p, t in zip(state.paths, state.timestamps) if p != name]
+    step = _names.step_of(name)
+    latest_step = _names.step_of(state.latest) if state.latest else None
+    if step is not None and latest_step is not None and latest_step > step and state.latest in state.paths:
+        at = next((i for i, (p, _) in enumerate(keep) if (_names.step_of(p) or -1) > step), len(keep))
+        keep.insert(at, (name, committed_at))
+        return named(state.latest, keep, state.last_preserved)
+    keep.append((name, committed_at))
+    return named(name, keep, state.last_preserved)
+
+
+def dropping(state: CheckpointState, names: Collection[str]) -> CheckpointState:
+    """``state`` without ``names``; the latest stays, or, dropped, the newest left is."""
+    keep = [(p, t) for p, t in zip(state.paths, state.timestamps) if p not in names]
+    latest = state.latest if state.latest not in names else (keep[-1][0] if keep else None)
+    return named(latest, keep, state.last_preserved)
 
 
 def _state_proto() -> Any:

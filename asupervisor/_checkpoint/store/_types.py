@@ -15,7 +15,7 @@ at start-up; :meth:`~CheckpointStore.write`, :meth:`~CheckpointStore.commit` and
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ._owner import OwnerLock
     from ._state_file import CheckpointState
 
-__all__ = ["CheckpointStore", "DirectReader", "IdleIO", "NativeWriter", "RestoreOutcome"]
+__all__ = ["CheckpointStore", "DirectReader", "IdleIO", "NativeWriter", "RestoreOutcome", "Written"]
 
 T = TypeVar("T")
 
@@ -51,6 +51,20 @@ class RestoreOutcome:
     state: CheckpointState | None = None
 
 
+@dataclass(frozen=True)
+class Written:
+    """What a write produced beside its files.
+
+    Attributes:
+        files: the size and CRC32C of each file the writer computed them for while it
+            wrote (from the bytes in memory, when asked to), by its name's suffix
+            (``".index"``, ``".data-00000-of-00001"``); a file not here is summed by
+            whoever needs it (the remote's upload, as it reads it).
+    """
+
+    files: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+
 class IdleIO(Protocol):
     """Runs file work on an idle-priority thread (the fast store's)."""
 
@@ -64,7 +78,7 @@ class NativeWriter(Protocol):
     def self_check(self) -> bool: ...
     def encodable(self, tensor: Any, slice_spec: str) -> bool: ...
 
-    write_bundle: Callable[..., None]
+    write_bundle: Callable[..., dict[str, tuple[int, int]]]
 
 
 class DirectReader(Protocol):
@@ -100,7 +114,8 @@ class CheckpointStore(Protocol):
     def clean_leftovers(self) -> list[str]: ...
 
     # 2. write: a snapshot's files under a temporary prefix, abandonable (``durable``:
-    #    on the disk when it returns; ``False`` for a save removed right after)
+    #    on the disk when it returns; ``False`` for a save removed right after), with the
+    #    checksums the writer can compute as it writes when ``checksums`` (an upload's)
     def write(
         self,
         snapshot: Snapshot,
@@ -109,7 +124,8 @@ class CheckpointStore(Protocol):
         io: IdleIO | None = None,
         *,
         durable: bool = True,
-    ) -> None: ...
+        checksums: bool = False,
+    ) -> Written: ...
     def remove_partial(self, tmp: Path) -> None: ...
 
     # 3. commit with a retention plan: the new latest, durable; what retention dropped

@@ -217,12 +217,29 @@ def _crc_bytes(data: bytes, crc: int = 0) -> int:
     return int(_crc[0](crc, data))
 
 
-def _crc_array(array: np.ndarray) -> int:
+def _crc_array(array: np.ndarray, crc: int = 0) -> int:
     assert _crc is not None
     by_address = _crc[1]
     if by_address is None:
-        return _crc_bytes(array.tobytes())
-    return int(by_address(0, array.ctypes.data, array.nbytes))
+        return _crc_bytes(array.tobytes(), crc)
+    return int(by_address(crc, array.ctypes.data, array.nbytes))
+
+
+def _file_sum(tensors: Sequence[Any], placed: Sequence[tuple[int, int, int]]) -> tuple[int, int]:
+    """The size and CRC32C of a data file just written with ``tensors`` at ``placed``,
+    from the tensors' bytes still in memory (the gaps before aligned ones read as zeros):
+    the checksum a remote's commit marker carries, without reading the file back."""
+    crc = end = 0
+    for tensor, (offset, size, _) in zip(tensors, placed):
+        if offset > end:
+            crc = _crc_bytes(bytes(offset - end), crc)
+        if int(tensor.dtype.as_datatype_enum) == _STRING:
+            for part in _string_bytes(tensor)[0]:
+                crc = _crc_bytes(part, crc)
+        elif size:
+            crc = _crc_array(_plain_array(tensor), crc)
+        end = offset + size
+    return end, crc
 
 
 def _varint(n: int) -> bytes:
@@ -493,7 +510,8 @@ def write_bundle(
     check: Callable[[], None] | None = None,
     io: IdleIO | None = None,
     direct: bool = True,
-) -> None:
+    checksums: bool = False,
+) -> dict[str, tuple[int, int]]:
     """Write a bundle at ``prefix``: data file ``j`` holds the tensors ``groups[j]``.
 
     Every tensor must be :func:`encodable`. ``run_parallel(fn, n)`` (optional) returns
@@ -501,7 +519,9 @@ def write_bundle(
     at the same time. The index is written last. Files are not synced. ``check`` is
     called between chunks and may raise to abandon the write (the caller removes what
     was written). ``io`` (optional) writes the data at idle priority. ``direct``: large
-    data files with direct I/O where the filesystem takes it.
+    data files with direct I/O where the filesystem takes it. Returns, with ``checksums``,
+    each file's size and CRC32C by its name's suffix (``".index"``,
+    ``".data-00000-of-00001"``), computed from the bytes in memory (else ``{}``).
     """
     count = len(groups)
 
@@ -527,3 +547,10 @@ def write_bundle(
             pwrite_all(fd, index, 0)
         finally:
             os.close(fd)
+    if not checksums:
+        return {}
+    sums = {".index": (len(index), _crc_bytes(index))}
+    for j, group in enumerate(groups):
+        name = data_path(prefix, j, count)[len(prefix) :]
+        sums[name] = _file_sum([tensors[i] for i in group], placed[j])
+    return sums

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _writeback
 from .._options import FastPath
+from .._types import Written
 from ..plain import _restore, _write
 from ..plain._store import PlainStore
 from . import _bundle, _direct_restore
@@ -67,11 +68,13 @@ class FastStore(PlainStore):
         io: AnyIdleIO | None = None,
         *,
         durable: bool = True,
-    ) -> None:
+        checksums: bool = False,
+    ) -> Written:
         """Write ``snapshot`` under ``tmp`` (the native writer, direct I/O where on) and
         get its data to disk in abandonable chunks (early writeback, then
         ``sync_file_range``), the kernel-heavy parts on ``io``'s idle thread.
-        ``durable=False``: not to disk (a temporary save, removed right after)."""
+        ``durable=False``: not to disk (a temporary save, removed right after).
+        ``checksums``: the native writer's files' sums, from the bytes it wrote."""
         check()
         fast = self.fast
         native: NativeWriter | None = None
@@ -79,16 +82,20 @@ class FastStore(PlainStore):
             native = _bundle
         if fast.early_writeback:
             with _writeback.early_writeback(tmp):
-                _write.write_snapshot(snapshot, str(tmp), check, io, native=native, direct=fast.direct_writes)
+                sums = _write.write_snapshot(
+                    snapshot, str(tmp), check, io, native=native, direct=fast.direct_writes, checksums=checksums
+                )
         else:
-            _write.write_snapshot(snapshot, str(tmp), check, io, native=native, direct=fast.direct_writes)
-        if not durable:
-            return
-        sync = functools.partial(_writeback.sync_data, tmp, check)
-        if io is None:
-            sync()
-        else:
-            io.call(sync)  # the long wait for the disk, abandonable
+            sums = _write.write_snapshot(
+                snapshot, str(tmp), check, io, native=native, direct=fast.direct_writes, checksums=checksums
+            )
+        if durable:
+            sync = functools.partial(_writeback.sync_data, tmp, check)
+            if io is None:
+                sync()
+            else:
+                io.call(sync)  # the long wait for the disk, abandonable
+        return Written(sums)
 
     def restore_newest(self, checkpoint: Any, *, strict: bool, basename: str | None) -> _restore.RestoreOutcome:
         """Restore the newest good checkpoint, with the own reader where it is on."""

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _commit, _names, _state_file, _writeback
 from .._options import PLAIN, FastPath
+from .._types import Written
 from . import _restore, _write
 
 if TYPE_CHECKING:
@@ -105,13 +106,16 @@ class PlainStore:
         io: IdleIO | None = None,
         *,
         durable: bool = True,
-    ) -> None:
+        checksums: bool = False,
+    ) -> Written:
         """Write ``snapshot``'s files under the temporary prefix ``tmp`` (``SaveV2``).
         ``check`` raises to abandon the save (between parts: ``SaveV2`` itself cannot be
-        interrupted). ``durable`` changes nothing here: the commit syncs."""
+        interrupted). ``durable`` changes nothing here: the commit syncs. No checksums:
+        TF computes only its own, per value."""
         check()
         _write.write_snapshot(snapshot, str(tmp), check, None)
         check()
+        return Written()
 
     def commit(
         self,

@@ -74,7 +74,8 @@ def write_snapshot(
     *,
     native: NativeWriter | None = None,
     direct: bool = True,
-) -> None:
+    checksums: bool = False,
+) -> dict[str, tuple[int, int]]:
     """Write ``snapshot`` as a TF2 object checkpoint at ``prefix``.
 
     Plain numeric, bool and string tensors are written by :mod:`._bundle` straight from
@@ -89,30 +90,43 @@ def write_snapshot(
     ``native``: the fast store's native writer (its ``_bundle`` module); ``None``:
     ``SaveV2`` writes everything, in pieces (the plain store, :func:`_save_v2_in_pieces`).
     ``direct=False``: no data file is written with direct I/O.
+
+    Returns, with ``checksums``, the size and CRC32C of each file the native writer
+    produced, by its name's suffix (``".data-00000-of-00002"``), from the bytes it wrote
+    (none for what TF writes: ``SaveV2``'s files, a merged index); else ``{}``.
     """
     if native is None:
         _save_v2_in_pieces(snapshot, prefix, check)
-        return
+        return {}
     if not (native.available() and native.self_check()):
         _save_v2(snapshot, prefix, _shards(snapshot.tensors))
-        return
+        return {}
     encodable = [i for i, (t, s) in enumerate(zip(snapshot.tensors, snapshot.slices)) if native.encodable(t, s)]
     if len(encodable) == len(snapshot.tensors):
-        _write_native(native, snapshot, prefix, check, io, direct)
-        return
+        return _write_native(native, snapshot, prefix, check, io, direct, checksums)
     if not encodable:
         _save_v2(snapshot, prefix, _shards(snapshot.tensors))
-        return
+        return {}
     rest = sorted(set(range(len(snapshot.tensors))) - set(encodable))
     parts = [f"{prefix}_temp/part-{j:05d}-of-00002" for j in range(2)]
     os.makedirs(f"{prefix}_temp", exist_ok=True)
-    _write_native(native, _subset(snapshot, encodable), parts[0], check, io, direct)
+    sums = _write_native(native, _subset(snapshot, encodable), parts[0], check, io, direct, checksums)
     if check is not None:
         check()
     sub = _subset(snapshot, rest)
     _save_v2(sub, parts[1], [list(range(len(rest)))])
     with tf().device("/cpu:0"):
         _merge_op(parts, prefix, delete_old_dirs=True)
+    return _merged_sums(sums)
+
+
+def _merged_sums(sums: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """The native part's sums under the names ``MergeV2Checkpoints`` renames its data files
+    to (the first part's shards keep their numbers, of one more in all: ``SaveV2``'s); its
+    index is merged into a new one, whose sum is not known."""
+    shards = [name for name in sums if name.startswith(".data-")]
+    total = len(shards) + 1
+    return {f".data-{int(name[6:11]):05d}-of-{total:05d}": sums[name] for name in shards}
 
 
 def _save_op(prefix: str, keys: list[str], slices: list[str], tensors: list[Any]) -> None:
@@ -143,13 +157,15 @@ def _write_native(
     check: Callable[[], None] | None = None,
     io: IdleIO | None = None,
     direct: bool = True,
-) -> None:
+    checksums: bool = False,
+) -> dict[str, tuple[int, int]]:
     groups = _shards(snapshot.tensors)
     if len(groups) == 1:
-        bundle.write_bundle(prefix, snapshot.keys, snapshot.tensors, groups, check=check, io=io, direct=direct)
-        return
+        return bundle.write_bundle(
+            prefix, snapshot.keys, snapshot.tensors, groups, check=check, io=io, direct=direct, checksums=checksums
+        )
     with ThreadPoolExecutor(len(groups), thread_name_prefix="asv-checkpoint-shard") as pool:
-        bundle.write_bundle(
+        return bundle.write_bundle(
             prefix,
             snapshot.keys,
             snapshot.tensors,
@@ -158,6 +174,7 @@ def _write_native(
             check,
             io,
             direct,
+            checksums,
         )
 
 

@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 from ...._exceptions import CheckpointError, LeaseLostError
 from ...._logging import describe, get_logger
 from ...snapshot import _metrics
-from .. import _commit, _names, _state_file, _writeback
+from .. import _commit, _names, _retention, _state_file, _writeback
 from ._io import Bound, RemoteFS
-from ._layout import MARKER_SUFFIX, Marker, RemoteCheckpoint, crc32c_of, list_remote, marker_problem
+from ._layout import MARKER_SUFFIX, Marker, RemoteCheckpoint, crc32c_hex, crc32c_of, list_remote, marker_problem
 from ._lease import RemoteLease
 from ._settings import timeout_secs
 
@@ -382,13 +382,7 @@ class RemoteTier:
                 store.set_aside(name, tag)
             state = store.read_state()
             if state is not None:
-                kept = [(p, t) for p, t in zip(state.paths, state.timestamps) if p not in names]
-                latest = kept[-1][0] if kept else None
-                store.write_state(
-                    _state_file.CheckpointState(
-                        latest, [p for p, _ in kept], [t for _, t in kept], state.last_preserved
-                    )
-                )
+                store.write_state(_state_file.dropping(state, names))
         log.warning(
             "remote.local_set_aside",
             url=self.url,
@@ -405,9 +399,7 @@ class RemoteTier:
                 self._download_files(marker, tmp)
             with store.commit_lock:
                 state = store.read_state() or _state_file.CheckpointState()
-                paths = [p for p in state.paths if p != marker.name] + [marker.name]
-                stamps = [t for p, t in zip(state.paths, state.timestamps) if p != marker.name] + [marker.committed_at]
-                new = _state_file.CheckpointState(marker.name, paths, stamps, state.last_preserved)
+                new = _state_file.adding(state, marker.name, marker.committed_at)
                 _commit.commit(tmp, self.local_dir / marker.name, new)
         except BaseException:
             _commit.remove_partial(tmp)
@@ -440,10 +432,11 @@ class RemoteTier:
         if self._abandon:
             raise Abandoned("the upload was abandoned at the stop's deadline")
 
-    def _put(self, local: Path, name: str) -> tuple[int, str]:
-        """Upload ``local`` as ``name`` (fenced; abandonable mid-file); its size and CRC32C."""
-        crc = crc32c_of(local)
+    def _put(self, local: Path, name: str, carried: tuple[int, int] | None = None) -> tuple[int, str]:
+        """Upload ``local`` as ``name`` (fenced; abandonable mid-file); its size and CRC32C:
+        ``carried`` (as the write computed them) when its size is the file's, else read."""
         size = os.path.getsize(local)
+        crc = crc32c_hex(carried[1]) if carried is not None and carried[0] == size else crc32c_of(local)
         path = self._path(name)
         try:
             with self._fenced(f"the upload of {name}"):
@@ -469,13 +462,20 @@ class RemoteTier:
             log.info("remote.moving", url=self.url)
 
     def upload(
-        self, prefix: Path, step: int, committed_at: float, metrics: Mapping[str, float] | None = None
+        self,
+        prefix: Path,
+        step: int,
+        committed_at: float,
+        metrics: Mapping[str, float] | None = None,
+        files: Mapping[str, tuple[int, int]] | None = None,
     ) -> Uploaded | None:
         """Copy the local checkpoint ``prefix`` to the remote and commit it there: its
         files, then its marker, then the state object; then retention on the remote, the
         objects of earlier uploads that never committed, and the summaries. Each write is
         fenced by the lease. ``None`` when the checkpoint is no longer on the local disk
         (retention deleted it meanwhile: a newer one follows); its objects are removed.
+        ``metrics`` and ``files`` (each file's size and CRC32C by suffix,
+        :class:`.._types.Written`) as the write had them: what they lack is read.
 
         Raises:
             Abandoned: the stop's deadline came first (the previous remote checkpoint
@@ -494,27 +494,32 @@ class RemoteTier:
             )
         ):
             try:
-                return self._upload(prefix, step, committed_at, metrics)
+                return self._upload(prefix, step, committed_at, metrics, files or {})
             finally:
                 self.stalled = False  # this upload is over, whatever ended it
 
     def _upload(
-        self, prefix: Path, step: int, committed_at: float, metrics: Mapping[str, float] | None
+        self,
+        prefix: Path,
+        step: int,
+        committed_at: float,
+        metrics: Mapping[str, float] | None,
+        files: Mapping[str, tuple[int, int]],
     ) -> Uploaded | None:
         name = prefix.name
-        files = _names.checkpoint_files(prefix)
+        paths = _names.checkpoint_files(prefix)
         if _names.missing_files(prefix) is not None:
             return None
         started = time.monotonic()
         # as the write had them, else read (for retention on the remote; unreadable: none)
         metrics = _metrics.read(str(prefix)) if metrics is None else dict(metrics)
         sums: dict[str, tuple[int, str]] = {}
-        data = [f for f in files if not f.name.endswith(".index")]
-        index = [f for f in files if f.name.endswith(".index")]
+        data = [f for f in paths if not f.name.endswith(".index")]
+        index = [f for f in paths if f.name.endswith(".index")]
         self._unfinished.add(name)
         try:
             for f in data + index:
-                sums[f.name] = self._put(f, f.name)
+                sums[f.name] = self._put(f, f.name, files.get(f.name[len(name) :]))
         except FileNotFoundError:
             log.info("remote.upload_superseded", url=self.url, checkpoint=name, why="retired locally meanwhile")
             self._remove_unfinished()
@@ -561,20 +566,15 @@ class RemoteTier:
         state = self._read_remote_state()
         if state is None:  # none yet, or damaged: the markers say what is committed
             ordered = sorted(committed.values(), key=lambda m: m.step)
-            state = _state_file.CheckpointState(None, [m.name for m in ordered], [m.committed_at for m in ordered])
-        entries = [(p, t) for p, t in zip(state.paths, state.timestamps) if p in committed and p != marker.name]
-        entries.append((marker.name, marker.committed_at))
-        entries.sort(key=lambda e: _names.step_of(e[0]) or 0)
-        newest = entries[-1][0]
-        state = _state_file.CheckpointState(
-            newest, [p for p, _ in entries], [t for _, t in entries], state.last_preserved
-        )
-        prefix = f"{self.basename}-"
+            state = _state_file.named(None, [(m.name, m.committed_at) for m in ordered])
+        state = _state_file.dropping(state, [p for p in state.paths if p not in committed])
+        state = _state_file.adding(state, marker.name, marker.committed_at)
         assert self.keep_policy is not None, "a reader does not upload"
-        state, delete = _commit.select_retention(
+        assert self.basename is not None, "a reader does not upload"
+        state, delete = _retention.select_retention(
             state,
             policy=self.keep_policy,
-            managed=lambda p, t: p.startswith(prefix) and p[len(prefix) :].isdigit(),
+            managed=_retention.managed_by(self.basename),
             metrics=lambda p: marker.metrics if p == marker.name else committed[p].metrics if p in committed else {},
         )
         with self._fenced("the state object"):
