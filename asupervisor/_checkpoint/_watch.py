@@ -10,10 +10,11 @@ Only committed checkpoints are seen: the watcher reads the ``checkpoint`` state 
 which names a checkpoint only after its files are complete and synced. A URL logdir
 (``s3://``, ``gs://``, ...) is watched through its commit markers: each new committed
 checkpoint is downloaded (verified against its marker) into a local directory, and its
-local path is yielded; its files are deleted at the first poll after the evaluator asked
-for the next one, so a day-long watch keeps a few checkpoints on its disk, not all. The file is read
-on a short-lived dedicated thread per poll (never on the event loop, and nothing is left
-running when the loop over it is left early); time comes from an injectable clock.
+local path is yielded; one that fails the check is skipped with a warning, once. Its files
+are deleted at the first poll after the evaluator asked for the next one, so a day-long
+watch keeps a few checkpoints on its disk, not all. The file is read on a short-lived
+dedicated thread per poll (never on the event loop, and nothing is left running when the
+loop over it is left early); time comes from an injectable clock.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from types import TracebackType
 from .._core._clock import Clock, MonotonicClock
 from .._core._handoff import LoopHandle
 from .._core._threads import DedicatedThread
+from .._exceptions import CheckpointError
 from .._logging import describe, get_logger
 from .store import PLAIN, names, open_remote_tier, open_store, state_file
 
@@ -44,17 +46,31 @@ def _prune(done: list[str]) -> None:
                 log.warning("watch.prune_failed", path=str(path), error=describe(exc))
 
 
-def _committed_remote(url: str, local: Path, after_step: int, done: list[str]) -> list[str]:
+def _committed_remote(
+    url: str, local: Path, after_step: int, done: list[str], damaged: set[tuple[str, float]]
+) -> list[str]:
     """The remote's committed checkpoints newer than ``after_step``, oldest first, each
     downloaded into ``local``; their local paths. The downloads in ``done`` (yielded
-    before the evaluator asked for the next one) are deleted first."""
+    before the evaluator asked for the next one) are deleted first. A checkpoint whose
+    bytes do not match its marker is skipped, logged once, and added to ``damaged`` (by
+    name and commit time: a new upload under its name is tried again)."""
     _prune(done)
     tier = open_remote_tier(url, local, basename=None, keep_policy=None, owner=False)
     try:
         tier.open()
         store = open_store(local, PLAIN)  # the download's commit: plain file calls
         newer = [m for _, m in tier.committed() if m.step > after_step]
-        return [str(tier.fetch(store, m)) for m in sorted(newer, key=lambda m: m.step)]
+        fetched = []
+        for marker in sorted(newer, key=lambda m: m.step):
+            key = (marker.name, marker.committed_at)
+            if key in damaged:
+                continue
+            try:
+                fetched.append(str(tier.fetch(store, marker)))
+            except CheckpointError as exc:  # its bytes are not what was committed
+                damaged.add(key)
+                log.warning("watch.checkpoint_damaged", logdir=url, checkpoint=marker.name, problem=str(exc))
+        return fetched
     finally:
         tier.close()
 
@@ -97,6 +113,7 @@ class CheckpointWatcher:
         self._seen: set[str] = set()
         self._pending: list[str] = []
         self._done: list[str] = []  # a URL logdir's downloads yielded before the last one
+        self._damaged: set[tuple[str, float]] = set()  # a URL logdir's checkpoints that failed their checksum
         self._yielded: str | None = None
 
     def __aiter__(self) -> CheckpointWatcher:
@@ -117,7 +134,7 @@ class CheckpointWatcher:
             if self.local_dir is not None:  # a URL logdir
                 done, self._done = self._done, []
                 remote: list[str] = await thread.call(
-                    _committed_remote, str(self.logdir), self.local_dir, self._seen_step, done
+                    _committed_remote, str(self.logdir), self.local_dir, self._seen_step, done, self._damaged
                 )
                 return remote
             committed: list[str] = await thread.call(_committed, self.logdir)
