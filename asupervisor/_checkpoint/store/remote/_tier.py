@@ -349,10 +349,6 @@ class RemoteTier:
         local = store.complete_checkpoints(self.basename)
         with self.fs.bounded(Bound("the start's checks", total=self.timeout)):
             committed = self.committed()
-        if committed:
-            newest = committed[0][1]
-            self.uploaded = Uploaded(newest.name, newest.step, newest.committed_at)
-            self.committed_wall = newest.committed_at
         remote_step = committed[0][0].step if committed else None
         if agree:
             newer = [n for n in local if remote_step is None or (_names.step_of(n) or 0) > remote_step]
@@ -360,18 +356,33 @@ class RemoteTier:
                 self._set_aside_unuploaded(store, newer)
                 local = [n for n in local if n not in newer]
         local_step = _names.step_of(local[0]) if local else None
+        damaged: list[str] = []
         for ckpt, marker in committed:
             if local_step is not None and ckpt.step <= local_step:
                 if ckpt.step < local_step:
                     log.info("remote.behind", url=self.url, remote_step=ckpt.step, local_step=local_step)
+                self._found(marker)
                 return None
             try:
                 self._download(store, marker)
             except CheckpointError as exc:
                 log.warning("remote.checkpoint_damaged", url=self.url, checkpoint=ckpt.name, problem=str(exc))
+                damaged.append(f"{ckpt.name}: {exc}")
                 continue
+            self._found(marker)  # the newest intact one: a damaged newer one is replaced by the next upload
             return ckpt.name
+        if damaged:  # never an init_fn over a run whose every checkpoint is damaged
+            raise CheckpointError(
+                f"every checkpoint on {self.url} failed its check, and none is on this machine: "
+                + "; ".join(damaged)
+                + " (restore or remove them to start over)"
+            )
         return None
+
+    def _found(self, marker: Marker) -> None:
+        """The remote's newest intact checkpoint is ``marker``'s (what an upload must pass)."""
+        self.uploaded = Uploaded(marker.name, marker.step, marker.committed_at)
+        self.committed_wall = marker.committed_at
 
     def _set_aside_unuploaded(self, store: CheckpointStore, names: list[str]) -> None:
         """Rename local checkpoints the remote never got out of the way of a restore, and
@@ -419,8 +430,11 @@ class RemoteTier:
             target = Path(f"{tmp}{name[len(marker.name) :]}")
             self.fs.get_file(self._path(name), str(target))
             got = os.path.getsize(target)
-            if got != size or crc32c_of(target) != crc:
-                raise CheckpointError(f"{name}: its bytes do not match its commit marker (size {got}, expected {size})")
+            if got != size:
+                raise CheckpointError(f"{name}: {got} bytes, its commit marker says {size}")
+            got_crc = crc32c_of(target)
+            if got_crc != crc:
+                raise CheckpointError(f"{name}: CRC32C {got_crc}, its commit marker says {crc}")
 
     # -- uploads (the upload thread) ---------------------------------------------------
 
