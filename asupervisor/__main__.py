@@ -6,6 +6,10 @@
   (step, time, size, whether it loads, which is the latest), leftovers of interrupted
   saves, a damaged state file, the last value of each scalar summary. Exits 1 when the
   directory is missing, a checkpoint does not load or the state file is damaged.
+* ``asupervisor verify-resume [--kills N --steps N ...] SCRIPT [ARGS]`` — runs a
+  training script to its end, then again with SIGKILLs and restarts, and compares the
+  final states bitwise; exits 0 when they match, 1 when not (naming the first value that
+  differs and the likely cause), 2 when the script cannot be verified.
 
 TensorFlow is imported only once a command runs, after its start-up noise is silenced.
 An error of the library (a logdir that cannot be used, a URL nothing serves, a checkpoint
@@ -38,10 +42,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     inspect.add_argument("logdir", help="the training's log directory")
     inspect.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    verify = commands.add_parser(
+        "verify-resume",
+        parents=[common],
+        help="kill a training script at random moments, resume it, compare with an uninterrupted run",
+    )
     _demo_arguments(demo)
+    _verify_arguments(verify)
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own usage, not the top level's
-        {"demo": demo, "inspect": inspect}[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+        {"demo": demo, "inspect": inspect, "verify-resume": verify}[args.command].error(
+            f"unrecognized arguments: {' '.join(unknown)}"
+        )
     from ._exceptions import SupervisorError
 
     if not args.debug:
@@ -60,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sys.stderr.flush()
                 os._exit(code)
             return code
+        if args.command == "verify-resume":  # its runs import TensorFlow; it does only to compare
+            from . import _verify
+
+            return _verify.run(args)
         if not args.debug:
             _import_tensorflow_quietly()
         from . import _inspect
@@ -151,6 +167,26 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summary-secs", type=_positive_secs, default=2.0)
     parser.add_argument("--progress-secs", type=_positive_secs, default=2.0)
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+
+
+def _verify_arguments(parser: argparse.ArgumentParser) -> None:
+    """verify-resume's command-line options (before SCRIPT; what follows it is the script's)."""
+    parser.add_argument("--kills", type=_count(0), default=3, help="SIGKILLs before a run may end (3)")
+    parser.add_argument("--steps", type=_count(1), default=None, help="stop every run at this global step")
+    parser.add_argument(
+        "--save-steps", type=_count(1), default=None, help="a checkpoint every N steps too (default: steps/8)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments (0)")
+    parser.add_argument("--timeout", type=_positive_secs, default=600.0, help="seconds a run may take (600)")
+    parser.add_argument(
+        "--no-control",
+        dest="control",
+        action="store_false",
+        help="on a difference, do not run the script once more without kills (tells non-determinism apart)",
+    )
+    parser.add_argument("--workdir", default=None, help="an empty directory for the runs (default: a temporary one)")
+    parser.add_argument("script", help="the training script, run as python SCRIPT ARGS")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments; {logdir} is replaced by each run's")
 
 
 if __name__ == "__main__":

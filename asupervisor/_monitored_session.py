@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from . import _overrides as overrides
 from ._basic_hooks._checkpoint import CheckpointSaverHook
 from ._basic_hooks._step_counter import StepCounterHook
 from ._basic_hooks._summary import SummarySaverHook
@@ -97,6 +98,7 @@ class MonitoredTrainingSession:
         for name in ("save_model_secs", "save_summaries_secs", "logdir", "hooks", "is_chief", "stop_grace_secs"):
             if name in supervisor_kwargs:
                 raise TypeError(f"MonitoredTrainingSession sets {name} itself; use its own arguments")
+        checkpoint_dir = overrides.logdir(checkpoint_dir)  # ASUPERVISOR_LOGDIR (docs/cli.md)
         save_checkpoint_secs = _positive_or_none("save_checkpoint_secs", save_checkpoint_secs)
         save_summaries_secs = _positive_or_none("save_summaries_secs", save_summaries_secs)
         if save_checkpoint_steps is not None and save_checkpoint_steps > 0:

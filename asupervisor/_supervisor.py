@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from . import _overrides as overrides
 from ._assembly import session_parts
 from ._checkpoint.policy._policies import KeepPolicy, SavePolicy
 from ._cluster import cluster_info
@@ -192,9 +193,10 @@ class Supervisor:
         settings = _settings(flat, explicit, store)
         if checkpoint is not None or summaries is not None or stop is not None:
             settings = merge_options(settings, flat_defaults(), checkpoint=checkpoint, summaries=summaries, stop=stop)
+        settings = overrides.save_settings(settings)  # ASUPERVISOR_* (docs/cli.md): verify-resume's runs
         cluster = cluster_info()
         self.config = SupervisorConfig(
-            logdir=logdir,  # type: ignore[arg-type]  # normalised to a Path
+            logdir=overrides.logdir(logdir),  # normalised to a Path
             state=state,
             global_step=global_step,
             is_chief=cluster.is_chief if is_chief is None else is_chief,
@@ -202,7 +204,7 @@ class Supervisor:
             local_init_fn=local_init_fn,
             ready_fn=ready_fn,
             recovery_wait_secs=recovery_wait_secs,
-            hooks=hooks,
+            hooks=(*hooks, *overrides.stop_hooks()),
             progress=progress,
             metrics_port=metrics_port,
             queue_runners=queue_runners,

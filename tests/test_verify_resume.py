@@ -1,0 +1,82 @@
+"""``asupervisor verify-resume``, run as users run it: a command whose runs are real
+processes, SIGKILLed and restarted, their final checkpoints compared bitwise.
+
+The script (``tests/verify_scripts/regression.py``) is deterministic with its data,
+optimizer and RNG in the state; with ``--untracked`` its batches come from a Python
+iterator outside the state, which a resumed run starts again: the command must catch it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asupervisor import _overrides
+from asupervisor._verify import _tool
+
+SCRIPT = Path(__file__).resolve().parent / "verify_scripts" / "regression.py"
+
+
+def verify(*args: str, workdir: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m asupervisor verify-resume --workdir WORKDIR ARGS``, finished."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASUPERVISOR_")}
+    return subprocess.run(
+        [sys.executable, "-m", "asupervisor", "verify-resume", "--workdir", str(workdir), "--timeout", "120", *args],
+        capture_output=True,
+        text=True,
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        timeout=400,
+    )
+
+
+def test_a_deterministic_script_resumes_exactly_through_two_kills(tmp_path: Path) -> None:
+    """Two SIGKILLs, at least one after a checkpoint past the start: the resumed runs
+    end in the reference's state, bitwise (exit 0); the script runs on trio."""
+    proc = verify(
+        "--kills", "2", "--steps", "40", str(SCRIPT), "--logdir", "{logdir}", "--backend", "trio", workdir=tmp_path
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "verify-resume: exact (2 kills): the final state at step 40 is bitwise the reference's"
+    assert sum("killed after" in line for line in lines) == 2, proc.stdout
+    resumed_from = [int(n) for n in re.findall(r"^run \d+: from step (\d+)", proc.stdout, re.M)]
+    assert any(0 < n < 40 for n in resumed_from), proc.stdout
+    assert (tmp_path / "resumed" / "model.ckpt-40.index").exists()
+
+
+def test_an_untracked_iterator_is_caught(tmp_path: Path) -> None:
+    """Batches from a Python iterator outside the state: after a kill past a checkpoint
+    the resumed run reads other batches; the command names the first differing value
+    and the cause, exit 1."""
+    proc = verify("--kills", "1", "--no-control", str(SCRIPT), "--logdir", "{logdir}", "--untracked", workdir=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    last = proc.stdout.splitlines()[-1]
+    assert last.startswith("verify-resume: differs at bias/.ATTRIBUTES/VARIABLE_VALUE (weights"), proc.stdout
+    assert "the data iterator is not checkpointed (an untracked iterator" in last, last
+
+
+def test_a_missing_script_is_one_line_and_status_2(tmp_path: Path) -> None:
+    """No such script: one line naming it, exit 2, nothing run."""
+    proc = verify(str(tmp_path / "nope.py"), workdir=tmp_path / "work")
+    assert proc.returncode == 2
+    assert proc.stdout == f"verify-resume: no such script: {str(tmp_path / 'nope.py')!r}\n"
+    assert not (tmp_path / "work").exists()
+
+
+def test_the_overrides_read_the_environment() -> None:
+    """``ASUPERVISOR_LOGDIR`` replaces the logdir, ``ASUPERVISOR_MAX_STEPS`` adds a stop at
+    that step, ``ASUPERVISOR_SAVE_STEPS`` a cadence; a bad number names the variable."""
+    env = {"ASUPERVISOR_LOGDIR": "/x", "ASUPERVISOR_MAX_STEPS": "7", "ASUPERVISOR_SAVE_STEPS": "3"}
+    assert _overrides.logdir("runs/a", env) == "/x" and _overrides.logdir("runs/a", {}) == "runs/a"
+    (hook,) = _overrides.stop_hooks(env)
+    assert hook.last_step == 7 and _overrides.stop_hooks({}) == []
+    assert _overrides.save_settings({"save_policy": None}, env)["save_model_steps"] == 3
+    with pytest.raises(ValueError, match="ASUPERVISOR_MAX_STEPS must be a whole number >= 1, got '0'"):
+        _overrides.stop_hooks({"ASUPERVISOR_MAX_STEPS": "0"})
+    names = (_overrides.LOGDIR_ENV, _overrides.MAX_STEPS_ENV, _overrides.SAVE_STEPS_ENV)
+    assert names == (_tool.LOGDIR_ENV, _tool.MAX_STEPS_ENV, _tool.SAVE_STEPS_ENV)  # the tool sets what is read
