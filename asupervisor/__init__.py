@@ -56,6 +56,7 @@ from ._cluster import ClusterInfo as ClusterInfo
 from ._cluster import cluster_info as cluster_info
 from ._core._clock import Clock as Clock
 from ._core._clock import MonotonicClock as MonotonicClock
+from ._core._divergence import Rollback as Rollback
 from ._core._hooks import SessionRunContext as SessionRunContext
 from ._core._hooks import SessionRunHook as SessionRunHook
 from ._core._hooks import SessionRunValues as SessionRunValues
@@ -75,6 +76,7 @@ from ._core._status import Status as Status
 from ._core._status import exit_code as exit_code
 from ._exceptions import CheckpointError as CheckpointError
 from ._exceptions import DeadlineExceededError as DeadlineExceededError
+from ._exceptions import DivergenceError as DivergenceError
 from ._exceptions import LeaseLostError as LeaseLostError
 from ._exceptions import NanLossDuringTrainingError as NanLossDuringTrainingError
 from ._exceptions import ServiceError as ServiceError
@@ -105,6 +107,7 @@ __all__ = [
     "Clock",
     "ClusterInfo",
     "DeadlineExceededError",
+    "DivergenceError",
     "EveryNHours",
     "EverySeconds",
     "EverySteps",
@@ -132,6 +135,7 @@ __all__ = [
     "QueueStatistics",
     "RemoteStatus",
     "RestartPolicy",
+    "Rollback",
     "SaveMoment",
     "SavePolicy",
     "SecondOrStepTimer",

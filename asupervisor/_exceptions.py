@@ -7,7 +7,8 @@ Class tree::
         ├── CheckpointError             a checkpoint cannot be written, read or matched
         │   ├── LeaseLostError          another training took a URL logdir over (exit 77)
         │   └── StorageUnreachableError object storage did not answer in time (exit 69)
-        ├── NanLossDuringTrainingError  NanTensorHook saw a NaN loss
+        ├── DivergenceError             the loss diverged (a spike, under asv.Rollback)
+        │   └── NanLossDuringTrainingError  a NaN loss (NanTensorHook, asv.Rollback)
         ├── ServiceError                a service failed more often than its policy allows
         └── DeadlineExceededError       (also a TimeoutError) waited too long
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "DeadlineExceededError",
+    "DivergenceError",
     "LeaseLostError",
     "NanLossDuringTrainingError",
     "ServiceError",
@@ -55,8 +57,15 @@ class StorageUnreachableError(CheckpointError):
     stop_reason = "storage_unreachable"
 
 
-class NanLossDuringTrainingError(SupervisorError):
-    """Raised by ``NanTensorHook`` when the loss became NaN."""
+class DivergenceError(SupervisorError):
+    """The training diverged: a loss spike that ``run_loop(on_divergence=asv.Rollback(...))``
+    found after its ``max_retries`` rollbacks (a non-finite loss is the subclass
+    :class:`NanLossDuringTrainingError`)."""
+
+
+class NanLossDuringTrainingError(DivergenceError):
+    """Raised by ``NanTensorHook`` when the loss became NaN, and by ``run_loop`` with
+    ``on_divergence=asv.Rollback(...)`` for a non-finite loss once its rollbacks are spent."""
 
 
 class ServiceError(SupervisorError):

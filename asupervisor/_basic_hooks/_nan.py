@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._core._abc import SessionPart, context_of
+from .._core._divergence import stack_losses as _stack
 from .._core._hooks import SessionRunContext, SessionRunHook, SessionRunValues
 from .._exceptions import NanLossDuringTrainingError
 from .._logging import get_logger
-from .._tf import tf
 from ._timer import check_every
 
 if TYPE_CHECKING:
@@ -160,17 +160,6 @@ def _has_nan(value: Any) -> bool:
     import numpy as np
 
     return not bool(np.all(value == value))  # numpy scalars and arrays, Python numbers
-
-
-def _stack(losses: list[Any]) -> Any:
-    """The losses (of consecutive steps) as one tensor, by one op; the list if they differ.
-
-    The op is dispatched, not waited for: on a device, its result is read a batch later.
-    """
-    try:
-        return tf().raw_ops.Pack(values=losses, axis=0)  # tf.stack's own op, without its Python checks
-    except Exception:  # mixed shapes, dtypes or devices: read them one by one
-        return losses
 
 
 def _first_nan(first_step: int, losses: Any) -> int | None:

@@ -225,8 +225,11 @@ class CheckpointPart(SessionPart):
         """On the step thread: set up checkpointing and restore the latest good checkpoint.
 
         At start-up: called again for each start-up retry (``Runtime._start_up``), so a
-        transient error raised here sets nothing aside. When ``recovering``: restores the
-        latest checkpoint without setting any aside.
+        transient error raised here sets nothing aside. When ``recovering`` (a recovery,
+        a divergence rollback): restores the latest checkpoint without setting any aside;
+        ``run_loop``'s data iterator goes back to that checkpoint's position (to the start
+        of its dataset when the checkpoint was taken before the iterator began: the
+        start-up one).
 
         Raises:
             CheckpointError: another model's checkpoint, or checkpoint files of which
@@ -239,6 +242,7 @@ class CheckpointPart(SessionPart):
             assert self.checkpointer is not None
             path = self.checkpointer.restore(strict=False)
             if path is not None:
+                self.checkpointer.iterators.rewind_unless_held(path)
                 ctx.set_step(int(ctx.global_step_var.numpy()))
             return path
         checkpointer = Checkpointer(

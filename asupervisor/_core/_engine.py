@@ -16,6 +16,7 @@ from ._abc import SessionContext
 
 if TYPE_CHECKING:
     from ._abc import EngineConfig
+    from ._divergence import DivergenceWatch, RollbackCounts
     from ._epochs import EpochCounter
     from ._parts import PartRunner
     from ._stop import StopControl
@@ -62,6 +63,10 @@ class StepErrorHandling(Protocol):
         """On the loop: stop after ``exc``; whether it was the end of the data."""
         ...
 
+    async def restore_latest(self) -> str | None:
+        """On the loop: restore the latest checkpoint; its path or ``None``."""
+        ...
+
 
 class StepBodies(Protocol):
     """What the session uses of ``Steps``."""
@@ -77,6 +82,7 @@ class StepBodies(Protocol):
         checkpoint_iterator: bool | None = None,
         epochs: int | None = None,
         on_epoch_end: Callable[[int], Any] | None = None,
+        watch: DivergenceWatch | None = None,
     ) -> tuple[int, str | None]:
         """On the step thread: ``run_loop``'s loop."""
         ...
@@ -93,6 +99,10 @@ class Engine(SessionContext, Protocol):
     spent_iterators: list[Any]
     epoch_counter: EpochCounter
     state: Any
+    #: the divergence watch of the ``run_loop`` running now (every snapshot asks it first)
+    divergence: DivergenceWatch | None
+    #: what divergence rollbacks cost this session
+    rollbacks: RollbackCounts
 
     @property
     def config(self) -> EngineConfig:

@@ -39,6 +39,7 @@ import anyio
 from .._logging import describe, get_logger
 from .._tf import is_end_of_data, tf
 from ._abc import SessionAttribute, SessionPart
+from ._divergence import DivergenceWatch, RollbackCounts
 from ._epochs import EpochCounter
 from ._handoff import LoopHandle
 from ._hooks import HookRunner
@@ -122,6 +123,11 @@ class Runtime(anyio.AsyncContextManagerMixin):
         self.spent_iterators: list[Any] = []
         #: the ``max_steps`` of the ``run_loop`` running now (``_steps`` sets it)
         self.max_steps: int | None = None
+        #: the divergence watch of the ``run_loop`` running now (``_steps`` installs it):
+        #: every snapshot asks it first, so a diverged state is never checkpointed
+        self.divergence: DivergenceWatch | None = None
+        #: divergence rollbacks of this session: count, seconds, steps undone
+        self.rollbacks = RollbackCounts()
         # for status(): when the session started, the latest step-output scalars
         self._started: tuple[float, float, int] | None = None  # (time.time(), monotonic, step)
         self._metrics: dict[str, float] = {}
@@ -177,7 +183,13 @@ class Runtime(anyio.AsyncContextManagerMixin):
         return result
 
     def check_before_snapshot(self) -> None:
-        """On the step thread: every part's ``before_snapshot``; raises what one raises."""
+        """On the step thread: every part's ``before_snapshot``; raises what one raises.
+
+        First, under ``run_loop(on_divergence=...)``, every loss not read yet is judged:
+        a diverged state raises ``SnapshotRefused`` (:mod:`._divergence`)."""
+        watch = self.divergence
+        if watch is not None:
+            watch.refuse()
         self.parts.check_before_snapshot()
 
     def scalar_sources(self) -> tuple[Callable[[], Mapping[str, float]], ...]:
@@ -246,6 +258,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
             remote=remote,
             save_seconds=self._save_secs.snapshot(),
             tiers=ReadOnlyDict(tiers),
+            rollbacks=self.rollbacks.count,
             **self._epoch_status(step),
         )
 

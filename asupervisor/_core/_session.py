@@ -9,19 +9,24 @@ requested, the body's next ``await`` is cancelled, and a step in flight still fi
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
 
+from .._logging import get_logger
 from ._abc import SessionAttribute
+from ._divergence import DivergenceWatch, Rollback
 from ._steps import Halt
 
 if TYPE_CHECKING:
     from ._engine import Engine
 
 __all__ = ["Session", "StepContext"]
+
+log = get_logger(__name__)
 
 
 class StepContext:
@@ -162,6 +167,7 @@ class Session:
         checkpoint_iterator: bool | None = None,
         epochs: int | None = None,
         on_epoch_end: Callable[[int], Any] | None = None,
+        on_divergence: Rollback | None = None,
     ) -> int:
         """Run steps on the step thread until a stop, ``max_steps``, ``epochs`` or the end
         of ``data``.
@@ -190,6 +196,13 @@ class Session:
                 and before any checkpoint of the step: the place for validation, per-epoch
                 logs or a learning-rate change. What it raises stops the session, as a
                 step's error does; ``sess.request_stop()`` from it ends the loop there.
+            on_divergence: an :class:`~asupervisor.Rollback`: a non-finite loss (or a
+                spike) restores the newest checkpoint, skips the data window that led
+                there and trains on, at most ``max_retries`` times; each rollback is
+                logged ``divergence.rollback`` and counted in ``status().rollbacks``.
+                ``data`` must be a ``tf.data.Dataset`` whose position is checkpointed
+                (``checkpoint_iterator`` may not be ``False``), in a Supervisor with a
+                logdir.
 
         Returns:
             The number of steps this call ran, whatever ended it at a step boundary (a
@@ -203,7 +216,13 @@ class Session:
             ValueError: a bad ``max_steps``, ``checkpoint_iterator`` or ``epochs``, or
                 ``epochs`` without ``data``.
             TypeError: with ``epochs``, ``data`` that is an iterator (it ends after one
-                pass) or an ``on_epoch_end`` that is not callable.
+                pass) or an ``on_epoch_end`` that is not callable; an ``on_divergence``
+                that is not a ``Rollback``.
+            ValueError: ``on_divergence`` without ``data``, with ``epochs``, with
+                ``checkpoint_iterator=False``, without a logdir, or in multi-worker
+                training.
+            NanLossDuringTrainingError, DivergenceError: a divergence past
+                ``on_divergence``'s ``max_retries``, or with no checkpoint to go back to.
         """
         if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0):
             raise ValueError(f"max_steps must be an int >= 0 or None, got {max_steps!r}")
@@ -218,13 +237,18 @@ class Session:
             )
         _check_epochs(epochs, data, on_epoch_end)
         rt = self._rt
-        total = 0  # steps run by the legs before recoveries
+        watch: DivergenceWatch | None = None
+        if on_divergence is not None:
+            _check_rollback(on_divergence, data, epochs, checkpoint_iterator, rt)
+            watch = DivergenceWatch(on_divergence, rt.rollbacks)
+            checkpoint_iterator = True  # a rollback needs the data's position in checkpoints
+        total = 0  # steps run by the legs before recoveries and rollbacks
         cancelled = anyio.get_cancelled_exc_class()
         while True:  # a new leg after each successful recovery, from the restored step
             await self._check_running()
             halt = Halt(rt.wake_step_thread)
             waiter = rt.step_thread.submit(
-                rt.steps.run_loop, fn, data, max_steps, halt, checkpoint_iterator, epochs, on_epoch_end
+                rt.steps.run_loop, fn, data, max_steps, halt, checkpoint_iterator, epochs, on_epoch_end, watch
             )
             steps: int
             reason: str | None
@@ -237,12 +261,19 @@ class Session:
                 # it. Another scope's cancellation (one around this call) propagates.
                 if not (rt.control.stopping and waiter.done and halt.finished):
                     raise
+                if watch is not None and watch.found is not None:
+                    rt.control.state_suspect = True  # stopping: not rolled back, and not saved
                 return total + halt.steps_run
             except Exception as exc:
                 if await self._recovered(exc):  # restored the latest checkpoint: go on from there
                     total += halt.steps_run
                     continue
                 raise
+            if watch is not None and watch.found is not None:
+                total += steps
+                if await self._rolled_back(watch):  # restored the last good checkpoint: go on
+                    continue
+                return total  # a stop came first: the session ends without saving the state
             break
         if reason is not None:
             rt.control.request_stop(reason=reason)
@@ -358,6 +389,58 @@ class Session:
 
     _checked_step_fn: Any = None  # the last step_fn whose signature was checked
 
+    async def _rolled_back(self, watch: DivergenceWatch) -> bool:
+        """A leg ended at the divergence ``watch.found``: restore the newest checkpoint
+        (never a diverged state's: :mod:`._divergence`), set the window to skip and
+        return ``True``; ``False`` when the session is stopping anyway (the state is then
+        not saved). Past ``max_retries``, or without a checkpoint older than the bad step,
+        the divergence's error stops the session and is raised."""
+        rt = self._rt
+        control = rt.control
+        found = watch.found
+        assert found is not None
+        rollback = watch.rollback
+        if control.stopping:
+            control.state_suspect = True
+            log.warning("divergence.detected", step=found.step, kind=found.kind, loss=found.value, action="stop")
+            return False
+        why = None
+        if watch.retries >= rollback.max_retries:
+            why = f"max_retries={rollback.max_retries} rollbacks done"
+        else:
+            path = await rt.errors.restore_latest()
+            if path is None:
+                why = "no checkpoint to roll back to"
+            elif rt.step >= found.step:  # never: each checkpoint is older than the steps it did not judge
+                why = f"the newest checkpoint (step {rt.step}) is not older than the diverged step"
+        if why is not None:
+            error = found.error(rollback)
+            _add_note(error, f"asupervisor: not rolled back: {why}.")
+            log.error("divergence.gave_up", step=found.step, kind=found.kind, loss=found.value, why=why)
+            control.state_suspect = True
+            control.request_stop(error)
+            raise error
+        restored = rt.step
+        window = found.step - restored
+        skipped = window if rollback.skip_steps is None else min(rollback.skip_steps, window)
+        await rt.step_thread.call(watch.rolled_back, restored, found.step - skipped, skipped)
+        counts = rt.rollbacks
+        counts.count += 1
+        counts.steps_undone += window
+        secs = time.monotonic() - found.at
+        counts.secs += secs
+        log.warning(
+            "divergence.rollback",
+            step=found.step,
+            kind=found.kind,
+            loss=found.value,
+            restored_step=restored,
+            skipped=skipped,
+            retry=watch.retries,
+            secs=round(secs, 4),
+        )
+        return True
+
     async def _recovered(self, exc: Exception) -> bool:
         """A step raised ``exc``: whether the latest checkpoint was restored so the step
         may run again (:mod:`._step_errors`); if not, the session stops (at once for the
@@ -401,6 +484,31 @@ def _check_step_fn(step_fn: Callable[..., Any]) -> None:
             f"step_fn={step_fn!r} must take one argument, step_context (or self and step_context "
             f"for a method), to be called as step_fn(step_context); its signature is {signature} ({exc})"
         ) from None
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+
+
+def _check_rollback(rollback: Any, data: Any, epochs: Any, checkpoint_iterator: Any, rt: Engine) -> None:
+    """``run_loop``'s ``on_divergence``, checked before anything runs."""
+    if not isinstance(rollback, Rollback):
+        raise TypeError(f"on_divergence must be an asv.Rollback(...) or None, got {rollback!r}")
+    if data is None:
+        raise ValueError("on_divergence=Rollback(...) needs data: it skips the batches that led to a divergence")
+    if epochs is not None:
+        raise ValueError(f"on_divergence=Rollback(...) does not work with epochs={epochs!r} yet")
+    if checkpoint_iterator is False:
+        raise ValueError(
+            "on_divergence=Rollback(...) needs the data's position in checkpoints, not checkpoint_iterator=False"
+        )
+    if rt.multi_worker:
+        raise ValueError("on_divergence=Rollback(...) is not available in multi-worker training")
+    if not rt.parts.can_restore:
+        raise ValueError("on_divergence=Rollback(...) needs checkpoints to go back to: a Supervisor with a logdir")
 
 
 def _check_epochs(epochs: Any, data: Any, on_epoch_end: Any) -> None:

@@ -178,6 +178,8 @@ class Status:
         tiers: each checkpoint tier's newest committed step: ``disk`` (the logdir),
             ``ram`` (with ``CheckpointOptions(ram_tier=...)``), ``remote`` (a URL logdir);
             a tier appears once it holds a checkpoint.
+        rollbacks: divergence rollbacks in this session
+            (``run_loop(on_divergence=asv.Rollback(...))``).
     """
 
     running: bool
@@ -199,6 +201,7 @@ class Status:
     steps_per_epoch: int | None = None
     save_seconds: Mapping[str, Histogram] = field(default_factory=ReadOnlyDict)
     tiers: Mapping[str, int] = field(default_factory=ReadOnlyDict)
+    rollbacks: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """This status as plain JSON types (``json.dumps`` takes it as it is)."""

@@ -203,6 +203,28 @@ class StepErrors:
             rt.parts.arm(rt.step)
         return path
 
+    async def restore_latest(self) -> str | None:
+        """On the loop: restore the latest checkpoint (a recovery, a divergence rollback);
+        its path, or ``None`` when there is none.
+
+        A checkpoint being written is let finish first (it is the one to restore). A
+        transient error of the restore itself is another attempt of the recovery policy
+        (never a reason to call the checkpoint corrupt). Cancelled before the state is
+        back, the state is suspect (no final checkpoint of it).
+        """
+        rt = self._rt
+
+        async def restore() -> str | None:
+            await rt.parts.settle(rt)
+            path: str | None = await rt.step_thread.call(self._restore)
+            return path
+
+        try:
+            return await retry_transient(restore, self._failures, rt.clock, event="session.recovering")
+        except anyio.get_cancelled_exc_class():
+            rt.control.state_suspect = True
+            raise
+
     async def _recover(self, exc: BaseException) -> bool:
         rt = self._rt
         failures = self._failures
@@ -214,21 +236,13 @@ class StepErrors:
             return False
         backoff = failures.policy.backoff_for(attempt)
         log.warning("session.recovering", error=describe(exc), attempt=attempt, backoff_secs=backoff)
-
-        async def restore() -> str | None:
-            await rt.parts.settle(rt)  # a checkpoint being written is the one to restore
-            path: str | None = await rt.step_thread.call(self._restore)
-            return path
-
-        try:
-            if backoff > 0:
+        if backoff > 0:
+            try:
                 await clock.sleep_until(now + backoff)
-            # a transient error of the restore itself is another attempt of the same policy
-            # (never a reason to call the checkpoint corrupt)
-            path = await retry_transient(restore, failures, clock, event="session.recovering")
-        except anyio.get_cancelled_exc_class():
-            rt.control.state_suspect = True  # stopped before the state was restored
-            raise
+            except anyio.get_cancelled_exc_class():
+                rt.control.state_suspect = True  # stopped before the state was restored
+                raise
+        path = await self.restore_latest()
         if path is None:
             log.error("session.recovery_gave_up", error=describe(exc), why="no checkpoint to restore")
             return False

@@ -11,6 +11,9 @@ boundary of ``run_loop`` the loop checks the stop flag, its own halt flag, bound
 
 An error raised by a step goes to :mod:`._step_errors` (kept, state marked suspect, or
 recovery for ``AbortedError``/``UnavailableError``); the end of the data is a clean stop.
+With ``on_divergence`` (:mod:`._divergence`) each step's loss is kept for the watch before
+the hooks' ``after_run`` (which may save), and a leg ends at the boundary where a
+divergence was found, leaving it in ``watch.found`` for the session to roll back.
 This module must never touch the event loop nor block it: it runs on the step thread.
 """
 
@@ -21,8 +24,10 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .._tf import is_end_of_data
+from ._divergence import SnapshotRefused
 
 if TYPE_CHECKING:
+    from ._divergence import DivergenceWatch
     from ._engine import Engine
 
 __all__ = ["Halt", "Steps"]
@@ -105,12 +110,19 @@ class Steps:
         checkpoint_iterator: bool | None = None,
         epochs: int | None = None,
         on_epoch_end: Callable[[int], Any] | None = None,
+        watch: DivergenceWatch | None = None,
     ) -> tuple[int, str | None]:
         """On the step thread: the step loop of ``Session.run_loop``.
 
         With ``epochs``, the end of ``data`` ends a pass (:mod:`._epochs`): the epoch
         count goes up, ``on_epoch_end(epoch)`` runs, a new iterator begins the next pass,
         and the loop ends once ``epochs`` passes are complete (reason ``"epochs"``).
+
+        With ``watch``, it is installed (``rt.divergence``: every snapshot reads the losses
+        not read yet), each step's loss goes to it, a rollback's skipped batches are
+        dropped at its ``skip_at`` step, and the loop ends at the boundary where a
+        divergence was found (``watch.found``; the reason is then ``None``). When the
+        loop ends otherwise, the losses not read yet are judged first.
 
         Returns ``(steps run, stop reason or None)``.
         """
@@ -121,8 +133,12 @@ class Steps:
         hooks = rt.hooks
         per_step = hooks.per_step
         session = rt.session
-        count = self._count
+        count: Callable[[Any], int] = self._count
         parts = rt.parts
+        if watch is not None:
+            rt.divergence = watch
+            count = self._watched_count(watch)
+            per_step = True  # the loss goes to the watch before any after_run (which may save)
         n = 0
         reason: str | None = None
         iterator = None
@@ -155,6 +171,8 @@ class Steps:
                     run_boundary()
                     if control.stopping:  # a boundary job stopped the session: no more steps
                         break
+                if watch is not None and watch.found is not None:  # found by a read or a snapshot
+                    break
                 if max_steps is not None and rt.step >= max_steps:
                     reason = "max_steps"
                     break
@@ -165,6 +183,8 @@ class Steps:
                         rt.last_output = fn()
                         rt.step += 1
                 else:
+                    if watch is not None and rt.step == watch.skip_at:
+                        watch.skip(iterator)  # a rollback's skipped window
                     try:
                         batch = next(iterator)
                     except Exception as exc:
@@ -205,10 +225,13 @@ class Steps:
                 elif rt.step >= parts.next_trigger_step:  # the per-step path: one comparison more
                     parts.fire(rt, rt.step)
         except Exception as exc:
-            if not is_end_of_data(exc):
+            if isinstance(exc, SnapshotRefused) and watch is not None and watch.found is not None:
+                pass  # a hook's save refused the diverged state: the session rolls back
+            elif not is_end_of_data(exc):
                 rt.errors.note(exc)
                 raise
-            reason = "end_of_data"
+            else:
+                reason = "end_of_data"
         finally:
             halt.steps_run = n  # read by run_loop when this leg fails and is recovered
             rt.max_steps = None
@@ -218,8 +241,37 @@ class Steps:
                 rt.sample_metrics()  # a status read after run_loop shows its last step
             if iterator is not None:
                 rt.spent_iterators.append(iterator)
+        if watch is not None:
+            reason = self._judge_rest(watch, reason)
         halt.finished = True  # ended at a step boundary, without an error
         return n, reason
+
+    def _watched_count(self, watch: DivergenceWatch) -> Callable[[Any], int]:
+        """``_count`` that also gives the step's loss to ``watch``."""
+        rt = self._rt
+
+        def count(results: Any) -> int:
+            rt.last_output = results
+            rt.step += 1
+            watch.keep(rt.step, results)
+            return rt.step
+
+        return count
+
+    def _judge_rest(self, watch: DivergenceWatch, reason: str | None) -> str | None:
+        """As a watched leg ends: judge the losses not read yet; a divergence found is the
+        leg's end (reason ``None``: the session rolls back), else the watch goes."""
+        rt = self._rt
+        if watch.found is None:
+            try:
+                watch.check()
+            except Exception as exc:
+                rt.errors.note(exc)
+                raise
+        if watch.found is not None:
+            return None
+        rt.divergence = None
+        return reason
 
     def _end_epoch(
         self,

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._core._abc import SaveReason
 from ..._core._clock import interval_ticks
+from ..._core._divergence import SnapshotRefused
 from ..._core._services import FailureWindow, RestartPolicy, Service
 from ..._core._threads import ThreadClosedError
 from ..._logging import describe, get_logger
@@ -228,6 +229,9 @@ class CheckpointSaver:
             return None
         try:
             ctx.check_before_snapshot()
+        except SnapshotRefused as exc:  # a diverged state, which run_loop rolls back: not saved
+            log.warning("checkpoint.skipped", reason=reason, step=ctx.global_step, why=str(exc))
+            return None
         except Exception as exc:  # e.g. a NaN loss not read yet: the state is not saved
             ctx.mark_state_suspect()
             ctx.request_stop(exc)

@@ -101,6 +101,27 @@ class IteratorTracker:
             self._share_pending = False
         return iterator
 
+    def rewind_unless_held(self, path: str) -> None:
+        """On the step thread, after the session restored the checkpoint ``path`` into a
+        state its tracked iterator is attached to (a recovery, a divergence rollback):
+        when that checkpoint holds no iterator position (it was taken before the
+        iterator was attached: the start-up checkpoint), the restore left the iterator
+        where it was; a new iterator over the same dataset, from its start, takes its
+        place: where the data stood at that checkpoint's step."""
+        iterator = self._iterator
+        if iterator is None or getattr(self.checkpoint, ITERATOR_ATTR, None) is not iterator:
+            return
+        try:
+            held = any(name.startswith(f"{ITERATOR_ATTR}/") for name, _ in tf().train.list_variables(path))
+        except Exception as exc:  # unreadable here: leave the iterator as the restore left it
+            log.warning("checkpoint.iterator_unknown", path=path, error=describe(exc))
+            return
+        if held:
+            return
+        fresh = self._iterator = iter(self._iterator_source)
+        setattr(self.checkpoint, ITERATOR_ATTR, fresh)
+        log.info("checkpoint.iterator_rewound", path=path, why="the checkpoint holds no data position")
+
     def _check_pipeline(self, dataset: Any, restored: str | None) -> None:
         """Before ``dataset``'s iterator takes a saved position: the pipeline described in
         the restored checkpoint (if any) must be ``dataset``'s; then ``dataset``'s
