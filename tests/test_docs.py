@@ -189,7 +189,9 @@ def _run_spec(spec_path: str, results_path: str) -> int:
                     result = eval(code, namespace)  # noqa: S307 - running the docs is the point
                     if code.co_flags & inspect.CO_COROUTINE:
                         anyio.run(await_coroutine, result, backend=run["backend"])
-                except (Exception, SystemExit):
+                except (Exception, SystemExit) as exc:
+                    if isinstance(exc, SystemExit) and exc.code in (0, None):
+                        continue  # a script's sys.exit(0): the block ended as it should (checks follow)
                     error = traceback.format_exc()
                     emit(id=run["id"], event="fail", where=where, traceback=error)
                     failed += 1
@@ -361,7 +363,8 @@ def test_parser_finds_blocks_markers_and_mistakes() -> None:
 
 def test_docs_runner_reports_the_failing_block(tmp_path: Path) -> None:
     """A block that raises is reported with its page line and traceback; later blocks of
-    that page do not run; top-level await runs under anyio (trio here)."""
+    that page do not run; top-level await runs under anyio (trio here). A script's
+    ``sys.exit(0)`` ends its block as it should; another status fails it."""
     spec = [
         {
             "id": "bad",
@@ -377,8 +380,13 @@ def test_docs_runner_reports_the_failing_block(tmp_path: Path) -> None:
             "id": "good",
             "page": "docs/y.md",
             "backend": "asyncio",
-            "blocks": [{"line": 1, "source": "import anyio\nasync with anyio.Lock():\n    pass\n"}],
+            "blocks": [
+                {"line": 1, "source": "import anyio\nasync with anyio.Lock():\n    pass\n"},
+                {"line": 5, "source": "import sys\nended = True\nsys.exit(0)\n"},
+                {"line": 9, "source": "assert ended\n"},
+            ],
         },
+        {"id": "exits", "page": "docs/z.md", "backend": "asyncio", "blocks": [{"line": 2, "source": "exit(3)\n"}]},
     ]
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     proc = subprocess.run(
@@ -392,7 +400,11 @@ def test_docs_runner_reports_the_failing_block(tmp_path: Path) -> None:
         ("bad", "start", "docs/x.md:9"),
         ("bad", "fail", "docs/x.md:9"),
         ("good", "start", "docs/y.md:1"),
+        ("good", "start", "docs/y.md:5"),
+        ("good", "start", "docs/y.md:9"),
         ("good", "ok", None),
+        ("exits", "start", "docs/z.md:2"),
+        ("exits", "fail", "docs/z.md:2"),
     ]
     assert 'x.md", line 10' in records[2]["traceback"] and "AssertionError: 42" in records[2]["traceback"]
 

@@ -47,7 +47,7 @@ def test_plain_lines_when_piped_and_the_first_ctrl_c_says_what_happens(tmp_path:
     """Piped (not a terminal), the display writes plain lines on stderr (the progress
     line every 10 s), one for the newest checkpoint at each refresh and a last one with the loss and the stop reason; the
     first Ctrl-C tells the user a final checkpoint is being saved; stdout stays the
-    program's."""
+    program's. Run again, it says once where it resumed."""
     with run(tmp_path, 100_000) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
@@ -61,6 +61,20 @@ def test_plain_lines_when_piped_and_the_first_ctrl_c_says_what_happens(tmp_path:
     assert any("stopping gracefully — final checkpoint at step" in line and "Ctrl-C again" in line for line in lines)
     last = [line for line in lines if "stopped (" in line][-1]
     assert "loss " in last and last.endswith("stopped (signal:SIGINT)"), last
+
+    # run again, to a step it has passed: it says once where it resumed, never lists the
+    # checkpoint it restored as a save, and ends at once
+    with run(tmp_path, 100) as proc:
+        _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err
+    lines = err.splitlines()
+    resumed = [line for line in lines if line.startswith("resumed at step ")]
+    assert len(resumed) == 1, err
+    at = int(resumed[0].split()[3])  # the final checkpoint of the Ctrl-C
+    assert at > saved[-1] and resumed[0].endswith(f" from {tmp_path / 'run' / f'model.ckpt-{at}'}"), err
+    assert not [line for line in lines if line.startswith("checkpoint at step ")], err
+    last = [line for line in lines if "stopped (" in line][-1]
+    assert "saved @" not in last and last.endswith("stopped (max_steps)"), last
 
 
 def test_the_line_fits_80_columns_in_place() -> None:

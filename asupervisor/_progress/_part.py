@@ -2,7 +2,8 @@
 
 ``Supervisor(progress=True)`` adds a :class:`ProgressPart`. Its service reads the
 session's status on the event loop every ``interval_secs`` (step, ``max_steps``,
-steps/sec, ETA, the step output's scalars such as ``loss``, the last checkpoint) and hands
+steps/sec, ETA, the step output's scalars such as ``loss``, the last checkpoint saved;
+``resumed at step N`` once, when the session restored one) and hands
 the text to a dedicated thread that writes it, so a slow terminal never blocks the event
 loop and nothing runs on the step thread (the scalars are the status's, read at a step
 boundary at most once a second). On a terminal the line is rewritten in place (``\\r``,
@@ -31,7 +32,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
-from .._core._abc import SessionPart
+from .._core._abc import SessionAttribute, SessionPart
 from .._core._clock import interval_ticks
 from .._core._services import Service
 from .._logging import add_console, remove_console, shown_on
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
     from .._core._abc import SessionContext
     from .._core._services import ServiceContext
-    from .._core._status import Status
+    from .._core._status import CheckpointInfo, Status
     from .._core._threads import DedicatedThread
 
 __all__ = ["ProgressPart", "render"]
@@ -53,6 +54,7 @@ _LOCK_WAIT_SECS = 1.0
 #: the loggers of the events a log line may report instead of the display
 _CHECKPOINT_LOGGER = "asupervisor._checkpoint._manager"  # checkpoint.saved
 _SESSION_LOGGER = "asupervisor._core._runtime"  # session.stopped
+_RESTORE_LOGGER = "asupervisor._checkpoint._part"  # session.restored
 
 
 def _fmt_secs(secs: float) -> str:
@@ -62,8 +64,9 @@ def _fmt_secs(secs: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def render(status: Status) -> str:
-    """The progress line of ``status`` (no newline)."""
+def render(status: Status, restored: CheckpointInfo | None = None) -> str:
+    """The progress line of ``status`` (no newline); ``restored``: the checkpoint the
+    session resumed from, never shown as a save."""
     step = f"step {status.global_step}" + (f"/{status.max_steps}" if status.max_steps is not None else "")
     parts = [step]
     if status.epoch is not None:  # as Keras shows it: the pass in progress, 1-based
@@ -77,7 +80,7 @@ def render(status: Status) -> str:
         parts.append(f"{name} {value:.4g}")
     if status.eta_secs is not None:
         parts.append(f"ETA {_fmt_secs(status.eta_secs)}")
-    if status.last_checkpoint is not None:
+    if status.last_checkpoint is not None and status.last_checkpoint != restored:
         parts.append(f"saved @{status.last_checkpoint.step}")
     return "  ".join(parts)
 
@@ -156,6 +159,7 @@ class _ProgressService(Service):
         ctx.set_service_state(self.name, "running")
         start = ctx.clock.now()
         last_plain = start
+        part.resumed(self.session)
         async for now in interval_ticks(ctx.clock, part.interval_secs, first_at=start + part.interval_secs):
             status = self.session.status()
             checkpoint = status.last_checkpoint
@@ -165,7 +169,7 @@ class _ProgressService(Service):
                     part.emit(f"checkpoint at step {checkpoint.step}: {checkpoint.path}", keep=True)
             if part.output is not None and (part.output.in_place or now - last_plain >= part.plain_every_secs):
                 last_plain = now
-                part.emit(render(status), keep=not part.output.in_place)
+                part.emit(render(status, part.restored), keep=not part.output.in_place)
 
 
 class ProgressPart(SessionPart):
@@ -189,6 +193,8 @@ class ProgressPart(SessionPart):
         self.plain_every_secs = plain_every_secs
         self.output: _Output | None = None
         self.last_checkpoint_step: int | None = None
+        #: the checkpoint the session resumed from (shown once, never as a save)
+        self.restored: CheckpointInfo | None = None
         self._thread: DedicatedThread | None = None
         self._ctx: SessionContext | None = None
         self._told_stop = False
@@ -206,6 +212,19 @@ class ProgressPart(SessionPart):
         self._thread = ctx.new_thread("asv-progress")
         self._ctx = ctx
         add_console(stream, self.output)
+
+    def resumed(self, ctx: SessionContext) -> None:
+        """Once, as the services start: ``resumed at step N`` when the session restored a
+        checkpoint (unless the log prints ``session.restored`` on the same file); that
+        checkpoint is never listed as a save."""
+        checkpoints = ctx.extra(SessionAttribute.checkpoints, None)
+        status = ctx.status()
+        if checkpoints is None or checkpoints.restored_from is None or status.last_checkpoint is None:
+            return
+        self.restored = status.last_checkpoint
+        self.last_checkpoint_step = self.restored.step
+        if not self.log_shows(_RESTORE_LOGGER):
+            self.emit(f"resumed at step {status.global_step} from {checkpoints.restored_from}", keep=True)
 
     def log_shows(self, logger_name: str) -> bool:
         """Whether an info event of ``logger_name`` is printed on the display's file."""
@@ -251,7 +270,7 @@ class ProgressPart(SessionPart):
         if thread is None or output is None:
             return
         try:
-            thread.submit_nowait(output.write, render(status) + why, True, True)
+            thread.submit_nowait(output.write, render(status, self.restored) + why, True, True)
         except Exception:  # the thread is closing: the line is dropped
             return
 
