@@ -57,6 +57,7 @@ from ._cluster import cluster_info as cluster_info
 from ._core._clock import Clock as Clock
 from ._core._clock import MonotonicClock as MonotonicClock
 from ._core._divergence import Rollback as Rollback
+from ._core._exit import exit_now as exit_now
 from ._core._hooks import SessionRunContext as SessionRunContext
 from ._core._hooks import SessionRunHook as SessionRunHook
 from ._core._hooks import SessionRunValues as SessionRunValues
@@ -162,6 +163,7 @@ __all__ = [
     "cluster_info",
     "configure_logging",
     "exit_code",
+    "exit_now",
     "watch_checkpoints",
 ]
 

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -118,3 +124,63 @@ async def test_a_services_preemption_notice_is_a_preemption() -> None:
         await sess.run_loop(lambda: None)  # until the notice stops it
     assert sv.status().stop_reason == "preempted:aws"
     assert asv.exit_code(sv.status()) == 143
+
+
+EXIT_NOW_SCRIPT = """
+import sys, anyio, tensorflow as tf, asupervisor as asv
+
+asv.configure_logging()
+w = tf.Variable(tf.zeros([256, 256]))
+sv = asv.Supervisor(sys.argv[1], state={"w": w}, stop_grace_secs=25)
+
+def step():
+    w.assign_add(tf.ones([256, 256]))
+    if sv.global_step == 50:
+        print("ready", flush=True)
+
+async def main():
+    async with sv.managed_session() as sess:
+        await sess.run_loop(step)
+
+anyio.run(main)
+print("stopped at", sv.global_step, flush=True)
+asv.exit_now(sv.status())
+"""
+
+
+def test_exit_now_ends_a_preempted_training_within_a_spot_notice(tmp_path: Path) -> None:
+    """A SIGTERM with ``stop_grace_secs=25`` and ``asv.exit_now``: the process is gone with
+    status 143 well within a spot VM's 30 s, its final checkpoint committed and readable by
+    plain TensorFlow, and what it printed and logged last flushed (nothing lost to
+    ``os._exit``)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    logdir = tmp_path / "run"
+    with subprocess.Popen(
+        [sys.executable, "-c", EXIT_NOW_SCRIPT, str(logdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - signalled
+    assert proc.returncode == 143, err
+    assert took < 26, f"{took:.1f} s from SIGTERM to exit"
+    step = int(out.split()[-1])
+    assert out.strip() == f"stopped at {step}" and "session.stopped" in err, (out, err)
+    latest = tf.train.latest_checkpoint(str(logdir))
+    assert latest is not None and latest.endswith(f"model.ckpt-{step}")
+    assert tf.train.load_variable(latest, "w/.ATTRIBUTES/VARIABLE_VALUE")[0, 0] == step
+
+
+def test_exit_now_refuses_what_is_not_a_status() -> None:
+    """``exit_now`` takes a Status or an int status; anything else is a TypeError naming it
+    (and the process goes on)."""
+    with pytest.raises(TypeError, match="'143'"):
+        asv.exit_now("143")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="True"):
+        asv.exit_now(True)
