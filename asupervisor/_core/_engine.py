@@ -17,6 +17,7 @@ from ._abc import SessionContext
 if TYPE_CHECKING:
     from ._abc import EngineConfig
     from ._epochs import EpochCounter
+    from ._goodput import TimeAccount
     from ._parts import PartRunner
     from ._stop import StopControl
 
@@ -93,6 +94,7 @@ class Engine(SessionContext, Protocol):
     spent_iterators: list[Any]
     epoch_counter: EpochCounter
     state: Any
+    times: TimeAccount
 
     @property
     def config(self) -> EngineConfig:

@@ -7,7 +7,9 @@ plain body), so a plain step pays for no hook check. After each step the parts' 
 trigger (``PartRunner.next_trigger_step``, a precomputed step number) is compared, and
 only when it is reached does a part run (the checkpoint part's snapshot). At every step
 boundary of ``run_loop`` the loop checks the stop flag, its own halt flag, boundary jobs
-(snapshots, summaries) and ``max_steps``.
+(snapshots, summaries) and ``max_steps``. Each step's call and each wait for the next
+batch are timed (three ``perf_counter`` reads a step) into the session's
+:class:`~._goodput.TimeAccount`, in plain floats: the goodput ledger's figures.
 
 An error raised by a step goes to :mod:`._step_errors` (kept, state marked suspect, or
 recovery for ``AbortedError``/``UnavailableError``); the end of the data is a clean stop.
@@ -17,6 +19,7 @@ This module must never touch the event loop nor block it: it runs on the step th
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -69,11 +72,16 @@ class Steps:
         thread = rt.step_thread
         if thread.has_boundary_jobs:
             thread.run_boundary_jobs()
+        times = rt.times
+        if times.first_step_at is None:
+            times.begin_steps()
+        t0 = time.perf_counter()
         try:
             results = fn(*args, **kwargs)
         except Exception as exc:
             rt.errors.note(exc)
             raise
+        times.step_done(time.perf_counter() - t0)
         rt.last_output = results
         rt.step += 1
         parts = rt.parts
@@ -86,11 +94,16 @@ class Steps:
         thread = rt.step_thread
         if thread.has_boundary_jobs:
             thread.run_boundary_jobs()
+        times = rt.times
+        if times.first_step_at is None:
+            times.begin_steps()
+        t0 = time.perf_counter()
         try:
             results = rt.hooks.run_step(rt.control, rt.session, fn, args, kwargs, self._count)
         except Exception as exc:
             rt.errors.note(exc)
             raise
+        times.step_done(time.perf_counter() - t0)
         parts = rt.parts
         if rt.step >= parts.next_trigger_step:
             parts.fire(rt, rt.step)
@@ -143,6 +156,9 @@ class Steps:
                 raise
         rt.max_steps = max_steps
         counter = rt.epoch_counter
+        times = rt.times  # where the time goes: plain floats, added to on this thread only
+        perf = time.perf_counter
+        times.begin_steps()
         fresh = False  # whether the iterator began its pass in this leg
         epoch_end = math.inf  # the step that completes the pass, when its length is known
         if epochs is not None:
@@ -159,12 +175,14 @@ class Steps:
                     reason = "max_steps"
                     break
                 if iterator is None:
+                    t1 = perf()
                     if per_step:
                         hooks.run_step(control, session, fn, (), {}, count)
                     else:
                         rt.last_output = fn()
                         rt.step += 1
                 else:
+                    t0 = perf()
                     try:
                         batch = next(iterator)
                     except Exception as exc:
@@ -179,11 +197,18 @@ class Steps:
                         if reason is not None:
                             break
                         continue
+                    t1 = perf()
+                    times.input_wait += t1 - t0
                     if per_step:
                         hooks.run_step(control, session, fn, (batch,), {}, count)
                     else:
                         rt.last_output = fn(batch)
                         rt.step += 1
+                took = perf() - t1
+                if not times.steps:
+                    times.first_step_secs = took
+                times.productive += took
+                times.steps += 1
                 n += 1
                 if rt.step >= epoch_end:
                     # A pass of known length ends with its last step, before the parts'
