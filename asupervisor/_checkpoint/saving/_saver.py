@@ -196,7 +196,9 @@ class CheckpointSaver:
             control = self.ctx.control
             while self._in_flight > 0 and not control.stopping:
                 self._idle.wait()
-        log.info("checkpoint.waited", step=self.ctx.global_step, secs=round(time.perf_counter() - t0, 4))
+        secs = time.perf_counter() - t0
+        self.ctx.record_badput("unproductive_checkpoint_save_time", secs)  # the step thread held: the goodput ledger's
+        log.info("checkpoint.waited", step=self.ctx.global_step, secs=round(secs, 4))
 
     def wake(self) -> None:
         """From any thread (a stop): release the step thread's wait for the writer."""
