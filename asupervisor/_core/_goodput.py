@@ -8,9 +8,10 @@ A :class:`TimeAccount` per session, in plain floats:
 * ``data_loading_sync``: ``run_loop`` waiting for ``next(iterator)``;
 * ``unproductive_checkpoint_restore_time``: the restore on the step thread (start-up,
   recoveries);
-* ``unproductive_checkpoint_save_time``: the step thread held by snapshots (the
-  ``blocked`` phase of ``status().save_seconds``) and waiting for the writer;
-* ``training_prep``: from the segment's start to the first step, less the restore; the
+* ``unproductive_checkpoint_save_time``: the step thread held by snapshots and waiting
+  for the writer, recorded by the checkpoint feature as it happens;
+* ``training_prep``: from the segment's start to the first step, less what the other
+  causes counted before it (the restore, a start-up checkpoint's snapshot); the
   segment of the first session in a process starts when the process started (Linux:
   ``/proc/self/stat``; elsewhere when ``asupervisor`` was imported), a later one's when
   its session was entered;
@@ -20,7 +21,7 @@ A :class:`TimeAccount` per session, in plain floats:
 * recorded causes (``hang``, ``divergence_rollback``, ...): see :meth:`record`;
 * ``other``: the rest of the segment's wall time.
 
-The step loop adds to the floats directly (three clock reads a step, no lock, no I/O);
+The step loop adds to the floats directly (two clock reads a step, no lock, no I/O);
 other threads go through :meth:`TimeAccount.record` (one lock). Names follow Google's
 ``ml-goodput-measurement`` (``BadputType``, lowercased) where one fits.
 
@@ -50,6 +51,9 @@ if TYPE_CHECKING:
 __all__ = [
     "CAUSES",
     "DATA_LOADING",
+    "DIVERGENCE_ROLLBACK",
+    "HANG",
+    "OTHER",
     "PREEMPTION_STOP",
     "PROGRAM_STARTUP",
     "RECOVERY",
@@ -194,7 +198,6 @@ class TimeAccount:
         self.prep: float | None = None  # training_prep, fixed at the first step
         # written under the lock (any thread)
         self._lock = threading.Lock()
-        self._blocked = 0.0
         self._recorded: dict[str, float] = {}
         self._lost_secs = 0.0  # productive time recorded lost (steps rolled back)
         self._lost_steps = 0
@@ -208,7 +211,9 @@ class TimeAccount:
         if self.first_step_at is None:
             now = self.perf()
             self.first_step_at = now
-            self.prep = max(0.0, self._epoch(now) - self.started_at - self.restore)
+            with self._lock:
+                measured = self._measured()
+            self.prep = max(0.0, self._epoch(now) - self.started_at - measured)
 
     def step_done(self, secs: float) -> None:
         """On the step thread: one step of ``secs`` completed (``sess.run``'s way)."""
@@ -218,12 +223,6 @@ class TimeAccount:
         self.steps += 1
 
     # -- any thread ----------------------------------------------------------------
-
-    def add_blocked(self, secs: float) -> None:
-        """Any thread: the step thread was held ``secs`` by a checkpoint's snapshot."""
-        if math.isfinite(secs) and secs > 0:
-            with self._lock:
-                self._blocked += secs
 
     def record(self, cause: str, secs: float = 0.0, *, steps: int = 0) -> None:
         """Any thread: count badput of ``cause`` (see the module docstring).
@@ -261,14 +260,12 @@ class TimeAccount:
         now = self._epoch(perf_now)
         with self._lock:
             badput = dict(self._recorded)
-            if self._blocked:
-                badput[SAVE] = badput.get(SAVE, 0.0) + self._blocked
             lost, lost_steps = self._lost_secs, self._lost_steps
             measured = self._measured()
             stop_at, at_stop = self._stop_at, self._measured_at_stop
         prep = self.prep
-        if prep is None:  # no step yet: all of it is preparation, the restore aside
-            prep = max(0.0, now - self.started_at - self.restore)
+        if prep is None:  # no step yet: all of it is preparation, but what is counted elsewhere
+            prep = max(0.0, now - self.started_at - measured)
         badput[TRAINING_PREP] = prep
         startup = self._startup_excess()
         badput[PROGRAM_STARTUP] = startup
@@ -307,6 +304,7 @@ class TimeAccount:
         return max(0.0, self.productive - self._startup_excess() - self._lost_secs) / n
 
     def _measured(self) -> float:
-        """Everything counted so far but ``training_prep`` (for the stop's wind-down)."""
+        """Everything counted so far but ``training_prep`` (the first step's start, the
+        stop's wind-down)."""
         recorded = sum(self._recorded.values()) - self._lost_secs  # lost steps: already in productive
-        return self.productive + self.input_wait + self.restore + self._blocked + recorded
+        return self.productive + self.input_wait + self.restore + recorded

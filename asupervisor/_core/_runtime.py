@@ -273,8 +273,6 @@ class Runtime(anyio.AsyncContextManagerMixin):
     def observe_save_secs(self, phase: str, secs: float) -> None:
         """Count one checkpoint phase's duration for ``status().save_seconds``; any thread."""
         self._save_secs.observe(phase, secs)
-        if phase == "blocked":
-            self.times.add_blocked(secs)
 
     def record_badput(self, cause: str, secs: float = 0.0, *, steps: int = 0) -> None:
         """Any thread: count badput of ``cause`` in the goodput ledger (:mod:`._goodput`)."""

@@ -8,8 +8,9 @@ trigger (``PartRunner.next_trigger_step``, a precomputed step number) is compare
 only when it is reached does a part run (the checkpoint part's snapshot). At every step
 boundary of ``run_loop`` the loop checks the stop flag, its own halt flag, boundary jobs
 (snapshots, summaries) and ``max_steps``. Each step's call and each wait for the next
-batch are timed (three ``perf_counter`` reads a step) into the session's
-:class:`~._goodput.TimeAccount`, in plain floats: the goodput ledger's figures.
+batch are timed into the session's :class:`~._goodput.TimeAccount`, in plain floats
+(two ``perf_counter`` reads a step, one without data; the clock is read again only after
+the rare work at a boundary): the goodput ledger's figures.
 
 An error raised by a step goes to :mod:`._step_errors` (kept, state marked suspect, or
 recovery for ``AbortedError``/``UnavailableError``); the end of the data is a clean stop.
@@ -165,24 +166,25 @@ class Steps:
             counter.epochs = epochs
             counter.learn_size(data)
             epoch_end = counter.end_step()
+        t = perf()  # when the last step (or the work at its boundary) ended
         try:
             while not (control.stopping or halt.halted):
                 if boundary:
                     run_boundary()
                     if control.stopping:  # a boundary job stopped the session: no more steps
                         break
+                    t = perf()
                 if max_steps is not None and rt.step >= max_steps:
                     reason = "max_steps"
                     break
                 if iterator is None:
-                    t1 = perf()
+                    t1 = t
                     if per_step:
                         hooks.run_step(control, session, fn, (), {}, count)
                     else:
                         rt.last_output = fn()
                         rt.step += 1
                 else:
-                    t0 = perf()
                     try:
                         batch = next(iterator)
                     except Exception as exc:
@@ -196,16 +198,18 @@ class Steps:
                         epoch_end = counter.end_step()
                         if reason is not None:
                             break
+                        t = perf()
                         continue
                     t1 = perf()
-                    times.input_wait += t1 - t0
+                    times.input_wait += t1 - t
                     if per_step:
                         hooks.run_step(control, session, fn, (batch,), {}, count)
                     else:
                         rt.last_output = fn(batch)
                         rt.step += 1
-                took = perf() - t1
-                if not times.steps:
+                t = perf()
+                took = t - t1
+                if not n and times.first_step_secs is None:
                     times.first_step_secs = took
                 times.productive += took
                 times.steps += 1
@@ -227,8 +231,10 @@ class Steps:
                         parts.fire(rt, rt.step)
                     if reason is not None:
                         break
+                    t = perf()
                 elif rt.step >= parts.next_trigger_step:  # the per-step path: one comparison more
                     parts.fire(rt, rt.step)
+                    t = perf()
         except Exception as exc:
             if not is_end_of_data(exc):
                 rt.errors.note(exc)

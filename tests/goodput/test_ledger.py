@@ -44,7 +44,7 @@ def test_a_segment_is_split_into_productive_time_and_causes_that_add_up_to_its_w
     for _ in range(4):
         times.step_done(1.0)
     times.input_wait += 0.5
-    times.add_blocked(0.25)
+    times.record("unproductive_checkpoint_save_time", 0.25)
     times.record("hang", 2.0)
     times.record("divergence_rollback", steps=1)
     clock.t = 20.0
@@ -66,17 +66,23 @@ def test_a_segment_is_split_into_productive_time_and_causes_that_add_up_to_its_w
     assert seg.productive_secs + sum(seg.badput.values()) == pytest.approx(seg.wall_secs)
 
 
-def test_before_the_first_step_everything_but_the_restore_is_training_prep() -> None:
-    """A segment still starting: its wall time so far is preparation and restore."""
+def test_before_the_first_step_everything_but_the_restore_and_a_save_is_training_prep() -> None:
+    """A segment still starting: its wall time so far is preparation, the restore and a
+    start-up checkpoint's snapshot; once the first step starts, preparation stops growing."""
     clock = Clock()
     times = account(clock)
     times.restore += 0.5
+    times.record("unproductive_checkpoint_save_time", 0.25)
     clock.t = 3.0
-    seg = times.segment()
-    assert seg.productive_secs == 0 and dict(seg.badput) == {
-        "training_prep": 7.5,
+    expected = {
+        "training_prep": 7.25,
+        "unproductive_checkpoint_save_time": 0.25,
         "unproductive_checkpoint_restore_time": 0.5,
     }
+    assert times.segment().productive_secs == 0 and dict(times.segment().badput) == expected
+    times.begin_steps()
+    clock.t = 4.0
+    assert times.segment().badput["training_prep"] == 7.25
 
 
 @pytest.mark.parametrize(
@@ -94,7 +100,7 @@ def test_the_wind_down_after_a_signal_or_notice_is_preemption_stop(reason: str, 
     times.mark_stop()
     clock.t = 21.0
     times.step_done(1.0)  # the step in flight
-    times.add_blocked(0.5)  # the final checkpoint's snapshot
+    times.record("unproductive_checkpoint_save_time", 0.5)  # the final checkpoint's snapshot
     clock.t = 24.0
     seg = times.segment(reason)
     assert seg.badput.get("preemption_stop") == preemption

@@ -228,6 +228,7 @@ class CheckpointSaver:
             )
             log.warning("checkpoint.skipped", reason=reason, step=ctx.global_step, why=why)
             return None
+        held = time.perf_counter()  # the step thread held from here: the goodput ledger's badput
         try:
             ctx.check_before_snapshot()
         except Exception as exc:  # e.g. a NaN loss not read yet: the state is not saved
@@ -237,6 +238,7 @@ class CheckpointSaver:
             return None
         ctx.sync_global_step()
         snap = self.checkpointer.snapshot(ctx.global_step, "ram" if reason == "ram" else "disk")
+        ctx.record_badput("unproductive_checkpoint_save_time", time.perf_counter() - held)
         if snap is None:
             return None
         with self._lock:
