@@ -96,3 +96,31 @@ async def test_a_second_session_of_a_completed_run_counts_a_restart_and_not_the_
     assert "infrastructure_recovery_from_disruption" not in second.badput
     assert ended["wall_secs"] >= first.wall_secs
     assert ended["wall_secs"] < second.wall_secs <= ended["wall_secs"] + took
+
+
+@pytest.mark.anyio
+async def test_a_preemption_counts_its_stop_and_the_time_until_the_restart(tmp_path: Path) -> None:
+    """A session stopped by a preemption notice (``preempted:<source>``) counts its stop's
+    wind-down as ``preemption_stop`` and ends its ledger with that reason; the next
+    session of the run counts the time between as lost to the disruption, and redoes
+    nothing (the final checkpoint holds the last step)."""
+    v = tf.Variable(0.0)
+    sv = _supervisor(tmp_path, v)
+    async with sv.managed_session() as sess:
+
+        def step() -> None:
+            v.assign_add(1.0)
+            if sv.global_step == 4:
+                context_of(sess).request_stop(reason="preempted:test")
+
+        await sess.run_loop(step)
+    first = sv.status().goodput
+    assert first is not None and first.badput["preemption_stop"] > 0
+    assert asv.exit_code(sv.status()) == 143
+    ended = json.loads((tmp_path / "asupervisor-goodput.json").read_text())
+    assert ended["ended"] == "preempted:test" and ended["step"] == 5
+    await _train(sv := _supervisor(tmp_path, v), v, 10)
+    second = sv.status().goodput
+    assert second is not None and second.restarts == 1 and second.redone_steps == 0
+    assert second.badput["infrastructure_recovery_from_disruption"] > 0
+    assert second.productive_secs + sum(second.badput.values()) == pytest.approx(second.wall_secs)
