@@ -70,6 +70,7 @@ from ._core._session import Session as Session
 from ._core._session import StepContext as StepContext
 from ._core._signals import catch_stop_signals as catch_stop_signals
 from ._core._status import CheckpointInfo as CheckpointInfo
+from ._core._status import Goodput as Goodput
 from ._core._status import Histogram as Histogram
 from ._core._status import QueueStatistics as QueueStatistics
 from ._core._status import RemoteStatus as RemoteStatus
@@ -115,6 +116,7 @@ __all__ = [
     "FinalOpsHook",
     "GcePreemptionNotice",
     "GlobalStepWaiterHook",
+    "Goodput",
     "Histogram",
     "Keep",
     "KeepAll",

@@ -3,7 +3,8 @@
 The one place that names concrete features. ``Supervisor.managed_session()`` hands the
 engine (``_core``) the parts built here from the supervisor's settings, in the order
 their phases run within each phase: summaries (so the writer is open for the hooks),
-then checkpoints; in multi-worker training first the agreed stop on a signal; and the
+the goodput ledger (its last write comes before the checkpoints let the logdir's lock
+go), then checkpoints; in multi-worker training first the agreed stop on a signal; and the
 Keras front door's part, which offers ``sess.fit`` (the engine imports no front door).
 Stock hooks and services that are parts too (queue runners) are added by the engine
 itself, from the hooks and services it is given.
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from ._checkpoint._part import CheckpointPart
 from ._checkpoint.policy._cluster_stop import ClusterStopPart
 from ._checkpoint.policy._policies import keep_policy_for, save_policy_for
+from ._goodput._part import GoodputPart
 from ._keras import KerasPart
 from ._progress._part import ProgressPart
 from ._summary._part import SummaryPart
@@ -61,6 +63,7 @@ def session_parts(config: SupervisorConfig) -> list[SessionPart]:
         *progress,
         *cluster_stop,
         SummaryPart(config.logdir, is_chief=bool(config.is_chief), interval_secs=config.save_summaries_secs),
+        GoodputPart(config.logdir, is_chief=bool(config.is_chief), interval_secs=config.save_summaries_secs),
         CheckpointPart(
             config.logdir,
             basename=config.checkpoint_basename,

@@ -7,7 +7,8 @@ which checks the CRCs), the metrics it records (``loss``, ``val_loss``: what
 leftovers of interrupted saves (``*.asv-tmp-*``); a damaged ``checkpoint`` state file;
 the data iterator's share of the latest checkpoint; the RAM tier (its directory and
 checkpoints, when ``CheckpointOptions(ram_tier=...)`` made one); the last value of each scalar
-summary (TensorBoard's ``EventAccumulator``). Nothing is written. A front door.
+summary (TensorBoard's ``EventAccumulator``); the goodput ledger (wall time, productive
+time, badput by cause, restarts). Nothing is written. A front door.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ._checkpoint.snapshot._iterator_state import iterator_share
 from ._checkpoint.store import inspect_ram_tier, inspect_remote
 from ._checkpoint.store import names as _names
 from ._checkpoint.store import state_file as _state_file
+from ._goodput._ledger import LEDGER_FILE, read_ledger
 
 __all__ = ["inspect_logdir", "run"]
 
@@ -67,6 +69,29 @@ def _scalars(logdir: Path) -> dict[str, dict[str, float]]:
         except Exception:  # a histogram or text summary: not a scalar
             continue
     return out
+
+
+def _goodput(logdir: Path) -> dict[str, Any] | None:
+    """The goodput ledger of ``logdir`` (``Status.goodput``'s fields, with ``step`` and
+    ``ended``), ``{"error": ...}`` if it cannot be read, ``None`` if there is none."""
+    try:
+        totals = read_ledger(logdir / LEDGER_FILE)
+    except (OSError, ValueError) as exc:
+        return {"error": str(exc)}
+    if totals is None:
+        return None
+    g = totals.goodput()
+    return {
+        "wall_secs": g.wall_secs,
+        "productive_secs": g.productive_secs,
+        "goodput": g.goodput,
+        "badput": dict(g.badput),
+        "restarts": g.restarts,
+        "redone_steps": g.redone_steps,
+        "step": totals.step,
+        "ended": totals.ended,
+        "updated_at": totals.updated_at,
+    }
 
 
 def inspect_logdir(logdir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -121,6 +146,7 @@ def inspect_logdir(logdir: str | os.PathLike[str]) -> dict[str, Any]:
         "iterator_share": share,
         "scalars": _scalars(root),
         "ram_tier": inspect_ram_tier(root),
+        "goodput": _goodput(root),
     }
     report["empty"] = state is None and problem is None and not checkpoints and not leftovers and not report["scalars"]
     report["ok"] = problem is None and all(c["loads"] for c in checkpoints) and not report["empty"]
@@ -160,6 +186,17 @@ def _text(report: dict[str, Any]) -> str:
         lines.append(
             f"  data iterator: {share['iterator_bytes']} of {share['checkpoint_bytes']} bytes of the latest checkpoint"
         )
+    goodput = report.get("goodput")
+    if goodput is not None and "error" in goodput:
+        lines.append(f"  goodput ledger: UNREADABLE ({goodput['error']})")
+    elif goodput is not None:
+        lines.append(
+            f"  goodput {goodput['goodput']:.1%}: {goodput['productive_secs']:.1f} s productive of"
+            f" {goodput['wall_secs']:.1f} s, {goodput['restarts']} restarts, {goodput['redone_steps']} steps redone,"
+            f" step {goodput['step']}, {goodput['ended'] or 'running or killed'}"
+        )
+        for cause, secs in goodput["badput"].items():
+            lines.append(f"    badput {cause:<40} {secs:10.1f} s")
     for tag, last in sorted(report["scalars"].items()):
         lines.append(f"  {tag} = {last['value']:.6g} at step {last['step']}")
     if report.get("empty"):

@@ -3,7 +3,9 @@
 :func:`render` turns a ``Status`` into the Prometheus text exposition format (version
 0.0.4): the step, the rate, the epoch, the last checkpoint, the step output's scalars,
 the services' states and restarts, the queues, each checkpoint phase's seconds
-(histograms), a URL logdir's remote lag, the stop reason. :class:`MetricsServer`
+(histograms), a URL logdir's remote lag, the stop reason, the run's goodput ledger
+(``goodput_*``, ``badput_time_seconds{badput_source=...}``: the names of Google's
+``ml-goodput-measurement``). :class:`MetricsServer`
 is a session service serving that text at ``http://<host>:<port>/metrics`` (127.0.0.1
 unless ``metrics_port="host:port"`` names another: ``"0.0.0.0:9100"`` in a pod) while the
 session lives (a few lines of HTTP/1.1 on an anyio listener: one request a connection,
@@ -137,6 +139,24 @@ def render(status: Status) -> str:
         "phase",
         status.save_seconds,
     )
+    goodput = status.goodput
+    if goodput is not None:
+        w.metric("goodput_ratio", "gauge", "Productive time over wall time, across restarts.", [({}, goodput.goodput)])
+        w.metric(
+            "goodput_time_seconds",
+            "gauge",
+            "Time in steps whose work was kept, across restarts.",
+            [({}, goodput.productive_secs)],
+        )
+        w.metric(
+            "badput_time_seconds",
+            "gauge",
+            "Wall time that was not productive, by cause, across restarts.",
+            [({"badput_source": cause}, secs) for cause, secs in goodput.badput.items()],
+        )
+        w.metric("elapsed_time_seconds", "gauge", "The run's wall time, across restarts.", [({}, goodput.wall_secs)])
+        w.metric("run_restarts", "gauge", "How many times the run was started again.", [({}, goodput.restarts)])
+        w.metric("redone_steps", "gauge", "Steps run again after restarts.", [({}, goodput.redone_steps)])
     remote = status.remote
     if remote is not None:
         url = {"url": remote.url}

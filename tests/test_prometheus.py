@@ -19,7 +19,7 @@ import asupervisor as asv
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
 
-_SAMPLE = re.compile(r'^asupervisor_[a-z_]+(\{([a-z_]+="([^"\\]|\\.)*",?)+\})? (-?[0-9.e+]+|NaN|[+-]Inf)$')
+_SAMPLE = re.compile(r'^asupervisor_[a-z_]+(\{([a-z_]+="([^"\\]|\\.)*",?)+\})? (-?[0-9.]+(e[+-]?[0-9]+)?|NaN|[+-]Inf)$')
 
 
 def _free_port() -> int:

@@ -36,8 +36,9 @@ if TYPE_CHECKING:
 
     from .._cluster import ClusterInfo
     from ._clock import Clock
+    from ._goodput import TimeAccount
     from ._services import Service
-    from ._status import CheckpointInfo, QueueStatistics, RemoteStatus, Status
+    from ._status import CheckpointInfo, Goodput, QueueStatistics, RemoteStatus, Status
 
 __all__ = [
     "CheckpointSaving",
@@ -113,6 +114,18 @@ class SessionContext(EngineContext, Protocol):
     def observe_save_secs(self, phase: str, secs: float) -> None:
         """Any thread: count one checkpoint phase's duration (``blocked``, ``write``,
         ``commit``, ``upload``) in ``status().save_seconds``."""
+        ...
+
+    def record_badput(self, cause: str, secs: float = 0.0, *, steps: int = 0) -> None:
+        """Any thread: count ``secs`` of badput of ``cause`` (``"hang"``,
+        ``"divergence_rollback"``, ...) in the goodput ledger; ``steps``: completed steps
+        whose work is lost (their time moves out of productive time). See
+        :mod:`._goodput`. Raises ``ValueError`` for a bad cause, ``secs`` or ``steps``."""
+        ...
+
+    @property
+    def time_account(self) -> TimeAccount:
+        """Where this session's time went so far (:mod:`._goodput`), for the ledger."""
         ...
 
     def sync_global_step(self) -> None:
@@ -337,6 +350,8 @@ class SessionAttribute(TypedAttributeSet):
     remote: RemoteStatus = typed_attribute()
     #: ``Session.fit`` (the Keras front door)
     keras_fit: KerasFit = typed_attribute()
+    #: the run's goodput ledger across restarts, for ``status().goodput``
+    goodput: Goodput = typed_attribute()
 
 
 class SessionPart:

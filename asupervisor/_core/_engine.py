@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ._abc import EngineConfig
     from ._divergence import DivergenceWatch, RollbackCounts
     from ._epochs import EpochCounter
+    from ._goodput import TimeAccount
     from ._parts import PartRunner
     from ._stop import StopControl
 
@@ -103,6 +104,7 @@ class Engine(SessionContext, Protocol):
     divergence: DivergenceWatch | None
     #: what divergence rollbacks cost this session
     rollbacks: RollbackCounts
+    times: TimeAccount
 
     @property
     def config(self) -> EngineConfig:

@@ -41,6 +41,7 @@ from .._tf import is_end_of_data, tf
 from ._abc import SessionAttribute, SessionPart
 from ._divergence import DivergenceWatch, RollbackCounts
 from ._epochs import EpochCounter
+from ._goodput import TimeAccount
 from ._handoff import LoopHandle
 from ._hooks import HookRunner
 from ._metrics import MetricsSampler
@@ -136,6 +137,8 @@ class Runtime(anyio.AsyncContextManagerMixin):
         self.epoch_logs: tuple[int, dict[str, float]] = (-1, {})
         self._restarts: dict[str, int] = {}
         self._save_secs = Timings()
+        #: where this session's time goes (the goodput ledger's figures of this segment)
+        self.times = TimeAccount()
         self._user_services = user_services
         self._service_states: dict[str, str] = {}
         self._extras: dict[Any, Callable[[], Any]] = {}
@@ -218,6 +221,11 @@ class Runtime(anyio.AsyncContextManagerMixin):
         """Release waits for input on the step thread: a stop or a halted ``run_loop``."""
         self.parts.wake()
 
+    def _stop_requested(self) -> None:
+        """Any thread, at each stop request: its time noted (the first), step-thread waits released."""
+        self.times.mark_stop()
+        self.wake_step_thread()
+
     def set_service_state(self, name: str, state: str) -> None:
         """Record a service's state for ``status()`` (a restart is counted)."""
         self._service_states[name] = state
@@ -259,6 +267,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
             save_seconds=self._save_secs.snapshot(),
             tiers=ReadOnlyDict(tiers),
             rollbacks=self.rollbacks.count,
+            goodput=self.extra(SessionAttribute.goodput, None),
             **self._epoch_status(step),
         )
 
@@ -277,6 +286,15 @@ class Runtime(anyio.AsyncContextManagerMixin):
     def observe_save_secs(self, phase: str, secs: float) -> None:
         """Count one checkpoint phase's duration for ``status().save_seconds``; any thread."""
         self._save_secs.observe(phase, secs)
+
+    def record_badput(self, cause: str, secs: float = 0.0, *, steps: int = 0) -> None:
+        """Any thread: count badput of ``cause`` in the goodput ledger (:mod:`._goodput`)."""
+        self.times.record(cause, secs, steps=steps)
+
+    @property
+    def time_account(self) -> TimeAccount:
+        """Where this session's time went so far."""
+        return self.times
 
     def current_metrics(self) -> dict[str, float]:
         """On the step thread: the last step's scalars and the logs of an epoch that
@@ -327,7 +345,11 @@ class Runtime(anyio.AsyncContextManagerMixin):
 
     def _restore_or_init(self) -> bool:
         """On the step thread: the parts restore the latest good checkpoint, else ``init_fn``."""
-        restored = self.parts.restore(self) is not None
+        t0 = time.perf_counter()
+        try:
+            restored = self.parts.restore(self) is not None
+        finally:
+            self.times.restore += time.perf_counter() - t0
         if not restored and self.config.init_fn is not None:
             self.config.init_fn()
         return restored
@@ -342,7 +364,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
             not_ready = [str(name) for name in (config.ready_fn() or ())]
             if not_ready:
                 raise RuntimeError(f"the model is not ready after start-up: {', '.join(not_ready)}")
-        self.step = int(self.global_step_var.numpy())
+        self.step = self.times.start_step = int(self.global_step_var.numpy())
         self.parts.arm(self.step)
         self.hooks.after_create_session(self.session)
 
@@ -447,7 +469,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
             raise RuntimeError("a managed session can be entered only once")
         self._entered = True
         self.loop = LoopHandle()
-        self.control = StopControl(self.loop, on_stop=self.wake_step_thread)
+        self.control = StopControl(self.loop, on_stop=self._stop_requested)
         if self.config.handle_signals:  # from now on, a signal is a graceful stop
             self._signals = SignalHandlers(
                 self.loop, self._on_signal, self._on_signal_again, signals=tuple(self.config.stop_signals)

@@ -19,6 +19,7 @@ import anyio.lowlevel
 from .._logging import get_logger
 from ._abc import SessionAttribute
 from ._divergence import DivergenceWatch, Rollback
+from ._goodput import DIVERGENCE_ROLLBACK
 from ._steps import Halt
 
 if TYPE_CHECKING:
@@ -408,6 +409,7 @@ class Session:
         if watch.retries >= rollback.max_retries:
             why = f"max_retries={rollback.max_retries} rollbacks done"
         else:
+            restoring = rt.times.restore  # the restore counts as a restore in the ledger
             path = await rt.errors.restore_latest()
             if path is None:
                 why = "no checkpoint to roll back to"
@@ -429,6 +431,8 @@ class Session:
         counts.steps_undone += window
         secs = time.monotonic() - found.at
         counts.secs += secs
+        # the ledger: the rest of the rollback's time, and the steps it undid
+        rt.record_badput(DIVERGENCE_ROLLBACK, max(0.0, secs - (rt.times.restore - restoring)), steps=window)
         log.warning(
             "divergence.rollback",
             step=found.step,

@@ -15,6 +15,7 @@ __all__ = [
     "EXIT_PREEMPTED",
     "EXIT_STORAGE_UNREACHABLE",
     "CheckpointInfo",
+    "Goodput",
     "Histogram",
     "QueueStatistics",
     "ReadOnlyDict",
@@ -143,6 +144,38 @@ class RemoteStatus:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Goodput:
+    """The goodput ledger of a run, across its restarts (``Status.goodput``); see
+    ``docs/goodput.md`` for what each cause measures.
+
+    Attributes:
+        wall_secs: the run's wall time: from the start of its first process to now (or
+            to its last ledger write), less the time between a completed run and its
+            next start.
+        productive_secs: time spent in steps whose work was kept.
+        goodput: ``productive_secs / wall_secs`` (0 before any time passed).
+        badput: the rest of the wall time by cause, seconds (names as Google's
+            ``ml-goodput-measurement`` has them, lowercased, where one fits):
+            ``training_prep``, ``program_startup``, ``data_loading_sync``,
+            ``unproductive_checkpoint_save_time``, ``unproductive_checkpoint_restore_time``,
+            ``wasted_progress_from_disruption``, ``infrastructure_recovery_from_disruption``,
+            ``preemption_stop``, ``hang``, ``divergence_rollback``, ``other``; a cause
+            appears once it counted time.
+        restarts: how many times the run was started again (processes or sessions after
+            the first).
+        redone_steps: steps run again after a restart because the checkpoint restored was
+            older than the last step the ledger had recorded.
+    """
+
+    wall_secs: float
+    productive_secs: float
+    goodput: float
+    badput: Mapping[str, float] = field(default_factory=ReadOnlyDict)
+    restarts: int = 0
+    redone_steps: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class Status:
     """A snapshot of a supervisor, safe to keep and to read from any thread.
 
@@ -180,6 +213,8 @@ class Status:
             a tier appears once it holds a checkpoint.
         rollbacks: divergence rollbacks in this session
             (``run_loop(on_divergence=asv.Rollback(...))``).
+        goodput: the run's goodput ledger across restarts (:class:`Goodput`; kept in the
+            logdir by the chief), ``None`` before a session started.
     """
 
     running: bool
@@ -202,6 +237,7 @@ class Status:
     save_seconds: Mapping[str, Histogram] = field(default_factory=ReadOnlyDict)
     tiers: Mapping[str, int] = field(default_factory=ReadOnlyDict)
     rollbacks: int = 0
+    goodput: Goodput | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """This status as plain JSON types (``json.dumps`` takes it as it is)."""

@@ -28,6 +28,7 @@ retry loop, also used for start-up's restore-or-init.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -197,7 +198,11 @@ class StepErrors:
     def _restore(self) -> str | None:
         """On the step thread: restore the latest checkpoint and the step count."""
         rt = self._rt
-        path = rt.parts.restore(rt, recovering=True)
+        t0 = time.perf_counter()
+        try:
+            path = rt.parts.restore(rt, recovering=True)
+        finally:
+            rt.times.restore += time.perf_counter() - t0
         if path is not None:
             self.recovering = False
             rt.parts.arm(rt.step)

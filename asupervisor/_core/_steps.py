@@ -7,7 +7,10 @@ plain body), so a plain step pays for no hook check. After each step the parts' 
 trigger (``PartRunner.next_trigger_step``, a precomputed step number) is compared, and
 only when it is reached does a part run (the checkpoint part's snapshot). At every step
 boundary of ``run_loop`` the loop checks the stop flag, its own halt flag, boundary jobs
-(snapshots, summaries) and ``max_steps``.
+(snapshots, summaries) and ``max_steps``. Each step's call and each wait for the next
+batch are timed into the session's :class:`~._goodput.TimeAccount`, in plain floats
+(two ``perf_counter`` reads a step, one without data; the clock is read again only after
+the rare work at a boundary): the goodput ledger's figures.
 
 An error raised by a step goes to :mod:`._step_errors` (kept, state marked suspect, or
 recovery for ``AbortedError``/``UnavailableError``); the end of the data is a clean stop.
@@ -20,6 +23,7 @@ This module must never touch the event loop nor block it: it runs on the step th
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -74,11 +78,16 @@ class Steps:
         thread = rt.step_thread
         if thread.has_boundary_jobs:
             thread.run_boundary_jobs()
+        times = rt.times
+        if times.first_step_at is None:
+            times.begin_steps()
+        t0 = time.perf_counter()
         try:
             results = fn(*args, **kwargs)
         except Exception as exc:
             rt.errors.note(exc)
             raise
+        times.step_done(time.perf_counter() - t0)
         rt.last_output = results
         rt.step += 1
         parts = rt.parts
@@ -91,11 +100,16 @@ class Steps:
         thread = rt.step_thread
         if thread.has_boundary_jobs:
             thread.run_boundary_jobs()
+        times = rt.times
+        if times.first_step_at is None:
+            times.begin_steps()
+        t0 = time.perf_counter()
         try:
             results = rt.hooks.run_step(rt.control, rt.session, fn, args, kwargs, self._count)
         except Exception as exc:
             rt.errors.note(exc)
             raise
+        times.step_done(time.perf_counter() - t0)
         parts = rt.parts
         if rt.step >= parts.next_trigger_step:
             parts.fire(rt, rt.step)
@@ -159,24 +173,30 @@ class Steps:
                 raise
         rt.max_steps = max_steps
         counter = rt.epoch_counter
+        times = rt.times  # where the time goes: plain floats, added to on this thread only
+        perf = time.perf_counter
+        times.begin_steps()
         fresh = False  # whether the iterator began its pass in this leg
         epoch_end = math.inf  # the step that completes the pass, when its length is known
         if epochs is not None:
             counter.epochs = epochs
             counter.learn_size(data)
             epoch_end = counter.end_step()
+        t = perf()  # when the last step (or the work at its boundary) ended
         try:
             while not (control.stopping or halt.halted):
                 if boundary:
                     run_boundary()
                     if control.stopping:  # a boundary job stopped the session: no more steps
                         break
+                    t = perf()
                 if watch is not None and watch.found is not None:  # found by a read or a snapshot
                     break
                 if max_steps is not None and rt.step >= max_steps:
                     reason = "max_steps"
                     break
                 if iterator is None:
+                    t1 = t
                     if per_step:
                         hooks.run_step(control, session, fn, (), {}, count)
                     else:
@@ -198,12 +218,21 @@ class Steps:
                         epoch_end = counter.end_step()
                         if reason is not None:
                             break
+                        t = perf()
                         continue
+                    t1 = perf()
+                    times.input_wait += t1 - t
                     if per_step:
                         hooks.run_step(control, session, fn, (batch,), {}, count)
                     else:
                         rt.last_output = fn(batch)
                         rt.step += 1
+                t = perf()
+                took = t - t1
+                if not n and times.first_step_secs is None:
+                    times.first_step_secs = took
+                times.productive += took
+                times.steps += 1
                 n += 1
                 if rt.step >= epoch_end:
                     # A pass of known length ends with its last step, before the parts'
@@ -222,8 +251,10 @@ class Steps:
                         parts.fire(rt, rt.step)
                     if reason is not None:
                         break
+                    t = perf()
                 elif rt.step >= parts.next_trigger_step:  # the per-step path: one comparison more
                     parts.fire(rt, rt.step)
+                    t = perf()
         except Exception as exc:
             if isinstance(exc, SnapshotRefused) and watch is not None and watch.found is not None:
                 pass  # a hook's save refused the diverged state: the session rolls back

@@ -537,7 +537,8 @@ async def test_profiler_hook_writes_a_trace_tensorboard_reads(tmp_path: Path) ->
         await sess.run_loop(profiled_step, max_steps=3)
     traces = list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].parent.name.endswith("_step_2")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [OWNER_FILE, "plugins"]  # no staging directory left
+    # no staging directory left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["asupervisor-goodput.json", OWNER_FILE, "plugins"]
     space = xplane_pb2.XSpace()
     space.ParseFromString(traces[0].read_bytes())
     host = [p for p in space.planes if p.name.startswith("/host:CPU")]

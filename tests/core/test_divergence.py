@@ -140,6 +140,8 @@ async def test_a_divergence_is_rolled_back_and_ends_bitwise_as_a_run_without_its
     assert (status.rollbacks, status.global_step, status.stop_reason) == (1, 20, "max_steps")
     assert sv._runtime.rollbacks.steps_undone == bad_step - restored  # type: ignore[attr-defined]
     assert _checkpoints_are_finite(tmp_path / "rolled")[-1] == 20
+    ledger = status.goodput  # the rollback's time and the steps it undid are badput of their own
+    assert ledger is not None and ledger.badput["divergence_rollback"] > 0, ledger
 
 
 async def test_past_max_retries_the_error_propagates_and_no_diverged_state_is_saved(tmp_path: Path) -> None:

@@ -197,7 +197,9 @@ class CheckpointSaver:
             control = self.ctx.control
             while self._in_flight > 0 and not control.stopping:
                 self._idle.wait()
-        log.info("checkpoint.waited", step=self.ctx.global_step, secs=round(time.perf_counter() - t0, 4))
+        secs = time.perf_counter() - t0
+        self.ctx.record_badput("unproductive_checkpoint_save_time", secs)  # the step thread held: the goodput ledger's
+        log.info("checkpoint.waited", step=self.ctx.global_step, secs=round(secs, 4))
 
     def wake(self) -> None:
         """From any thread (a stop): release the step thread's wait for the writer."""
@@ -227,6 +229,7 @@ class CheckpointSaver:
             )
             log.warning("checkpoint.skipped", reason=reason, step=ctx.global_step, why=why)
             return None
+        held = time.perf_counter()  # the step thread held from here: the goodput ledger's badput
         try:
             ctx.check_before_snapshot()
         except SnapshotRefused as exc:  # a diverged state, which run_loop rolls back: not saved
@@ -239,6 +242,7 @@ class CheckpointSaver:
             return None
         ctx.sync_global_step()
         snap = self.checkpointer.snapshot(ctx.global_step, "ram" if reason == "ram" else "disk")
+        ctx.record_badput("unproductive_checkpoint_save_time", time.perf_counter() - held)
         if snap is None:
             return None
         with self._lock:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..._core._files import replace_file
 from ..._logging import describe, get_logger
 from . import _names
 
@@ -214,6 +215,4 @@ def copy_checkpoint(source: Path, tmp: Path, check: Callable[[], None]) -> None:
 def replace_text(path: Path, text: str) -> None:
     """Replace the small file ``path`` with ``text`` atomically (a crash leaves the old or
     the new, never a torn one); not synced: for files a lost update of costs nothing."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    replace_file(path, text)
