@@ -8,8 +8,9 @@ the services' states and restarts, the queues, each checkpoint phase's seconds
 ``ml-goodput-measurement``). :class:`MetricsServer`
 is a session service serving that text at ``http://<host>:<port>/metrics`` (127.0.0.1
 unless ``metrics_port="host:port"`` names another: ``"0.0.0.0:9100"`` in a pod) while the
-session lives (a few lines of HTTP/1.1 on an anyio listener: one request a connection,
-no dependency). A front door; no TensorFlow.
+session lives, its stop included (the stop reason, the final checkpoint), until it winds
+down (a few lines of HTTP/1.1 on an anyio listener: one request a connection, no
+dependency). A front door; no TensorFlow.
 """
 
 from __future__ import annotations
@@ -217,6 +218,7 @@ class MetricsServer(Service):
 
     name = "metrics"
     restart = None  # the port taken: the start fails, naming it
+    through_stop = True  # the stop reason, and the final checkpoint, while the stop runs
 
     def __init__(self, address: int | str, status: Callable[[], Status]) -> None:
         self.address = address

@@ -77,6 +77,30 @@ async def test_metrics_port_serves_the_status_while_the_session_lives(tmp_path: 
 
 
 @pytest.mark.anyio
+async def test_the_endpoint_serves_through_the_stop(tmp_path: Path) -> None:
+    """While the stop runs (here: a hook's ``end``, after the final checkpoint) the
+    endpoint still answers, with the stop reason and the final checkpoint; it closes as
+    the session winds down."""
+    port = _free_port()
+    v = tf.Variable(0.0)
+    scraped: list[tuple[int, str]] = []
+
+    class ScrapeAtTheEnd(asv.SessionRunHook):
+        def end(self, session: object) -> None:  # on the step thread, the event loop free
+            scraped.append(_get(f"http://127.0.0.1:{port}/metrics"))
+
+    sv = asv.Supervisor(tmp_path, state={"v": v}, handle_signals=False, metrics_port=port, hooks=[ScrapeAtTheEnd()])
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda: v.assign_add(1.0), max_steps=5)
+    ((code, text),) = scraped
+    samples = _well_formed(text)
+    assert code == 200 and samples['asupervisor_stop_reason{reason="max_steps"}'] == 1, text
+    assert samples["asupervisor_last_checkpoint_step"] == 5
+    with pytest.raises(OSError):  # closed with the session
+        await anyio.to_thread.run_sync(_get, f"http://127.0.0.1:{port}/metrics")
+
+
+@pytest.mark.anyio
 async def test_the_epoch_and_the_stop_reason_are_exposed(tmp_path: Path) -> None:
     sv = asv.Supervisor(tmp_path, state={"v": tf.Variable(0)}, save_model_secs=0, handle_signals=False)
     seen: list[dict[str, float]] = []

@@ -144,6 +144,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
         self._extras: dict[Any, Callable[[], Any]] = {}
         self._threads: list[DedicatedThread] = []
         self._tg: TaskGroup | None = None
+        self._late_tg: TaskGroup | None = None  # the services serving through the stop
         self._entered = False
         self._signals: SignalHandlers | None = None
         #: a second signal came: the stop's remaining work is abandoned
@@ -483,13 +484,17 @@ class Runtime(anyio.AsyncContextManagerMixin):
             self._extras = self.parts.extra_attributes(self)
             restored = await self._start_up()
             self._started = (time.time(), time.monotonic(), self.step)
+            # two task groups: the services that serve through the stop (entered first,
+            # exited last), and the others, cancelled as the stop begins
+            self._late_tg = anyio.create_task_group()
+            await self._late_tg.__aenter__()
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
             for service in self._services():
                 if service.name in self._service_states:
                     raise ValueError(f"two services are named {service.name!r}; names must be unique")
                 self._service_states[service.name] = "starting"
-                await self._tg.start(supervise, service, self)
+                await (self._late_tg if service.through_stop else self._tg).start(supervise, service, self)
         except BaseException as exc:
             await self._abort_start(exc)
             raise
@@ -500,8 +505,8 @@ class Runtime(anyio.AsyncContextManagerMixin):
         self.control.request_stop(exc if isinstance(exc, Exception) else None, reason=error_reason(exc))
         self.control.state_suspect = True
         with anyio.CancelScope(shield=True):
-            if self._tg is not None:
-                await self._stop_services()
+            await self._stop_services()
+            await self._stop_services(late=True)
             deadline = Deadline(self.stop_grace_secs)
             if self.parts.releasers:
                 with anyio.move_on_after(deadline.remaining()):
@@ -622,6 +627,9 @@ class Runtime(anyio.AsyncContextManagerMixin):
             await phase("hooks_end", lambda: self.step_thread.call(self.hooks.end, self.session))
         if self.spent_iterators:
             await phase("iterators", lambda: self.step_thread.call(self.spent_iterators.clear))
+        # the services serving through the stop: their task group is the current scope
+        # again (cancelled and waited for here, shielded, not inside a phase's scope)
+        await self._stop_services(late=True)
         for part in parts.closers:
             await phase("closers", lambda part=part: part.aclose(self), winding_down=True)  # type: ignore[misc]
         if parts.releasers:  # on the step thread: letting go of a lock on a hung disk must not block the loop
@@ -641,11 +649,15 @@ class Runtime(anyio.AsyncContextManagerMixin):
             self.control.state_suspect = True
             raise
 
-    async def _stop_services(self) -> None:
-        tg = self._tg
+    async def _stop_services(self, *, late: bool = False) -> None:
+        """Cancel the services and wait for them: those cancelled as the stop begins, or
+        (``late``) those serving through it (:attr:`.Service.through_stop`)."""
+        if late:
+            tg, self._late_tg = self._late_tg, None
+        else:
+            tg, self._tg = self._tg, None
         if tg is None:
             return
-        self._tg = None
         tg.cancel_scope.shield = True  # an outer cancellation must not cut the wait short
         tg.cancel_scope.cancel()
         await tg.__aexit__(None, None, None)

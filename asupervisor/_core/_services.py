@@ -323,10 +323,14 @@ class Service:
     Attributes:
         name: unique within a supervisor; shown in logs and ``status()``.
         restart: ``None`` to escalate on the first failure, else a :class:`RestartPolicy`.
+        through_stop: keep running through the stop (the final checkpoint, the hooks'
+            ends), cancelled as the session winds down (the metrics endpoint: it serves
+            the stop reason while the stop runs); ``False``: cancelled as the stop begins.
     """
 
     name: str = "service"
     restart: RestartPolicy | None = None
+    through_stop: bool = False
 
     async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
         """Do the service's work until cancelled; call ``task_status.started()`` when ready."""
