@@ -76,6 +76,8 @@ from ._core._status import QueueStatistics as QueueStatistics
 from ._core._status import RemoteStatus as RemoteStatus
 from ._core._status import Status as Status
 from ._core._status import exit_code as exit_code
+from ._core._watchdog import WatchdogOptions as WatchdogOptions
+from ._core._watchdog import collective_options as collective_options
 from ._exceptions import CheckpointError as CheckpointError
 from ._exceptions import DeadlineExceededError as DeadlineExceededError
 from ._exceptions import DivergenceError as DivergenceError
@@ -160,9 +162,11 @@ __all__ = [
     "SummarySaverHook",
     "Supervisor",
     "SupervisorError",
+    "WatchdogOptions",
     "WorkerThread",
     "catch_stop_signals",
     "cluster_info",
+    "collective_options",
     "configure_logging",
     "exit_code",
     "exit_now",

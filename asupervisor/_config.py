@@ -19,6 +19,7 @@ from . import _tf_internals
 from ._cluster import ClusterInfo
 from ._core._clock import Clock, MonotonicClock
 from ._core._hooks import SessionRunHook
+from ._core._watchdog import WatchdogOptions
 
 __all__ = ["SupervisorConfig"]
 
@@ -89,6 +90,8 @@ class SupervisorConfig:
     metrics_port: int | str | None = None
     #: the signals that request a graceful stop (names or numbers; ``signal.Signals`` once checked)
     stop_signals: Sequence[Any] = ("SIGINT", "SIGTERM")
+    #: the hang watchdog's settings (``StopOptions(watchdog=...)``)
+    watchdog: WatchdogOptions = field(default_factory=WatchdogOptions)
     queue_runners: Sequence[Any] = ()
     clock: Clock = field(default_factory=MonotonicClock)
     #: the cluster from ``TF_CONFIG`` (``None``: a single worker); see :attr:`multi_worker`

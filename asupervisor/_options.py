@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ._checkpoint.policy._policies import KeepPolicy, SavePolicy
+from ._core._watchdog import WatchdogOptions
 
 __all__ = ["CheckpointOptions", "StopOptions", "SummaryOptions", "flat_defaults", "merge_options", "options_only"]
 
@@ -227,6 +228,8 @@ class StopOptions:
             graceful stop, a second one abandons the final checkpoint; the application's
             own handler is called too and put back at the end (main thread only)
             (``handle_signals``).
+        watchdog: the hang watchdog's settings (``asv.WatchdogOptions``; options only, no
+            flat keyword): on by default; ``WatchdogOptions(enabled=False)`` turns it off.
 
     Raises:
         TypeError: a field has the wrong type (the message names it and the value).
@@ -237,9 +240,12 @@ class StopOptions:
     grace_secs: float = field(default=120, metadata={"flat": "stop_grace_secs"})
     signals: Sequence[str | int] = field(default=("SIGINT", "SIGTERM"), metadata={"flat": "stop_signals"})
     handle_signals: bool = field(default=True, metadata={"flat": "handle_signals"})
+    watchdog: WatchdogOptions = field(default=WatchdogOptions(), metadata={"flat": "watchdog", "options_only": True})
 
     def __post_init__(self) -> None:
         _number("StopOptions.grace_secs", self.grace_secs, allow_inf=True)
+        if not isinstance(self.watchdog, WatchdogOptions):
+            raise TypeError(f"StopOptions.watchdog must be an asv.WatchdogOptions, got {self.watchdog!r}")
         from ._core._signals import stop_signals_from
 
         try:

@@ -11,7 +11,8 @@ is terminated. The kernel's FUSE protocol is spoken directly over ``/dev/fuse`` 
 libfuse): the operations a training run uses (create, write, read, fsync, rename,
 unlink, directories, statfs); the others answer ``ENOSYS``, as the protocol allows. An
 empty file ``asv-stall-<secs>`` created in the mount's root makes the next write hang
-that long (a write stuck in a hung disk).
+that long (a write stuck in a hung disk); ``asv-slowread-<secs>`` makes the next read of
+a checkpoint's data file (``*.data-*``) hang that long (a restore held by the disk).
 Needs root (``mount``) and ``/dev/fuse``. :func:`mounted` is the context manager the
 tests use.
 """
@@ -35,6 +36,8 @@ from pathlib import Path
 MAX_WRITE = 128 << 10
 #: ``<mount>/asv-stall-<secs>``: the next write stalls ``secs`` (:meth:`_Server.stall_once`)
 STALL_PREFIX = "asv-stall-"
+#: ``<mount>/asv-slowread-<secs>``: the next read of a ``*.data-*`` file stalls ``secs``
+READ_STALL_PREFIX = "asv-slowread-"
 _IN = struct.Struct("<IIQQIIII")  # len, opcode, unique, nodeid, uid, gid, pid, padding
 _OUT = struct.Struct("<IiQ")  # len, error, unique
 _ATTR = struct.Struct(
@@ -168,6 +171,19 @@ class _Server:
                 time.sleep(float(name[len(STALL_PREFIX) :]))
                 return
 
+    def stall_read_once(self, fh: int) -> None:
+        """A read stuck in the disk: when the mount's root holds ``asv-slowread-<secs>``
+        and ``fh`` is a checkpoint's data file, this read waits that long (the marker
+        removed first), and so does every request behind it."""
+        if ".data-" not in os.readlink(f"/proc/self/fd/{fh}"):
+            return
+        root = self.paths[1]
+        for name in os.listdir(root):
+            if name.startswith(READ_STALL_PREFIX):
+                os.unlink(os.path.join(root, name))
+                time.sleep(float(name[len(READ_STALL_PREFIX) :]))
+                return
+
     def child(self, nodeid: int, body: bytes, offset: int = 0) -> str:
         name = body[offset:].split(b"\0", 1)[0].decode()
         return os.path.join(self.paths[nodeid], name)
@@ -235,6 +251,7 @@ class _Server:
             return self.entry(target) + struct.pack("<QII", fh, 0, 0)
         if opcode == READ:
             fh, offset, size = struct.unpack_from("<QQI", body)
+            self.stall_read_once(fh)
             return os.pread(fh, size, offset)
         if opcode == WRITE:
             fh, offset, size = struct.unpack_from("<QQI", body)

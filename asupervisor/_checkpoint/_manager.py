@@ -123,6 +123,8 @@ class Checkpointer:
         self._staging = _snapshot.Staging() if staging else None
         self._staging_logged = 0  # bytes of staging buffers last logged
         self._abandon = threading.Event()  # set by abandon(): writes give up
+        #: called between the chunks of a write (the saver's hang-watchdog mark)
+        self.on_progress: Callable[[], None] | None = None
         self._metrics_source = metrics
         #: name → the metrics recorded in that checkpoint (writer thread, under the commit
         #: lock): filled at each commit, and when first asked for one of an earlier run
@@ -418,6 +420,9 @@ class Checkpointer:
             self.ram.abandon()
 
     def _check_abandon(self) -> None:
+        progress = self.on_progress
+        if progress is not None:  # between chunks: the hang watchdog's sign of a slow, not stuck, save
+            progress()
         if self._abandon.is_set():
             raise SaveAbandoned(
                 "the save was abandoned at the stop's deadline (its grace period ran out, or a second stop signal)"

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ._goodput import TimeAccount
     from ._services import Service
     from ._status import CheckpointInfo, Goodput, QueueStatistics, RemoteStatus, Status
+    from ._watchdog import Mark, WatchdogOptions
 
 __all__ = [
     "CheckpointSaving",
@@ -126,6 +127,12 @@ class SessionContext(EngineContext, Protocol):
     @property
     def time_account(self) -> TimeAccount:
         """Where this session's time went so far (:mod:`._goodput`), for the ledger."""
+        ...
+
+    def watch_phase(self, phase: str) -> Mark:
+        """Any thread: the hang watchdog times ``phase`` (``"save"``, ``"restore"``,
+        ``"barrier"``) from now: ``mark.advance()`` at each progress (a chunk written),
+        ``mark.end()`` when done (or ``with ctx.watch_phase(...)``). See :mod:`._watchdog`."""
         ...
 
     def sync_global_step(self) -> None:
@@ -238,6 +245,11 @@ class EngineConfig(Protocol):
     @property
     def multi_worker(self) -> bool:
         """Whether this process is one of several training workers."""
+        ...
+
+    @property
+    def watchdog(self) -> WatchdogOptions:
+        """The hang watchdog's settings."""
         ...
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._goodput import TimeAccount
     from ._parts import PartRunner
     from ._stop import StopControl
+    from ._watchdog import Beat
 
 __all__ = ["Engine", "HookCalls", "StepBodies", "StepErrorHandling"]
 
@@ -105,6 +106,8 @@ class Engine(SessionContext, Protocol):
     #: what divergence rollbacks cost this session
     rollbacks: RollbackCounts
     times: TimeAccount
+    #: the hang watchdog's slot of the step loop (:class:`~._watchdog.Beat`)
+    beat: Beat
 
     @property
     def config(self) -> EngineConfig:

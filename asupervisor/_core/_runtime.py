@@ -56,6 +56,7 @@ from ._steps import Steps
 from ._stop import Deadline, StopControl, error_reason
 from ._threads import DedicatedThread
 from ._timings import Timings
+from ._watchdog import Mark, Watchdog
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -139,6 +140,9 @@ class Runtime(anyio.AsyncContextManagerMixin):
         self._save_secs = Timings()
         #: where this session's time goes (the goodput ledger's figures of this segment)
         self.times = TimeAccount()
+        #: the hang watchdog (:mod:`._watchdog`); the step loop writes its ``beat``
+        self.watchdog = Watchdog(self, config.watchdog)
+        self.beat = self.watchdog.beat
         self._user_services = user_services
         self._service_states: dict[str, str] = {}
         self._extras: dict[Any, Callable[[], Any]] = {}
@@ -297,6 +301,12 @@ class Runtime(anyio.AsyncContextManagerMixin):
         """Where this session's time went so far."""
         return self.times
 
+    def watch_phase(self, phase: str) -> Mark:
+        """Any thread: the hang watchdog times ``phase`` from now (:mod:`._watchdog`)."""
+        if not self.config.watchdog.enabled:
+            return Mark(None, phase, 0.0)
+        return self.watchdog.begin(phase)
+
     def current_metrics(self) -> dict[str, float]:
         """On the step thread: the last step's scalars and the logs of an epoch that
         ended at this step (``epoch_logs``), for a checkpoint taken now."""
@@ -342,15 +352,25 @@ class Runtime(anyio.AsyncContextManagerMixin):
     def _begin_startup(self) -> None:
         """On the step thread: ``hook.begin()``, then the state built."""
         self.hooks.begin()
+        if self.config.watchdog.enabled:
+            self.watchdog.load()  # the deadlines the last run learned, before the restore
         self._build_state()
 
     def _restore_or_init(self) -> bool:
         """On the step thread: the parts restore the latest good checkpoint, else ``init_fn``."""
         t0 = time.perf_counter()
+        mark = self.watch_phase("restore")
         try:
             restored = self.parts.restore(self) is not None
+        except BaseException:
+            mark.drop()
+            raise
         finally:
             self.times.restore += time.perf_counter() - t0
+        if restored:  # learned from real restores only: nothing to restore is no measure
+            mark.end()
+        else:
+            mark.drop()
         if not restored and self.config.init_fn is not None:
             self.config.init_fn()
         return restored
@@ -480,8 +500,13 @@ class Runtime(anyio.AsyncContextManagerMixin):
         self.step_thread = self.new_thread("asv-step")
         self.steps = Steps(self)
         try:
+            if self.config.watchdog.enabled:
+                self.new_thread("asv-watchdog").submit_nowait(self.watchdog.run)
             self.parts.start(self)
             self._extras = self.parts.extra_attributes(self)
+            checkpoints = self.extra(SessionAttribute.checkpoints, None)
+            if checkpoints is not None and self.config.watchdog.enabled:
+                checkpoints.on_commit(self.watchdog.committed)  # the learned deadlines kept with it
             restored = await self._start_up()
             self._started = (time.time(), time.monotonic(), self.step)
             # two task groups: the services that serve through the stop (entered first,
@@ -667,6 +692,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
 
     async def _close_threads(self, deadline: Deadline) -> None:
         """Join the dedicated threads by ``deadline``."""
+        self.watchdog.close()  # its loop ends (writing what it learned): its thread can join
         # Every thread told first, so that an idle one (the step thread, as a rule) ends at
         # once even when a stuck service thread uses up the deadline before its join.
         for thread in self._threads:

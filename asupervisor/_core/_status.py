@@ -8,6 +8,7 @@ from typing import Any, NoReturn, TypeVar
 
 __all__ = [
     "EXIT_ERROR",
+    "EXIT_HANG",
     "EXIT_INTERRUPTED",
     "EXIT_LEASE_LOST",
     "EXIT_OK",
@@ -275,6 +276,10 @@ EXIT_STORAGE_UNREACHABLE = 69
 #: another training took the URL logdir over (stop reason ``lease_lost``,
 #: ``LeaseLostError``): this one wrote nothing more there; do not run it again as is
 EXIT_LEASE_LOST = 77
+#: the hang watchdog found a phase stuck (stop reason ``hang:<phase>``, the phase also in
+#: the log's ``hang.detected``): run the job again; it resumes from its last checkpoint
+#: (124, as ``timeout(1)`` exits)
+EXIT_HANG = 124
 
 _COMPLETED = frozenset({"completed", "max_steps", "epochs", "stop_training", "end_of_data", "requested", "hook"})
 
@@ -290,7 +295,8 @@ def exit_code(status: Status) -> int:
     resumes from its last checkpoint; ``75`` when a peer of a multi-worker training was
     lost (``peer_lost:<task>``: restart every task of the job); ``69`` when object storage
     did not answer in time (``storage_unreachable``); ``77`` when another training took
-    a URL logdir over (``lease_lost``: this one stopped writing it); ``1`` on an error (``error:<Type>``, a failed service). See
+    a URL logdir over (``lease_lost``: this one stopped writing it); ``124`` when the
+    hang watchdog found a phase stuck (``hang:<phase>``); ``1`` on an error (``error:<Type>``, a failed service). See
     ``docs/sessions.md`` ("Exit status") for how Kubernetes and SLURM treat them.
 
     Args:
@@ -315,6 +321,8 @@ def exit_code(status: Status) -> int:
         return EXIT_STORAGE_UNREACHABLE
     if reason == "lease_lost":
         return EXIT_LEASE_LOST
+    if reason.startswith("hang:"):
+        return EXIT_HANG
     if reason.startswith("preempted:"):  # a notice that is not a signal (GCE's metadata server)
         return EXIT_PREEMPTED
     if reason.startswith("signal:"):

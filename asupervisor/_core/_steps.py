@@ -82,11 +82,15 @@ class Steps:
         if times.first_step_at is None:
             times.begin_steps()
         t0 = time.perf_counter()
+        beat = rt.beat
+        beat.at = t0  # the watchdog's: a step in flight since t0
         try:
             results = fn(*args, **kwargs)
         except Exception as exc:
+            beat.at = 0.0
             rt.errors.note(exc)
             raise
+        beat.at = 0.0
         times.step_done(time.perf_counter() - t0)
         rt.last_output = results
         rt.step += 1
@@ -104,11 +108,15 @@ class Steps:
         if times.first_step_at is None:
             times.begin_steps()
         t0 = time.perf_counter()
+        beat = rt.beat
+        beat.at = t0  # the watchdog's: a step in flight since t0
         try:
             results = rt.hooks.run_step(rt.control, rt.session, fn, args, kwargs, self._count)
         except Exception as exc:
+            beat.at = 0.0
             rt.errors.note(exc)
             raise
+        beat.at = 0.0
         times.step_done(time.perf_counter() - t0)
         parts = rt.parts
         if rt.step >= parts.next_trigger_step:
@@ -176,6 +184,8 @@ class Steps:
         times = rt.times  # where the time goes: plain floats, added to on this thread only
         perf = time.perf_counter
         times.begin_steps()
+        beat = rt.beat  # the watchdog's slot: a step (> 0) or a wait for data (< 0) since
+        beat.first = times.steps  # this loop's first step and wait: the unlearned deadline
         fresh = False  # whether the iterator began its pass in this leg
         epoch_end = math.inf  # the step that completes the pass, when its length is known
         if epochs is not None:
@@ -196,7 +206,7 @@ class Steps:
                     reason = "max_steps"
                     break
                 if iterator is None:
-                    t1 = t
+                    t1 = beat.at = t
                     if per_step:
                         hooks.run_step(control, session, fn, (), {}, count)
                     else:
@@ -205,9 +215,11 @@ class Steps:
                 else:
                     if watch is not None and rt.step == watch.skip_at:
                         watch.skip(iterator)  # a rollback's skipped window
+                    beat.at = -t
                     try:
                         batch = next(iterator)
                     except Exception as exc:
+                        beat.at = 0.0
                         if epochs is None or data is None or not is_end_of_data(exc):
                             raise
                         # A pass of unknown length ends here, at the boundary after its
@@ -220,7 +232,7 @@ class Steps:
                             break
                         t = perf()
                         continue
-                    t1 = perf()
+                    t1 = beat.at = perf()
                     times.input_wait += t1 - t
                     if per_step:
                         hooks.run_step(control, session, fn, (batch,), {}, count)
@@ -228,6 +240,7 @@ class Steps:
                         rt.last_output = fn(batch)
                         rt.step += 1
                 t = perf()
+                beat.at = 0.0
                 took = t - t1
                 if not n and times.first_step_secs is None:
                     times.first_step_secs = took
@@ -264,6 +277,7 @@ class Steps:
             else:
                 reason = "end_of_data"
         finally:
+            beat.at = 0.0  # (a step that raised)
             halt.steps_run = n  # read by run_loop when this leg fails and is recovered
             rt.max_steps = None
             counter.epochs = None

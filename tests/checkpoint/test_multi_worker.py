@@ -250,7 +250,7 @@ def test_two_workers_save_together_only_the_chief_writes_and_both_resume(tmp_pat
     assert os.listdir(worker_tmp) == [] and os.listdir(tmp_path / "tmp-chief") == []
     # besides the chief's summaries (the goodput ledger's scalars)
     assert sorted(n for n in os.listdir(logdir) if not n.startswith("events.out.tfevents.")) == sorted(
-        ["checkpoint", OWNER_FILE, "asupervisor-goodput.json"]
+        ["checkpoint", OWNER_FILE, "asupervisor-goodput.json", "asupervisor-watchdog.json"]
         + [f"model.ckpt-{s}.{ext}" for s in (3, 6, 7) for ext in ("index", "data-00000-of-00001")]
     )
     state = _state_file.read_state(logdir)
@@ -474,7 +474,7 @@ def test_cluster_killed_at_a_random_moment_resumes_to_the_weights_of_an_uninterr
     committed = [int(p.rsplit("-", 1)[1]) for p in state.paths]
     names = {f"model.ckpt-{s}.{ext}" for s in committed for ext in ("index", "data-00000-of-00001")}
     listed = {n for n in os.listdir(logdir) if not n.startswith("events.out.tfevents.")}  # the chief's summaries
-    assert listed == names | {"checkpoint", OWNER_FILE, "asupervisor-goodput.json"}, why
+    assert listed == names | {"checkpoint", OWNER_FILE, "asupervisor-goodput.json", "asupervisor-watchdog.json"}, why
     lines = eval_out.splitlines()
     assert not [line for line in lines if not line.startswith("EVAL")], (why, lines, eval_err[-2000:])
     assert [int(line.split()[1]) for line in lines] == committed, why

@@ -241,7 +241,9 @@ class CheckpointSaver:
             log.error("checkpoint.skipped", reason=reason, step=ctx.global_step, why=describe(exc))
             return None
         ctx.sync_global_step()
-        snap = self.checkpointer.snapshot(ctx.global_step, "ram" if reason == "ram" else "disk")
+        # every worker's snapshot reads the others' (a collective): a barrier in a cluster
+        with ctx.watch_phase("barrier" if self.multi_worker else "save"):
+            snap = self.checkpointer.snapshot(ctx.global_step, "ram" if reason == "ram" else "disk")
         ctx.record_badput("unproductive_checkpoint_save_time", time.perf_counter() - held)
         if snap is None:
             return None
@@ -257,9 +259,12 @@ class CheckpointSaver:
             return self._write_ram(snap)
         with self._lock:
             others = self._in_flight - 1  # snapshots queued behind this one
+        mark = self.ctx.watch_phase("save")  # the hang watchdog's: each chunk written is progress
+        self.checkpointer.on_progress = mark.advance
         try:
             # never fewer than 2 checkpoints while another save is in flight
             info = self._write_fn(snap, min_keep=2 if others > 0 else 1, io=self._io)
+            mark.end()  # a completed write: its duration is learned
             self._observe_phases(snap)
         except SaveAbandoned as exc:  # the stop's deadline: not an error of the save
             log.warning("checkpoint.abandoned", step=snap.step, why=str(exc))
@@ -271,6 +276,8 @@ class CheckpointSaver:
                     self._error = exc
             return None
         finally:
+            self.checkpointer.on_progress = None
+            mark.drop()  # a failed one is not learned from (after end(): nothing)
             self._one_done()
         self._measure(snap)
         control = self.ctx.control
