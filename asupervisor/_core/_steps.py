@@ -23,6 +23,7 @@ This module must never touch the event loop nor block it: it runs on the step th
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -81,6 +82,7 @@ class Steps:
         times = rt.times
         if times.first_step_at is None:
             times.begin_steps()
+            rt.beat.ident = threading.get_ident()
         t0 = time.perf_counter()
         beat = rt.beat
         beat.at = t0  # the watchdog's: a step in flight since t0
@@ -107,6 +109,7 @@ class Steps:
         times = rt.times
         if times.first_step_at is None:
             times.begin_steps()
+            rt.beat.ident = threading.get_ident()
         t0 = time.perf_counter()
         beat = rt.beat
         beat.at = t0  # the watchdog's: a step in flight since t0
@@ -186,6 +189,7 @@ class Steps:
         times.begin_steps()
         beat = rt.beat  # the watchdog's slot: a step (> 0) or a wait for data (< 0) since
         beat.first = times.steps  # this loop's first step and wait: the unlearned deadline
+        beat.ident = threading.get_ident()
         fresh = False  # whether the iterator began its pass in this leg
         epoch_end = math.inf  # the step that completes the pass, when its length is known
         if epochs is not None:

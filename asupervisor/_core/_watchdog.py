@@ -12,8 +12,9 @@ cheaply, and never takes a lock on the step thread's path:
 
 Each phase's deadline is ``max(floor_secs, factor x p99)`` of the durations observed
 (completed phases only: the steps' and input waits' means between two polls, each mark's
-whole duration); before anything is learned, and for the first step and wait of each
-``run_loop`` (tracing, compiling, a shuffle buffer), ``unlearned_secs``. The p99s are
+whole duration); before anything is learned, for the first step and wait of each
+``run_loop`` (tracing, compiling, a shuffle buffer), and for a step during which Python
+code was seen running on the step thread (a retrace), ``unlearned_secs``. The p99s are
 kept beside the checkpoints in ``asupervisor-watchdog.json`` (written atomically by the
 chief after commits and at the end) and read at the next start-up, so a restarted
 training starts with them.
@@ -115,7 +116,7 @@ class WatchdogOptions:
 class Beat:
     """The step thread's slot (see the module docstring); written by the step loop only."""
 
-    __slots__ = ("at", "first")
+    __slots__ = ("at", "first", "ident")
 
     def __init__(self) -> None:
         #: ``> 0``: a step in flight since (``perf_counter``); ``< 0``: waiting for data
@@ -124,6 +125,9 @@ class Beat:
         #: ``TimeAccount.steps`` when the running ``run_loop`` began: its first step and
         #: wait get ``unlearned_secs``
         self.first = 0
+        #: the step thread (``threading.get_ident()``), once a loop ran: whether Python
+        #: code is running on it (a retrace), or it waits (a stuck op)
+        self.ident: int | None = None
 
 
 class Mark:
@@ -246,6 +250,8 @@ class Watchdog:
         self._commit_seen = False
         self._seen: tuple[int, float, float] = (0, 0.0, 0.0)  # steps, productive, input_wait
         self.breached: str | None = None
+        #: the step thread's innermost frame at the last look: (beat.at, where, moved)
+        self._frame_seen: tuple[float, tuple[int, int] | None, bool] = (0.0, None, False)
 
     # -- what the session calls --------------------------------------------------------
 
@@ -320,7 +326,8 @@ class Watchdog:
         if at != 0.0:
             phase = "step" if at > 0 else "input"
             first = steps == beat.first
-            deadline = self.options.unlearned_secs if first else self.deadline(phase)
+            moving = self._python_moving(at)
+            deadline = self.options.unlearned_secs if first or moving else self.deadline(phase)
             secs = now - abs(at)
             if secs > deadline:
                 return self._breach(phase, secs, deadline)
@@ -336,6 +343,23 @@ class Watchdog:
             if secs > deadline:
                 return self._breach(mark.phase, secs, deadline)
         return False
+
+    def _python_moving(self, at: float) -> bool:
+        """Whether Python code ran on the step thread during the step (or wait) in flight
+        since ``at``: its innermost frame changed between two looks. A retrace (a new
+        input shape, tracing again) runs Python for seconds to minutes and gets the
+        unlearned deadline, as the first step does; a stuck op (a collective waiting on a
+        peer, a ``py_function`` waiting on another thread) leaves the frame as it is."""
+        ident = self.beat.ident
+        frame = None if ident is None else sys._current_frames().get(ident)
+        where = None if frame is None else (id(frame.f_code), frame.f_lineno)
+        seen_at, seen_where, moved = self._frame_seen
+        if seen_at != at:  # another step: start over
+            self._frame_seen = (at, where, False)
+            return False
+        moved = moved or (where is not None and where != seen_where)
+        self._frame_seen = (at, where, moved)
+        return moved
 
     def _ended(self, mark: Mark) -> None:
         secs = self.perf() - mark.since

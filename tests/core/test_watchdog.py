@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -106,6 +107,43 @@ def test_the_step_deadline_is_learned_and_a_stuck_step_is_named() -> None:
     assert dog.check()
     assert session.stops == ["hang:step"] and session.suspect
     assert session.badput == [("hang", pytest.approx(2.1))]
+
+
+def _retracing(stop: threading.Event) -> None:
+    """Python code running on and on, as a retrace does: its innermost frame changes."""
+    while not stop.is_set():
+        json.dumps({"step": [1, 2, 3]})
+        sorted(range(50), key=lambda i: -i)
+
+
+def test_python_running_on_the_step_thread_is_a_retrace_not_a_hang() -> None:
+    """A step during which Python code runs on the step thread (a retrace for a new input
+    shape) gets the unlearned deadline, as a first step does; a step thread that waits in
+    place (an op stuck on a peer, a ``py_function`` waiting) gets the learned one."""
+    clock, session = _Clock(), _Session()
+    options = asv.WatchdogOptions(floor_secs=1.0, factor=4.0, unlearned_secs=60.0)
+    dog = Watchdog(session, options, perf=clock)  # type: ignore[arg-type]
+    _steps(session, clock, dog, 20, 0.1)  # learned: 1 s
+    stop, stuck = threading.Event(), threading.Event()
+    for target, hangs in ((_retracing, False), (stuck.wait, True)):
+        thread = threading.Thread(target=target, args=(stop,) if target is _retracing else ())
+        thread.start()
+        try:
+            dog.beat.ident = thread.ident
+            dog.beat.at = clock.now
+            breached = False
+            for _ in range(40):  # 20 s of the fake clock, looking every 0.5 s
+                clock.now += 0.5
+                time.sleep(0.002)  # the thread runs on between two looks
+                if dog.check():
+                    breached = True
+                    break
+            assert breached is hangs, target
+        finally:
+            stop.set()
+            stuck.set()
+            thread.join()
+    assert session.stops == ["hang:step"]
 
 
 def test_a_phase_that_progresses_is_slow_not_stuck() -> None:
