@@ -610,6 +610,8 @@ class Runtime(anyio.AsyncContextManagerMixin):
         await self._stop_services()
         wind_down: list[Deadline] = []  # the deadline of closing and joining, once set
         abandoned: list[str] = []  # the phases a second signal cut short or skipped (not errors)
+        skipped: list[str] = []  # the phases the grace's end left out (the overrun's one line says them)
+        overran: list[str] = []  # the phases cut at the grace's end
 
         async def phase(name: str, fn: Callable[[], Awaitable[object]], *, winding_down: bool = False) -> None:
             limit = deadline
@@ -621,7 +623,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
                 if self._hurried:  # asked for: one mention in session.stopped, no error
                     abandoned.append(name)
                 else:
-                    log.error("shutdown.overrun", phase=name, grace_secs=deadline.grace_secs, skipped=True)
+                    skipped.append(name)
                 return
             with anyio.CancelScope(shield=True, deadline=limit.at) as scope:
                 if not winding_down:
@@ -636,7 +638,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
                 if self._hurried and not winding_down:
                     abandoned.append(name)
                 else:
-                    log.error("shutdown.overrun", phase=name, grace_secs=deadline.grace_secs)
+                    overran.append(name)
 
         parts = self.parts
         if not control.state_suspect and parts.before_snapshot:
@@ -660,6 +662,16 @@ class Runtime(anyio.AsyncContextManagerMixin):
         if parts.releasers:  # on the step thread: letting go of a lock on a hung disk must not block the loop
             await phase("release", lambda: self.step_thread.submit(parts.release).wait_cancellable(), winding_down=True)
         await phase("threads", lambda: self._close_threads(wind_down[0] if wind_down else deadline), winding_down=True)
+        if overran or skipped:  # one line: what overran, what it left out, what the next start uses
+            last = self.status().last_checkpoint
+            said: dict[str, Any] = {"also_overran": overran[1:], "skipped": sorted(set(skipped))}
+            log.error(
+                "shutdown.overrun",
+                phase=(overran or skipped)[0],
+                grace_secs=deadline.grace_secs,
+                **{k: v for k, v in said.items() if v},
+                next_start=last.path if last is not None else "no checkpoint: it initialises",
+            )
         self.closed = True
         if abandoned:  # a second signal: what it cut short
             log.info("session.stopped", reason=control.reason, global_step=self.step, abandoned=sorted(set(abandoned)))
