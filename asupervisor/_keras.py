@@ -617,6 +617,8 @@ class _Trainer:
             begun = self._restore_states(states)
             if part is not None:
                 part.restore_pending = False
+        if counter.epoch >= self.epochs:  # its epochs were done (a resumed run): no epoch begins
+            return
         for index, callback in enumerate(self.callbacks.callbacks):
             if begun == counter.epoch and any(i == index for i, _ in self._stateful):
                 continue  # its on_epoch_begin ran before the checkpoint: its effect is restored

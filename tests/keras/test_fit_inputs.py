@@ -7,6 +7,10 @@ Keras's progress output, callbacks' state saved and restored."""
 
 from __future__ import annotations
 
+import json
+import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +227,44 @@ def test_the_data_position_hints_name_fit_too() -> None:
 
     for error in (pipeline_changed_error("a", "b", None), restore_mismatch_error(ValueError("x"), None)):
         assert "checkpoint_iterator=False (to run_loop or fit)" in str(error)
+
+
+CALLBACKS_SCRIPT = Path(__file__).parent / "scripts" / "callbacks_fit.py"
+
+
+def _script(logdir: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(CALLBACKS_SCRIPT), str(logdir), str(out), *extra]
+
+
+@pytest.mark.timeout(300)  # four trainings in child processes (~6 s each)
+def test_arrays_then_a_pydataset_with_stock_callbacks_resume_bitwise_after_sigkills(tmp_path: Path) -> None:
+    """A fit on shuffled arrays, then one on a shuffled PyDataset, EarlyStopping (which
+    stops the second), ReduceLROnPlateau and LearningRateScheduler changing the rate each
+    epoch, ModelCheckpoint, TerminateOnNaN, a callback of its own: SIGKILLed once mid-epoch
+    in each fit, the resumed run ends at the same step, stopped by EarlyStopping at the
+    same epoch, with the same weights, optimizer state and learning rate, bit for bit."""
+    rnd = random.Random(39)
+    kills = [rnd.randrange(3, 38), rnd.randrange(40, 82)]  # fit 1: steps 0-38; fit 2: 38-83
+    with subprocess.Popen(_script(tmp_path / "a", tmp_path / "a.npz"), stderr=subprocess.PIPE, text=True) as whole:
+        for step in kills:
+            killed = subprocess.run(
+                _script(tmp_path / "b", tmp_path / "b.npz", "--kill-at", str(step)),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert killed.returncode == -9, (step, killed.stderr[-3000:])
+        resumed = subprocess.run(
+            _script(tmp_path / "b", tmp_path / "b.npz"), capture_output=True, text=True, timeout=300
+        )
+        _, whole_stderr = whole.communicate(timeout=300)
+    assert whole.returncode == 0, whole_stderr[-3000:]
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    with np.load(tmp_path / "a.npz") as a, np.load(tmp_path / "b.npz") as b:
+        record_a, record_b = json.loads(str(a["record"])), json.loads(str(b["record"]))
+        assert all(np.array_equal(a[k], b[k]) for k in a.files if k != "record"), f"kills at {kills}"
+    assert (record_a["stop_reason"], record_a["stopped_epoch"], record_a["step"]) == ("stop_training", 4, 83)
+    assert {k: record_b[k] for k in ("stop_reason", "stopped_epoch", "step", "batches")} == {
+        k: record_a[k] for k in ("stop_reason", "stopped_epoch", "step", "batches")
+    }
+    assert {k: v[-1] for k, v in record_b["history"].items()} == {k: v[-1] for k, v in record_a["history"].items()}
