@@ -1,4 +1,4 @@
-"""The Keras front door: ``await sess.fit(model, data, epochs=..., validation_data=...)``.
+"""The Keras front door: ``await sess.fit(model, x, y, epochs=..., ...)`` with ``model.fit``'s arguments.
 
 A front door, not part of the engine: :class:`KerasPart` (added to every session by
 :mod:`._assembly`) offers :func:`fit` as the session's ``SessionAttribute.keras_fit``,
@@ -17,6 +17,14 @@ runs ``train/`` and ``validation/`` (the chief only, as Keras's ``TensorBoard`` 
 writes them), a log line ``fit.epoch``, the metrics reset, and (after a validation, by
 default) a checkpoint carrying the epoch's metrics (``val_loss``, ... for
 :class:`~asupervisor.KeepBest` and ``export(best=)``).
+
+The data becomes batches as ``model.fit`` makes them (:class:`_Inputs`): arrays through
+Keras's own ``ArrayDataAdapter`` pipeline (whose position is checkpointed), a
+``PyDataset`` or a list resumed at the batch index (:class:`_Batches`), a generator for
+``steps_per_epoch`` batches a pass. The callbacks' state (stock callbacks' attributes, or
+a callback's ``get_state()``) is written, as JSON, into a string variable of the
+checkpoint before each snapshot (:meth:`KerasPart.before_snapshot`) and given back to the
+session's first ``fit`` with epochs to run, after ``on_train_begin``.
 """
 
 from __future__ import annotations
