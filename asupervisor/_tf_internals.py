@@ -50,6 +50,9 @@ Name (as TF spells it) — fallback when missing:
 - ``DatasetV2._inputs`` / ``_batch_size`` (a pipeline's description) — the description
   stops at the last stage / omits the batch size.
 - Keras 3 ``Model._symbolic_build`` — the model builds at its first step, as Keras does.
+- Keras 3 ``keras.src.trainers.data_adapters`` (``ArrayDataAdapter``, ``TFDatasetAdapter``,
+  ``array_slicing``: how ``model.fit`` batches arrays) — ``sess.fit`` refuses arrays,
+  ``validation_split`` and ``class_weight`` with a ``tf.data.Dataset``, naming the version.
 - Keras 3 ``Layer._flatten_layers`` / ``_seed_generators`` — the layers and seed
   generators are found by a walk of the layers' attributes (public ``keras.layers.Layer``,
   ``keras.random.SeedGenerator``).
@@ -553,12 +556,20 @@ def dataset_batch_size(dataset: Any) -> Any:
 KERAS_BUILD = "keras.Model._symbolic_build"
 KERAS_LAYERS = "keras.Layer._flatten_layers"
 KERAS_SEEDS = "keras.Layer._seed_generators"
+KERAS_DATA = "keras.src.trainers.data_adapters"
 
 
 def keras_symbolic_build(model: Any) -> Any:
     """Keras's own build of a model from a data spec (as ``fit`` does before its first
     step); ``None`` (fallback: the model builds at its first step)."""
     return _attr(KERAS_BUILD, model, "_symbolic_build")
+
+
+def keras_data_adapters() -> Any:
+    """Keras 3's data adapters (``ArrayDataAdapter``, ``TFDatasetAdapter``,
+    ``array_slicing``), which turn ``model.fit``'s arrays into batches; ``None``
+    (fallback: ``sess.fit`` refuses arrays, naming the Keras version)."""
+    return _module(KERAS_DATA)
 
 
 def keras_seed_generators(model: Any) -> list[Any]:
@@ -843,6 +854,12 @@ INTERNALS: tuple[Internal, ...] = (
         "a Keras layer's seed generators",
         "a walk of the layers' attributes",
         _probe_instance(lambda: importlib.import_module("keras").layers.Dropout(0.5), "_seed_generators"),
+    ),
+    Internal(
+        KERAS_DATA,
+        "fit's arrays batched as model.fit batches them",
+        "arrays refused by fit, naming the Keras version",
+        _probe_attr(KERAS_DATA, "array_slicing.train_validation_split"),
     ),
     Internal(
         TENSOR_BUNDLE_PB2,

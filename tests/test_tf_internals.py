@@ -160,6 +160,11 @@ def _other_uses(name: str) -> None:
     elif name == _tf_internals.KERAS_BUILD:
         model.compile(optimizer="adam", loss="mse")
         _keras._build(model, tf.data.Dataset.from_tensors((tf.ones((1, 3)), tf.ones((1, 2)))))
+    elif name == _tf_internals.KERAS_DATA:  # arrays refused, naming the Keras version
+        x, y = np.ones((4, 3), "float32"), np.ones((4, 2), "float32")
+        inputs = _keras._Inputs(x, y, None, 2, True, None, None, 0.0, None, None, None)
+        with pytest.raises(ValueError, match=r"keras 3\.\d+.*pass a tf\.data\.Dataset"):
+            inputs.prepare(None)
     elif name in (_tf_internals.KERAS_LAYERS, _tf_internals.KERAS_SEEDS):
         found = _tf_internals.keras_seed_generators(model)
         assert len(found) == 1 and type(found[0]).__name__ == "SeedGenerator"

@@ -331,21 +331,11 @@ class CheckpointSaving(Protocol):
 
 class KerasFit(Protocol):
     """``Session.fit``'s body, which the Keras front door offers the session (the engine
-    imports no front door): ``await fit(session, model, data, epochs=..., ...)``."""
+    imports no front door): ``await fit(session, model, x, y, epochs=..., ...)`` with
+    ``Session.fit``'s keywords."""
 
-    async def __call__(
-        self,
-        session: Any,
-        model: Any,
-        data: Iterable[Any],
-        *,
-        epochs: int,
-        validation_data: Iterable[Any] | None,
-        validation_freq: int,
-        callbacks: Sequence[Any],
-        save_each_epoch: bool | None,
-    ) -> dict[str, list[float]]:
-        """Train ``model`` on ``data`` in ``session``; Keras's ``History.history``."""
+    async def __call__(self, session: Any, model: Any, x: Any, y: Any, **kwargs: Any) -> dict[str, list[float]]:
+        """Train ``model`` in ``session``; Keras's ``History.history``."""
         ...
 
 

@@ -108,6 +108,10 @@ class Engine(SessionContext, Protocol):
     times: TimeAccount
     #: the hang watchdog's slot of the step loop (:class:`~._watchdog.Beat`)
     beat: Beat
+    #: ``Session.fit`` running: a loop ending for its epochs does not stop the session
+    fit_continues: bool
+    #: the stop reason of a body that completes now (``"epochs"`` after such a loop)
+    completed_reason: str | None
 
     @property
     def config(self) -> EngineConfig:

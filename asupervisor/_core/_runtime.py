@@ -136,6 +136,11 @@ class Runtime(anyio.AsyncContextManagerMixin):
         #: ``(step, logs)``: an epoch's metrics (``sess.fit``: ``loss``, ``val_loss``, ...),
         #: which describe the state at that step only
         self.epoch_logs: tuple[int, dict[str, float]] = (-1, {})
+        #: set by ``Session.fit`` while it runs: its epochs done, the loop returns without
+        #: stopping the session (a second fit, the code after it, run as with Keras)
+        self.fit_continues = False
+        #: the stop reason of a body that completes after such a loop: ``"epochs"``
+        self.completed_reason: str | None = None
         self._restarts: dict[str, int] = {}
         self._save_secs = Timings()
         #: where this session's time goes (the goodput ledger's figures of this segment)
@@ -588,7 +593,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
         exception is swallowed (the end of the data is a clean stop)."""
         control = self.control
         if ended is None:
-            control.request_stop(reason="completed")
+            control.request_stop(reason=self.completed_reason or "completed")
         elif isinstance(ended, anyio.get_cancelled_exc_class()):
             control.request_stop(reason="cancelled")  # the caller's scope: app shutdown
         elif isinstance(ended, Exception) and is_end_of_data(ended):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -276,7 +276,10 @@ class Session:
                     continue
                 return total  # a stop came first: the session ends without saving the state
             break
-        if reason is not None:
+        rt.completed_reason = None
+        if reason == "epochs" and rt.fit_continues:
+            rt.completed_reason = reason  # fit returns; a body ending now stopped for its epochs
+        elif reason is not None:
             rt.control.request_stop(reason=reason)
         elif rt.control.stopping and rt.control.scope is not None:
             # Ended by a stop whose cancellation may still be on its way from another
@@ -287,54 +290,69 @@ class Session:
     async def fit(
         self,
         model: Any,
-        data: Iterable[Any],
+        x: Any = None,
+        y: Any = None,
         *,
+        batch_size: int | None = None,
         epochs: int,
-        validation_data: Iterable[Any] | None = None,
+        verbose: str | int = "auto",
+        callbacks: Sequence[Any] | None = None,
+        validation_split: float = 0.0,
+        validation_data: Any = None,
+        shuffle: bool | str = True,
+        class_weight: Mapping[int, float] | None = None,
+        sample_weight: Any = None,
+        initial_epoch: int | None = None,
+        steps_per_epoch: int | None = None,
+        validation_steps: int | None = None,
+        validation_batch_size: int | None = None,
         validation_freq: int = 1,
-        callbacks: Sequence[Any] = (),
         save_each_epoch: bool | None = None,
+        checkpoint_iterator: bool | None = None,
     ) -> dict[str, list[float]]:
         """Train a compiled Keras model as ``model.fit`` does, with what the supervisor
         promises (exact resume mid-epoch, preemption saves, a clean stop).
 
-        Uses the model's own compiled ``train_step`` (in a ``tf.function``, as compiled)
-        and ``test_step`` (``model.evaluate`` on ``validation_data``), resets the metrics
-        each epoch, writes ``epoch_<metric>`` scalars to the TensorBoard runs ``train/``
-        and ``validation/`` under the logdir, logs ``fit.epoch`` with the epoch's metrics,
-        and saves a checkpoint at the end of each epoch that was validated, carrying its
-        metrics (for :class:`~asupervisor.KeepBest` and ``Supervisor.export(best=)``). The model must be in the supervisor's state
-        (``state={"model": model}``: its optimizer comes with it).
+        Takes ``model.fit``'s arguments with their meanings: arrays (numpy, tensors,
+        dicts/lists of them) batched and shuffled by Keras's own adapter (the same
+        batches), a ``tf.data.Dataset``, a ``keras.utils.PyDataset`` or a list of
+        batches, or a generator with ``steps_per_epoch``. Uses the model's compiled
+        ``train_step`` (in a ``tf.function``) and ``test_step`` (``model.evaluate``);
+        writes ``epoch_<metric>`` scalars to the runs ``train/`` and ``validation/``,
+        logs ``fit.epoch``, and saves a checkpoint at the end of each validated epoch
+        carrying its metrics (for :class:`~asupervisor.KeepBest`). The model must be in
+        the supervisor's state (``state={"model": model}``). The position in the epoch
+        is checkpointed (a ``PyDataset``'s or a list's batch index, the arrays'
+        pipeline); a generator restarts from its beginning on a resume (a warning).
 
         Args:
             model: a compiled ``keras.Model``.
-            data: the training batches, ``(x, y)`` or ``(x, y, sample_weight)``: a
-                ``tf.data.Dataset`` (its position is checkpointed) or a re-iterable.
-            epochs: the number of epochs, absolute: a resumed run goes on from the
-                epoch and the step it had reached (as ``fit(initial_epoch=)`` would).
-            validation_data: evaluated after every ``validation_freq``-th epoch; its
-                metrics are logged with a ``val_`` prefix.
-            validation_freq: validate every this many epochs.
-            callbacks: Keras callbacks, called at Keras's moments (``on_train_begin``,
-                ``on_epoch_begin``/``on_epoch_end``, per batch only when a callback
-                overrides a batch method, ``on_train_end``). ``model.stop_training``
-                (``EarlyStopping``) stops the session cleanly (``stop_reason``
-                ``"stop_training"``). ``BackupAndRestore`` is refused: the supervisor
-                does its job.
-            save_each_epoch: save a checkpoint at every epoch's end (``True``), never
-                besides the supervisor's own cadence (``False``), or at the end of each
-                epoch that was validated (``None``, the default: a checkpoint then
-                carries ``val_*`` metrics, and short epochs without validation are not
-                slowed by a save each).
+            x, y, batch_size, verbose, validation_split, validation_data, shuffle,
+                class_weight, sample_weight, steps_per_epoch (a generator's only),
+                validation_steps, validation_batch_size, validation_freq: as
+                ``model.fit``'s.
+            epochs: the number of epochs, absolute: a resumed run, or a second ``fit``
+                in the session, goes on from the epoch and the step reached.
+            callbacks: Keras callbacks, called at Keras's moments (per batch only when
+                one overrides a batch method). The state of ``EarlyStopping``,
+                ``ReduceLROnPlateau``, ``ModelCheckpoint``, ``LearningRateScheduler``,
+                ``TerminateOnNaN`` and of any callback defining ``get_state()`` (JSON-able)
+                and ``set_state(state)`` is saved with each checkpoint and restored.
+                ``model.stop_training`` stops the session (``"stop_training"``).
+            initial_epoch: refused unless 0: the supervisor resumes by itself.
+            save_each_epoch: a checkpoint at every epoch's end (``True``), only at the
+                supervisor's cadence (``False``), or after each validated epoch (``None``).
+            checkpoint_iterator: as ``run_loop``'s (``False``: a resume restarts the data).
 
         Returns:
-            The metrics of each epoch this call ran, as Keras's ``History.history``
-            (``{"loss": [...], "val_loss": [...], ...}``).
+            The metrics of each epoch this call ran, as Keras's ``History.history``.
+            Its epochs done, ``fit`` returns and the session goes on (a body that ends
+            then stops with ``stop_reason`` ``"epochs"``).
 
         Raises:
-            TypeError: ``model`` is not a Keras model.
+            TypeError: ``model`` is not a Keras model, or ``x`` is of no kind it takes.
             ValueError: the model is not compiled or not in the supervisor's state, or
-                a bad ``epochs``/``validation_freq``/callback.
+                an argument it cannot take (named, with what to do instead).
         """
         fit = self._rt.extra(SessionAttribute.keras_fit, None)
         if fit is None:
@@ -342,12 +360,24 @@ class Session:
         return await fit(
             self,
             model,
-            data,
+            x,
+            y,
+            batch_size=batch_size,
             epochs=epochs,
-            validation_data=validation_data,
-            validation_freq=validation_freq,
+            verbose=verbose,
             callbacks=callbacks,
+            validation_split=validation_split,
+            validation_data=validation_data,
+            shuffle=shuffle,
+            class_weight=class_weight,
+            sample_weight=sample_weight,
+            initial_epoch=initial_epoch,
+            steps_per_epoch=steps_per_epoch,
+            validation_steps=validation_steps,
+            validation_batch_size=validation_batch_size,
+            validation_freq=validation_freq,
             save_each_epoch=save_each_epoch,
+            checkpoint_iterator=checkpoint_iterator,
         )
 
     async def run_step_fn(self, step_fn: Callable[[StepContext], Any]) -> Any:

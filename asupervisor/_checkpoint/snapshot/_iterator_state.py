@@ -149,8 +149,8 @@ def pipeline_changed_error(saved: str, now: str, path: str | None) -> Checkpoint
     where = f" {path}" if path else " the restored checkpoint"
     return CheckpointError(
         f"the data pipeline changed since checkpoint{where} was written: it was {saved}; it is {now}. "
-        "Its saved position would be restored into another pipeline. Pass run_loop(..., "
-        "checkpoint_iterator=False) to resume the model with the data from its start, use the "
+        "Its saved position would be restored into another pipeline. Pass checkpoint_iterator=False "
+        "(to run_loop or fit) to resume the model with the data from its start, use the "
         "pipeline that wrote the checkpoint, or train into a new logdir"
     )
 
@@ -162,7 +162,7 @@ def restore_mismatch_error(exc: BaseException, path: str | None) -> CheckpointEr
     return CheckpointError(
         f"the data iterator's position{where} cannot be restored into this pipeline ({_reason(exc)}); "
         "the dataset's definition changed since that checkpoint was written. Pass "
-        "run_loop(..., checkpoint_iterator=False) to resume the model with the data from its start "
+        "checkpoint_iterator=False (to run_loop or fit) to resume the model with the data from its start "
         "(later checkpoints then hold no iterator), or use the pipeline that wrote the checkpoint"
     )
 

@@ -178,7 +178,8 @@ class IteratorTracker:
                 share=ratio,
                 path=prefix,
                 hint="the data iterator's buffers (shuffle, prefetch) are most of each checkpoint; a "
-                "smaller shuffle buffer or run_loop(..., checkpoint_iterator=False) makes checkpoints smaller",
+                "smaller shuffle buffer, or checkpoint_iterator=False (of run_loop or fit; a resume then restarts "
+                "the data), makes checkpoints smaller",
             )
         else:
             log.info("checkpoint.iterator_state", bytes=mine, checkpoint_bytes=total, share=ratio, path=prefix)
