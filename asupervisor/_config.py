@@ -89,6 +89,8 @@ class SupervisorConfig:
     metrics_port: int | str | None = None
     #: the signals that request a graceful stop (names or numbers; ``signal.Signals`` once checked)
     stop_signals: Sequence[Any] = ("SIGINT", "SIGTERM")
+    #: seconds from a stop notice to its deadline, per source (``StopOptions.deadline_secs``)
+    stop_deadline_secs: Any = None
     queue_runners: Sequence[Any] = ()
     clock: Clock = field(default_factory=MonotonicClock)
     #: the cluster from ``TF_CONFIG`` (``None``: a single worker); see :attr:`multi_worker`

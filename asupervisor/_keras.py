@@ -11,7 +11,8 @@ holds: the epoch and the position in it are checkpointed with the model, the opt
 and the data iterator (exact resume mid-epoch), preemption saves, a clean stop, the
 session embedded in an application. Per epoch, on the step thread (:mod:`._core._epochs`'s
 ``on_epoch_end``): the epoch's metrics read, ``model.evaluate`` on the validation data
-(its compiled ``test_step``), Keras callbacks' ``on_epoch_end`` (``EarlyStopping`` and
+(its compiled ``test_step``; a stop ends it after the batch in flight, and its partial
+metrics are not logged), Keras callbacks' ``on_epoch_end`` (``EarlyStopping`` and
 ``ReduceLROnPlateau`` work as with ``fit``), TensorBoard scalars ``epoch_<metric>`` in the
 runs ``train/`` and ``validation/`` (the chief only, as Keras's ``TensorBoard`` callback
 writes them), a log line ``fit.epoch``, the metrics reset, and (after a validation, by
@@ -192,8 +193,12 @@ class _Trainer:
         logs = float_entries(model.get_metrics_result() or {})
         validated = self.validation_data is not None and (epoch + 1) % self.validation_freq == 0
         if validated:
-            val = model.evaluate(self.validation_data, verbose=0, return_dict=True)
-            logs.update({f"val_{name}": value for name, value in float_entries(val or {}).items()})
+            val = model.evaluate(self.validation_data, verbose=0, return_dict=True, callbacks=[_stop_evaluating(rt)])
+            if rt.control.stopping:  # cut short by a stop: no val_* metrics of part of the data
+                log.info("fit.validation_stopped", epoch=epoch + 1, step=rt.step, reason=rt.control.reason)
+                validated = False
+            else:
+                logs.update({f"val_{name}": value for name, value in float_entries(val or {}).items()})
         rt.epoch_logs = (rt.step, dict(logs))
         for name, value in logs.items():
             self.history.setdefault(name, []).append(value)
@@ -294,6 +299,19 @@ def _attach_keras_state(state: Any, model: Any) -> None:
 def _backend_variable(variable: Any) -> Any:
     """The ``tf.Variable`` behind a Keras 3 variable (itself for a TF one)."""
     return getattr(variable, "value", variable) if not isinstance(variable, tf().Variable) else variable
+
+
+def _stop_evaluating(rt: Any) -> Any:
+    """A Keras callback ending ``model.evaluate`` after the batch in which the session
+    was asked to stop (a notice must not wait for a whole validation)."""
+    import keras
+
+    class StopEvaluating(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
+            if rt.control.stopping:
+                self.model.stop_evaluating = True
+
+    return StopEvaluating()
 
 
 def _overrides_batch(callback: Any) -> bool:

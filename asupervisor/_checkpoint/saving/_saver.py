@@ -393,7 +393,11 @@ class CheckpointSaver:
         """
         # hand-offs made by step-boundary jobs are queued on the loop by now; at a boundary,
         # not as an ordinary job, which would wait for a running run_loop to end
-        await self.ctx.step_thread.submit_at_boundary(_noop).wait()
+        # (at a stop, a step thread still busy after the final phase is stuck, in a wait for
+        # data, say: it hands nothing off in time, and the stop does not wait for it)
+        step_thread = self.ctx.step_thread
+        if not (abandon_on_cancel and step_thread.busy):
+            await step_thread.submit_at_boundary(_noop).wait()
         for thread in (self._writer, self._promoter):
             if thread is None:
                 continue
