@@ -27,7 +27,7 @@ from typing import Any
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "core" / "scripts" / "notice_window.py"
 #: phase -> the notice's deadline in seconds
-PHASES = {"steady": 4.0, "first_trace": 4.0, "validation": 4.0, "warmup": 3.0}
+PHASES = {"warmup": 3.0, "first_trace": 4.0, "validation": 4.0, "steady": 4.0}
 #: phases whose step thread cannot step during the notice (no step could fit after it)
 BLOCKED = {"validation", "warmup"}
 WIND_DOWN_SECS = 2.0  # the wind-down and the process's exit (asupervisor._core._notice)
@@ -66,7 +66,8 @@ def run_trial(backend: str, root: str, phases: dict[str, float]) -> tuple[list[d
 def judge(result: dict[str, Any], deadline_secs: float) -> dict[str, Any]:
     """A phase's figures: ``fits`` (the last step whose end leaves the reserve before the
     deadline, steps not taken projected at the median step time), ``lost`` (``fits`` less
-    the final checkpoint's step) and ``ended_before`` (seconds to spare at the session's end)."""
+    the final checkpoint's step; below 0: steps past the rule, made with the save time
+    measured then) and ``ended_before`` (seconds to spare at the session's end)."""
     deadline = result["sent"] + deadline_secs
     save = result["save_secs"] or 0.0
     limit = deadline - (SAVE_MARGIN * save + WIND_DOWN_SECS)
@@ -105,7 +106,7 @@ def main() -> None:
                 len(figures) == len(PHASES)
                 and code == 128 + signal.SIGUSR1
                 and in_time
-                and all(0 <= f["lost"] <= 1 and f["ended_before"] > 0 for f in figures)
+                and all(f["lost"] <= 1 and f["ended_before"] > 0 for f in figures)
             )
             good += ok
             for f in figures:
