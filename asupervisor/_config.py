@@ -92,6 +92,8 @@ class SupervisorConfig:
     stop_signals: Sequence[Any] = ("SIGINT", "SIGTERM")
     #: the hang watchdog's settings (``StopOptions(watchdog=...)``)
     watchdog: WatchdogOptions = field(default_factory=WatchdogOptions)
+    #: seconds from a stop notice to its deadline, per source (``StopOptions.deadline_secs``)
+    stop_deadline_secs: Any = None
     queue_runners: Sequence[Any] = ()
     clock: Clock = field(default_factory=MonotonicClock)
     #: the cluster from ``TF_CONFIG`` (``None``: a single worker); see :attr:`multi_worker`

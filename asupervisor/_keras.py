@@ -11,7 +11,8 @@ holds: the epoch and the position in it are checkpointed with the model, the opt
 and the data iterator (exact resume mid-epoch), preemption saves, a clean stop, the
 session embedded in an application. Per epoch, on the step thread (:mod:`._core._epochs`'s
 ``on_epoch_end``): the epoch's metrics read, ``model.evaluate`` on the validation data
-(its compiled ``test_step``), Keras callbacks' ``on_epoch_end`` (``EarlyStopping`` and
+(its compiled ``test_step``; a stop ends it after the batch in flight, and its partial
+metrics are not logged), Keras callbacks' ``on_epoch_end`` (``EarlyStopping`` and
 ``ReduceLROnPlateau`` work as with ``fit``), TensorBoard scalars ``epoch_<metric>`` in the
 runs ``train/`` and ``validation/`` (the chief only, as Keras's ``TensorBoard`` callback
 writes them), a log line ``fit.epoch``, the metrics reset, and (after a validation, by
@@ -679,16 +680,26 @@ class _Trainer:
         validated = inputs.validation is not None and (epoch + 1) % self.validation_freq == 0
         if validated:
             val_x, val_y, val_w = inputs.validation  # type: ignore[misc]
-            val = model.evaluate(
-                x=val_x,
-                y=val_y,
-                sample_weight=val_w,
-                batch_size=inputs.validation_batch_size,
-                steps=inputs.validation_steps,
-                callbacks=self.callbacks,
-                return_dict=True,
-            )
-            logs.update({f"val_{name}": value for name, value in float_entries(val or {}).items()})
+            stopper = _stop_evaluating(rt)  # a stop ends the validation after the batch in flight
+            stopper.set_model(model)
+            self.callbacks.callbacks.append(stopper)
+            try:
+                val = model.evaluate(
+                    x=val_x,
+                    y=val_y,
+                    sample_weight=val_w,
+                    batch_size=inputs.validation_batch_size,
+                    steps=inputs.validation_steps,
+                    callbacks=self.callbacks,
+                    return_dict=True,
+                )
+            finally:
+                self.callbacks.callbacks.remove(stopper)
+            if rt.control.stopping:  # cut short by a stop: no val_* metrics of part of the data
+                log.info("fit.validation_stopped", epoch=epoch + 1, step=rt.step, reason=rt.control.reason)
+                validated = False
+            else:
+                logs.update({f"val_{name}": value for name, value in float_entries(val or {}).items()})
         rt.epoch_logs = (rt.step, dict(logs))
         for callback in self.callbacks.callbacks:  # one dict: ReduceLROnPlateau adds learning_rate
             callback.on_epoch_end(epoch, logs)
@@ -804,6 +815,19 @@ def _attach_keras_state(state: Any, model: Any, part: KerasPart | None = None) -
 def _backend_variable(variable: Any) -> Any:
     """The ``tf.Variable`` behind a Keras 3 variable (itself for a TF one)."""
     return getattr(variable, "value", variable) if not isinstance(variable, tf().Variable) else variable
+
+
+def _stop_evaluating(rt: Any) -> Any:
+    """A Keras callback ending ``model.evaluate`` after the batch in which the session
+    was asked to stop (a notice must not wait for a whole validation)."""
+    import keras
+
+    class StopEvaluating(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
+            if rt.control.stopping:
+                self.model.stop_evaluating = True
+
+    return StopEvaluating()
 
 
 def _overrides_batch(callback: Any) -> bool:

@@ -230,6 +230,12 @@ class StopOptions:
             (``handle_signals``).
         watchdog: the hang watchdog's settings (``asv.WatchdogOptions``; options only, no
             flat keyword): on by default; ``WatchdogOptions(enabled=False)`` turns it off.
+        deadline_secs: the seconds from a notice to the machine's end (options only):
+            one number for every notice, or per source: a signal's name (``"SIGUSR1"``)
+            or a ``preempted:<source>`` notice's source (``"gce"``: GCE gives 30 s).
+            With time to spare the training saves at once, trains on and stops with a
+            final save before the deadline (``docs/operations.md``). ``None`` (default),
+            or a source not named: no window, the notice stops the training at once.
 
     Raises:
         TypeError: a field has the wrong type (the message names it and the value).
@@ -241,6 +247,9 @@ class StopOptions:
     signals: Sequence[str | int] = field(default=("SIGINT", "SIGTERM"), metadata={"flat": "stop_signals"})
     handle_signals: bool = field(default=True, metadata={"flat": "handle_signals"})
     watchdog: WatchdogOptions = field(default=WatchdogOptions(), metadata={"flat": "watchdog", "options_only": True})
+    deadline_secs: float | Mapping[str, float] | None = field(
+        default=None, metadata={"flat": "stop_deadline_secs", "options_only": True}
+    )
 
     def __post_init__(self) -> None:
         _number("StopOptions.grace_secs", self.grace_secs, allow_inf=True)
@@ -255,6 +264,32 @@ class StopOptions:
         if isinstance(self.signals, list):  # frozen and hashable, like the other fields
             object.__setattr__(self, "signals", tuple(self.signals))
         _bool("StopOptions.handle_signals", self.handle_signals)
+        object.__setattr__(self, "deadline_secs", _deadlines("StopOptions.deadline_secs", self.deadline_secs))
+
+
+def _deadlines(where: str, value: object) -> float | Mapping[str, float] | None:
+    """``StopOptions.deadline_secs`` checked: a number of seconds > 0, or a mapping of
+    sources to them, signal names spelled ``SIGUSR1``."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        _number(where, value)
+        if value == 0:
+            raise ValueError(f"{where} must be > 0 (None: no window), got 0")
+        return value  # type: ignore[return-value]
+    import signal
+
+    out: dict[str, float] = {}
+    for key, secs in value.items():
+        if not isinstance(key, str) or not key.strip() or ":" in key:
+            raise ValueError(f"{where}: a source is a signal's name or a notice's source ('gce'), got {key!r}")
+        name = key.upper() if key.upper().startswith("SIG") else "SIG" + key.upper()
+        source = name if name in signal.Signals.__members__ else key
+        _number(f"{where}[{key!r}]", secs)
+        if secs == 0:
+            raise ValueError(f"{where}[{key!r}] must be > 0 (leave the source out: no window), got 0")
+        out[source] = float(secs)
+    return MappingProxyType(out)
 
 
 def _same(a: object, b: object) -> bool:

@@ -26,7 +26,7 @@ from ._core._abc import CheckpointSaving, SessionAttribute
 from ._core._clock import Clock, MonotonicClock
 from ._core._hooks import SessionRunHook
 from ._core._runtime import Runtime
-from ._core._services import LoopedService, RestartPolicy, Service
+from ._core._services import LoopedService, RestartPolicy, Service, check_notice
 from ._core._signals import catch_stop_signals
 from ._core._status import CheckpointInfo, Status
 from ._input._queue_runner import QueueRunner
@@ -307,7 +307,9 @@ class Supervisor:
         rt = self._runtime
         return rt is not None and rt._entered and rt.control.should_stop()
 
-    def request_stop(self, exc: BaseException | None = None) -> None:
+    def request_stop(
+        self, exc: BaseException | None = None, *, reason: str | None = None, deadline_secs: float | None = None
+    ) -> None:
         """Ask the running session to stop; callable from any thread.
 
         Idempotent, like TF1's ``Coordinator.request_stop``: after the session has
@@ -315,14 +317,23 @@ class Supervisor:
 
         Args:
             exc: an error to raise out of ``managed_session()`` (the first one wins).
+            reason: the ``stop_reason``; ``"preempted:<source>"`` is a preemption notice
+                (as :meth:`ServiceContext.request_stop` takes it).
+            deadline_secs: with a ``"preempted:<source>"`` reason, the seconds until the
+                machine goes: the notice window (``docs/operations.md``).
 
         Raises:
             RuntimeError: no session was ever started.
+            ValueError: ``deadline_secs`` without a ``preempted:`` reason, or not > 0.
         """
         rt = self._runtime
         if rt is None or not rt._entered:
             raise RuntimeError("request_stop() needs a running managed_session()")
-        rt.control.request_stop(exc)
+        check_notice(reason, deadline_secs)
+        if exc is None and reason is not None and reason.startswith("preempted:"):
+            rt.loop.call_if_running(lambda: rt.notice_preemption(reason, deadline_secs))
+            return
+        rt.control.request_stop(exc, reason=reason)
 
     def summary_computed(self, values: Mapping[str, Any], global_step: int | None = None) -> None:
         """Write ``values`` (name -> scalar, array, tensor or string) to the event file.

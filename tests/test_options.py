@@ -162,7 +162,7 @@ def test_every_field_names_a_supervisor_keyword_with_the_same_default() -> None:
             elif not f.metadata.get("options_only"):  # e.g. ram_tier: no flat keyword at all
                 in_flat.add(flat)
             seen.add(flat)
-    assert len(seen) == 20  # 17 flat keywords, and ram_tier, ram_save_secs and watchdog (options only)
+    assert len(seen) == 21  # 17 flat keywords; ram_tier, ram_save_secs, watchdog, stop_deadline_secs (options only)
     assert set(_FlatKeywords.__annotations__) == in_flat | {"clock"}
 
 

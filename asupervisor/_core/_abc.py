@@ -143,6 +143,11 @@ class SessionContext(EngineContext, Protocol):
         """On the step thread: ask every part's ``next_trigger`` again (one's changed)."""
         ...
 
+    def notice_stop_step(self) -> int:
+        """On the step thread: the step a cluster's agreed stop of a notice is at: the
+        last step that fits the notice's deadline (its window open), else the next one."""
+        ...
+
     def set_step(self, step: int) -> None:
         """On the step thread, after a restore: the step count restored."""
         ...
@@ -252,6 +257,11 @@ class EngineConfig(Protocol):
         """The hang watchdog's settings."""
         ...
 
+    @property
+    def stop_deadline_secs(self) -> float | Mapping[str, float] | None:
+        """The seconds from a stop notice to its deadline, per source (:mod:`._notice`)."""
+        ...
+
 
 def context_of(session: Any) -> SessionContext:
     """The :class:`SessionContext` behind a ``Session`` (what a stock hook may use of it)."""
@@ -273,9 +283,9 @@ class SummarySink(Protocol):
 
 #: why a checkpoint of the logdir is taken (the ``reason`` of its log lines): at start-up,
 #: every ``save_model_steps``, a tick of ``save_model_secs``, ``save_now()``, the end of a
-#: ``fit`` epoch, the stop. Whether one is due is the save policy's decision alone
+#: ``fit`` epoch, the stop, a stop notice with time to spare. Whether one is due is the save policy's decision alone
 #: (:class:`~asupervisor.SaveMoment`); the reason says which moment asked.
-SaveReason = Literal["startup", "steps", "timer", "save_now", "epoch", "final", "ram"]
+SaveReason = Literal["startup", "steps", "timer", "save_now", "epoch", "final", "ram", "notice"]
 
 
 class CheckpointSaving(Protocol):

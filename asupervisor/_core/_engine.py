@@ -9,7 +9,7 @@ import circle, type-only ones included). Features never use it: they see
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._abc import SessionContext
@@ -156,4 +156,17 @@ class Engine(SessionContext, Protocol):
 
     def wake_step_thread(self) -> None:
         """Release waits for input on the step thread."""
+        ...
+
+    @property
+    def running(self) -> bool:
+        """Whether the session's services run (start-up over, the stop not begun)."""
+        ...
+
+    def start_soon(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """On the loop, while running: run ``fn()`` in the session's task group."""
+        ...
+
+    def stop_wait_secs(self) -> float:
+        """How long a stop may wait for the step thread now (a notice's deadline may be nearer)."""
         ...

@@ -163,7 +163,9 @@ class Waiter(Generic[T]):
         await self._wait_once()
         return self.outcome()
 
-    async def wait(self, on_cancel: Callable[[], object] | None = None, *, grace_secs: float = math.inf) -> T:
+    async def wait(
+        self, on_cancel: Callable[[], object] | None = None, *, grace_secs: float | Callable[[], float] = math.inf
+    ) -> T:
         """Wait for the outcome; work in flight is not abandoned lightly.
 
         If the waiting task is cancelled, ``on_cancel`` is called (to ask the worker to
@@ -171,15 +173,18 @@ class Waiter(Generic[T]):
         ``grace_secs`` pass (then ``thread.overrun`` is logged and the work is left to
         finish on its own), and then the cancellation propagates. An error the worker
         raises meanwhile must be recorded by the worker itself; it is not re-raised here.
+        ``grace_secs`` may be a callable, asked at the cancellation (a stop notice's
+        deadline may have come nearer since the wait began).
         """
         try:
             await self._wait_once()
         except anyio.get_cancelled_exc_class():
             if on_cancel is not None:
                 on_cancel()
-            with anyio.move_on_after(grace_secs, shield=True) as scope:
+            grace = grace_secs() if callable(grace_secs) else grace_secs
+            with anyio.move_on_after(grace, shield=True) as scope:
                 await self._wait_once()
             if scope.cancelled_caught:
-                log.error("thread.overrun", waited_secs=grace_secs)
+                log.error("thread.overrun", waited_secs=grace)
             raise
         return self.outcome()

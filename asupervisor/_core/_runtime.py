@@ -29,7 +29,7 @@ feature: what a feature offers reaches the engine through :mod:`._abc`.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -45,6 +45,7 @@ from ._goodput import TimeAccount
 from ._handoff import LoopHandle
 from ._hooks import HookRunner
 from ._metrics import MetricsSampler
+from ._notice import EXIT_SECS, WIND_DOWN_SECS, NoticeWindow
 from ._outputs import float_entries, scalar_entries
 from ._parts import PartRunner
 from ._services import Service, supervise
@@ -72,7 +73,7 @@ log = get_logger(__name__)
 
 #: once the stop's grace has run out: the most closing the parts and joining the threads
 #: get together (an abandoned save removing its files, event files flushed)
-_WIND_DOWN_SECS = 1.0
+_WIND_DOWN_SECS = WIND_DOWN_SECS
 
 
 def _add_note(exc: BaseException, note: str) -> None:
@@ -102,6 +103,8 @@ class Runtime(anyio.AsyncContextManagerMixin):
         self.hooks = HookRunner(config.hooks)
         self.epoch_counter = EpochCounter()  # run_loop(epochs=): where the loop is in them
         user_services = list(services)
+        #: a stop notice's deadline, used to train on and save before it (:mod:`._notice`)
+        self.notice = NoticeWindow(self, getattr(config, "stop_deadline_secs", None))
         # Stock hooks that take part in session phases (NanTensorHook's check before any
         # snapshot, ...) come first, through their ``_asv_part()``; then the features;
         # then services that are parts too (queue runners).
@@ -112,6 +115,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
                 *(service for service in user_services if isinstance(service, SessionPart)),
                 MetricsSampler(self.sample_metrics),
                 self.epoch_counter,
+                self.notice,
             ]
         )
         self.step = 0  # steps completed; written only by the step thread
@@ -185,6 +189,35 @@ class Runtime(anyio.AsyncContextManagerMixin):
     def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
         """Stop the session at the next step boundary; any thread."""
         self.control.request_stop(exc, reason=reason)
+
+    @property
+    def running(self) -> bool:
+        """Whether the session's services run (start-up is over, the stop has not begun)."""
+        return self._tg is not None
+
+    def start_soon(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """On the loop, while :attr:`running`: run ``fn()`` in the session's task group
+        (cancelled with the services at the stop)."""
+        assert self._tg is not None
+        self._tg.start_soon(fn)
+
+    def stop_wait_secs(self) -> float:
+        """How long a stop may wait for the step thread now: ``stop_grace_secs``, less
+        when a notice's deadline is nearer: the process's exit and a quarter of the
+        wind-down kept before it (the rest of the wind-down's reserve is the final save's
+        slack: after a committed save the wind-down takes milliseconds, and a step thread
+        still busy past the deadline is not waited for)."""
+        left = self.notice.time_left()
+        return min(self.stop_grace_secs, max(0.0, left - EXIT_SECS - _WIND_DOWN_SECS / 4))
+
+    def notice_stop_step(self) -> int:
+        """On the step thread: the step an agreed stop of a notice is at (:mod:`._notice`)."""
+        return self.notice.planned_stop_step()
+
+    def request_notice(self, reason: str, deadline_secs: float | None = None) -> None:
+        """On the loop: a preemption notice from a service or the application
+        (``preempted:<source>``), with its own deadline or the configured one."""
+        self.notice_preemption(reason, deadline_secs)
 
     def mark_state_suspect(self) -> None:
         """The model state must not be checkpointed any more."""
@@ -558,6 +591,10 @@ class Runtime(anyio.AsyncContextManagerMixin):
         """On the loop, at the first SIGINT/SIGTERM: a graceful stop (one the cluster
         agrees on, when a part takes it over). The stop is requested before the event is
         logged: the parts it wakes (the progress display's Ctrl-C line) come first."""
+        if self.notice.notice(f"signal:{name}", None):
+            self.signalled = name
+            log.warning("session.signal", signal=name, action="saving now, training on until the deadline")
+            return
         if self.parts.take_signal(self, name):
             log.warning("session.signal", signal=name, action="stopping with the cluster")
             return
@@ -565,10 +602,14 @@ class Runtime(anyio.AsyncContextManagerMixin):
         self.control.request_stop(reason=f"signal:{name}")
         log.warning("session.signal", signal=name)
 
-    def notice_preemption(self, reason: str) -> None:
+    def notice_preemption(self, reason: str, deadline_secs: float | None = None) -> None:
         """On the loop: a preemption notice that is not a signal (``preempted:<source>``):
-        the stop a first signal starts, taken over by a part (the cluster's agreement)
-        when one takes it, else requested here."""
+        with a deadline and time to spare, the notice window (:mod:`._notice`); else the
+        stop a first signal starts, taken over by a part (the cluster's agreement) when
+        one takes it, else requested here."""
+        if self.notice.notice(reason, deadline_secs):
+            log.warning("session.preemption_notice", reason=reason, action="saving now, training on until the deadline")
+            return
         if self.parts.take_signal(self, reason):
             log.warning("session.preemption_notice", reason=reason, action="stopping with the cluster")
             return
@@ -609,7 +650,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
     async def _shutdown(self, *, clean: bool) -> None:
         """Stop everything in order, each phase bounded by what is left of one deadline."""
         control = self.control
-        deadline = self._deadline = Deadline(0.0 if self._hurried else self.stop_grace_secs)
+        deadline = self._deadline = Deadline(0.0 if self._hurried else self.stop_wait_secs())
         # Services first: their task group is exited before any other scope is entered.
         assert self._tg is not None
         await self._stop_services()
@@ -664,7 +705,10 @@ class Runtime(anyio.AsyncContextManagerMixin):
         await self._stop_services(late=True)
         for part in parts.closers:
             await phase("closers", lambda part=part: part.aclose(self), winding_down=True)  # type: ignore[misc]
-        if parts.releasers:  # on the step thread: letting go of a lock on a hung disk must not block the loop
+        stuck = deadline.expired and self.step_thread.busy  # past the deadline: not waited for
+        if stuck:
+            log.warning("session.step_thread_busy", action="not waited for: releasing and joining it are skipped")
+        if parts.releasers and not stuck:  # on the step thread: a lock on a hung disk must not block the loop
             await phase("release", lambda: self.step_thread.submit(parts.release).wait_cancellable(), winding_down=True)
         await phase("threads", lambda: self._close_threads(wind_down[0] if wind_down else deadline), winding_down=True)
         if overran or skipped:  # one line: what overran, what it left out, what the next start uses
@@ -708,12 +752,17 @@ class Runtime(anyio.AsyncContextManagerMixin):
                 self._service_states[name] = "stopped"
 
     async def _close_threads(self, deadline: Deadline) -> None:
-        """Join the dedicated threads by ``deadline``."""
+        """Join the dedicated threads by ``deadline`` (a step thread still busy once the
+        stop's own deadline passed is left at once)."""
         self.watchdog.close()  # its loop ends (writing what it learned): its thread can join
         # Every thread told first, so that an idle one (the step thread, as a rule) ends at
         # once even when a stuck service thread uses up the deadline before its join.
         for thread in self._threads:
             thread.request_close()
         # Service threads first, the step thread (which owns the state) last.
+        stop = self._deadline
         for thread in reversed(self._threads):
-            await thread.aclose_within(deadline.remaining())
+            left = deadline.remaining()
+            if thread is self.step_thread and thread.busy and stop is not None and stop.expired:
+                left = 0.0
+            await thread.aclose_within(left)

@@ -172,7 +172,9 @@ class ServiceContext(Protocol):
         """Why the session is stopping (``"requested"``, ``"signal:SIGTERM"``, ...), or ``None``."""
         ...
 
-    def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
+    def request_stop(
+        self, exc: BaseException | None = None, *, reason: str | None = None, deadline_secs: float | None = None
+    ) -> None:
         """Stop the session at the next step boundary; any thread, any number of times.
 
         Args:
@@ -182,6 +184,13 @@ class ServiceContext(Protocol):
                 training every worker agrees on the stop step and takes the final
                 checkpoint, as for a stop signal, and ``exit_code`` is 143. Derived from
                 ``exc`` by default, else ``"requested"``.
+            deadline_secs: with a ``"preempted:<source>"`` reason, the seconds until
+                the machine goes (else ``StopOptions.deadline_secs``'s for the source):
+                with time to spare the training saves at once and trains on until its
+                final save just fits (``docs/operations.md``).
+
+        Raises:
+            ValueError: ``deadline_secs`` without a ``preempted:`` reason, or not > 0.
         """
         ...
 
@@ -225,10 +234,11 @@ class EngineContext(Protocol):
         """Record a service's state for ``Supervisor.status()``."""
         ...
 
-    def notice_preemption(self, reason: str) -> None:
+    def notice_preemption(self, reason: str, deadline_secs: float | None = None) -> None:
         """A preemption notice that is not a signal (``reason``: ``preempted:<source>``):
         a stop like a first stop signal's, which every worker of a multi-worker training
-        agrees on (so they all take the final checkpoint)."""
+        agrees on (so they all take the final checkpoint); with a deadline and time to
+        spare, the notice window first (:mod:`._notice`)."""
         ...
 
 
@@ -291,9 +301,14 @@ class ServiceContextImpl:
     def stop_reason(self) -> str | None:
         return self._engine.control.reason
 
-    def request_stop(self, exc: BaseException | None = None, *, reason: str | None = None) -> None:
+    def request_stop(
+        self, exc: BaseException | None = None, *, reason: str | None = None, deadline_secs: float | None = None
+    ) -> None:
+        check_notice(reason, deadline_secs)
         if exc is None and reason is not None and reason.startswith(PREEMPTED):
-            self._engine.notice_preemption(reason)  # agreed with the cluster, as a signal is
+            engine = self._engine
+            # agreed with the cluster, as a signal is; on the loop (the notice window's timer)
+            engine.loop.call_if_running(lambda: engine.notice_preemption(reason, deadline_secs))
             return
         self._engine.control.request_stop(exc, reason=reason)
 
@@ -307,6 +322,18 @@ class ServiceContextImpl:
 
     def set_service_state(self, name: str, state: str) -> None:
         self._engine.set_service_state(name, state)
+
+
+def check_notice(reason: str | None, deadline_secs: object) -> None:
+    """``request_stop``'s ``deadline_secs``: only with a ``preempted:<source>`` reason, > 0."""
+    if deadline_secs is None:
+        return
+    if reason is None or not reason.startswith(PREEMPTED):
+        raise ValueError(
+            f"request_stop(deadline_secs={deadline_secs!r}) needs reason='preempted:<source>', got reason={reason!r}"
+        )
+    if isinstance(deadline_secs, bool) or not isinstance(deadline_secs, (int, float)) or not deadline_secs > 0:
+        raise ValueError(f"request_stop: deadline_secs must be a number of seconds > 0, got {deadline_secs!r}")
 
 
 def engine_context(ctx: ServiceContext) -> EngineContext:

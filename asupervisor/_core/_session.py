@@ -153,7 +153,7 @@ class Session:
                 await self._check_running()
             waiter = rt.step_thread.submit(rt.steps.run_one, fn, args, kwargs)
             try:
-                return await waiter.wait(grace_secs=rt.config.stop_grace_secs)
+                return await waiter.wait(grace_secs=rt.stop_wait_secs)
             except Exception as exc:
                 if await self._recovered(exc):  # restored the latest checkpoint: run the step again
                     continue
@@ -254,7 +254,7 @@ class Session:
             steps: int
             reason: str | None
             try:
-                steps, reason = await waiter.wait(halt.set, grace_secs=rt.config.stop_grace_secs)
+                steps, reason = await waiter.wait(halt.set, grace_secs=rt.stop_wait_secs)
             except cancelled:
                 # The loop ended at a step boundary while this task was being cancelled.
                 # A stop of the session (from any thread, a hook, a signal) returns the
@@ -408,7 +408,7 @@ class Session:
             ctx = StepContext._for(rt)
             waiter = rt.step_thread.submit(ctx._call, step_fn)
             try:
-                result = await waiter.wait(grace_secs=rt.config.stop_grace_secs)
+                result = await waiter.wait(grace_secs=rt.stop_wait_secs)
             except Exception as exc:
                 if await self._recovered(exc):  # restored the latest checkpoint: call step_fn again
                     continue

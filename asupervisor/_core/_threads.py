@@ -85,6 +85,9 @@ class DedicatedThread:
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._closed = False
         self._exited: Waiter[None] = loop.waiter()
+        #: a job runs now (read from any thread: a stop past its deadline does not wait
+        #: for a step thread still busy)
+        self.busy = False
 
     @property
     def ident(self) -> int | None:
@@ -168,7 +171,11 @@ class DedicatedThread:
                 if job is _STOP:
                     break
                 if job is not _WAKE:
-                    job.run()
+                    self.busy = True
+                    try:
+                        job.run()
+                    finally:
+                        self.busy = False
         finally:
             self._exited.set_result(None)
 

@@ -6,7 +6,7 @@ cheaply, and never takes a lock on the step thread's path:
 
 * :class:`Beat` — the step loop's one float: ``> 0`` a step in flight since then, ``< 0``
   a wait in ``next(iterator)`` since then, ``0`` neither (three attribute writes a step);
-* :class:`Mark` — a phase another piece of the session is in (``restore``, ``save``,
+* :class:`Mark` — a phase another piece of the session is in (``restore``, ``snapshot``, ``save``,
   ``barrier``: a multi-worker snapshot), with a progress counter (chunks written) that
   its owner bumps: a phase whose counter advances is slow, not stuck.
 
@@ -59,7 +59,7 @@ log = get_logger(__name__)
 #: the learned p99s, beside the checkpoints in the logdir
 LEARNED_FILE = "asupervisor-watchdog.json"
 #: the phases a deadline is learned for
-PHASES = ("step", "input", "save", "restore", "barrier")
+PHASES = ("step", "input", "snapshot", "save", "restore", "barrier")
 _SAMPLES = 256  # durations kept per phase (the newest)
 
 
@@ -67,7 +67,7 @@ _SAMPLES = 256  # durations kept per phase (the newest)
 class WatchdogOptions:
     """The hang watchdog's settings: ``Supervisor(stop=asv.StopOptions(watchdog=...))``.
 
-    A phase (``step``, ``input``, ``save``, ``restore``, ``barrier``) that makes no
+    A phase (``step``, ``input``, ``snapshot``, ``save``, ``restore``, ``barrier``) that makes no
     progress for longer than its deadline, ``max(floor_secs, factor x`` its observed
     p99\\ ``)``, is a hang: it is logged with every thread's stack and the process ends
     with ``asv.EXIT_HANG`` (124). See ``docs/watchdog.md``.

@@ -9,15 +9,17 @@ store (the service ``MultiWorkerMirroredStrategy`` starts, and TF's own
 ``PreemptionCheckpointHandler`` uses):
 
 1. The worker that got the signal (the *leader*), at its next step boundary ``s`` on the
-   step thread, publishes ``<key> = "<s+1> <task> <signal>"``. The key can be set once:
-   a worker that finds it set already follows the stop it names.
+   step thread, publishes ``<key> = "<S> <task> <signal>"``: ``S = s+1``, or, for a notice
+   with a deadline and time to spare (:mod:`..._core._notice`), the last step whose end
+   leaves the final save's time before the deadline. The key can be set once: a worker
+   that finds it set already follows the stop it names.
 2. Every other worker has a watcher thread blocked on that key. It queues "stop at
-   ``s+1``" for its step thread's next boundary, then acknowledges
+   ``S``" for its step thread's next boundary, then acknowledges
    (``<key>/ack/<task>``).
 3. The leader waits for every acknowledgement before it takes step ``s+1``. Workers step
-   together (each step is a collective), so no worker can finish step ``s+1`` before the
+   together (each step is a collective), so no worker can finish step ``s+1 <= S`` before the
    leader takes it: every worker knows its stop step before it gets there.
-4. At step ``s+1`` every worker stops with ``stop_reason = "signal:<NAME>"`` (or the
+4. At step ``S`` every worker stops with ``stop_reason = "signal:<NAME>"`` (or the
    notice's ``preempted:<source>``, when a preemption notice started it), marked
    agreed: the final checkpoint is taken by all of them (the chief commits it) and
    every process exits with the same status (``asv.exit_code``: 143 after SIGTERM).
@@ -170,7 +172,7 @@ class ClusterStopPart(SessionPart):
     def _lead_or_follow(self, ctx: SessionContext, name: str) -> None:
         errors = tf().errors
         me = self.cluster.task_id
-        target = ctx.global_step + 1
+        target = ctx.notice_stop_step()  # the next step; with a notice's window, the last that fits
         try:
             self._kv.set_config_key_value(self.key, f"{target} {me} {name}")
         except errors.AlreadyExistsError:  # another worker leads: follow it

@@ -241,8 +241,9 @@ class CheckpointSaver:
             log.error("checkpoint.skipped", reason=reason, step=ctx.global_step, why=describe(exc))
             return None
         ctx.sync_global_step()
-        # every worker's snapshot reads the others' (a collective): a barrier in a cluster
-        with ctx.watch_phase("barrier" if self.multi_worker else "save"):
+        # every worker's snapshot reads the others' (a collective): a barrier in a cluster;
+        # alone, a snapshot (milliseconds, on the step thread) learns apart from the writes
+        with ctx.watch_phase("barrier" if self.multi_worker else "snapshot"):
             snap = self.checkpointer.snapshot(ctx.global_step, "ram" if reason == "ram" else "disk")
         ctx.record_badput("unproductive_checkpoint_save_time", time.perf_counter() - held)
         if snap is None:
@@ -400,7 +401,11 @@ class CheckpointSaver:
         """
         # hand-offs made by step-boundary jobs are queued on the loop by now; at a boundary,
         # not as an ordinary job, which would wait for a running run_loop to end
-        await self.ctx.step_thread.submit_at_boundary(_noop).wait()
+        # (at a stop, a step thread still busy after the final phase is stuck, in a wait for
+        # data, say: it hands nothing off in time, and the stop does not wait for it)
+        step_thread = self.ctx.step_thread
+        if not (abandon_on_cancel and step_thread.busy):
+            await step_thread.submit_at_boundary(_noop).wait()
         for thread in (self._writer, self._promoter):
             if thread is None:
                 continue

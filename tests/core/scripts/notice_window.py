@@ -1,0 +1,146 @@
+"""A training process for the notice-window tests: one session per phase, each stopped
+by a SIGUSR1 that carries a deadline (``StopOptions(deadline_secs={"SIGUSR1": ...})``).
+
+Usage: ``notice_window.py BACKEND ROOT PHASE[:DEADLINE] ...``. Before each phase's notice
+is due it prints ``ready <phase>`` (the parent then sends SIGUSR1); after each session one
+JSON line: the phase, the final step, each step's end (``time.monotonic()``, the clock the
+parent shares), one save's measured time, when the session ended, its stop reason. The
+process exits with ``asv.exit_code`` of the last session.
+
+Phases: ``steady`` (0.05 s steps), ``first_trace`` (a ``tf.function`` whose trace takes
+1 s), ``validation`` (``sess.fit``; the notice comes during a slow validation),
+``warmup`` (the first batch takes 4 s).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import anyio
+import numpy as np
+import tensorflow as tf
+
+import asupervisor as asv
+from asupervisor._core._notice import save_estimate
+
+
+def ready(phase: str) -> None:
+    print(f"ready {phase}", flush=True)
+
+
+def slow_dataset(n: int, secs: float, phase: str, *, first_only: bool = False) -> tf.data.Dataset:
+    """``n`` batches, each ``secs`` to make (the first only, with ``first_only``); the
+    first one announces the phase."""
+    seen = [0]
+
+    def make(i: Any) -> Any:
+        if seen[0] == 0:
+            ready(phase)
+        seen[0] += 1
+        if not first_only or seen[0] == 1:
+            time.sleep(secs)
+        return np.float32(i)
+
+    ds = tf.data.Dataset.range(n).map(lambda i: tf.py_function(make, [i], tf.float32))
+    return ds.map(lambda x: (tf.reshape(x, (1, 1)), tf.reshape(x, (1, 1))))
+
+
+async def run_phase(backend: str, root: str, phase: str, deadline: float) -> asv.Status:
+    ends: list[float] = []
+    v = tf.Variable(0, dtype=tf.int64)
+    state: dict[str, Any] = {"v": v}
+    model = None
+    if phase == "validation":
+        import keras
+
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        state = {"model": model}
+    sv = asv.Supervisor(
+        f"{root}/{phase}",
+        state=state,
+        save_summaries_secs=0,
+        stop=asv.StopOptions(signals=("SIGTERM", "SIGUSR1"), deadline_secs={"SIGUSR1": deadline}),
+    )
+
+    async with sv.managed_session() as sess:
+        while sv.status().last_checkpoint is None:  # the start-up save measured: the window's rule needs it
+            await anyio.sleep(0.01)
+        if phase == "steady":
+
+            def step() -> None:
+                v.assign_add(1)
+                time.sleep(0.05)
+                ends.append(time.monotonic())
+                if len(ends) == 3:
+                    ready(phase)
+
+            await sess.run_loop(step)
+        elif phase == "first_trace":
+
+            @tf.function
+            def traced() -> Any:
+                ready(phase)  # Python runs here at the trace only
+                time.sleep(1.0)  # a long first trace (a big model's compile)
+                return v.assign_add(1)
+
+            def step() -> None:
+                traced()
+                time.sleep(0.05)
+                ends.append(time.monotonic())
+
+            await sess.run_loop(step)
+        elif phase == "validation":
+            assert model is not None
+            train = slow_dataset(5, 0.0, "train")
+            val = slow_dataset(400, 0.02, phase)
+
+            class Ends(__import__("keras").callbacks.Callback):
+                def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                    ends.append(time.monotonic())
+
+            await sess.fit(model, train, epochs=3, validation_data=val, callbacks=[Ends()], verbose=0)
+        elif phase == "warmup":
+            data = slow_dataset(100, 4.0, phase, first_only=True).map(lambda x, y: x)
+
+            def step(batch: Any) -> None:
+                v.assign_add(1)
+                ends.append(time.monotonic())
+
+            await sess.run_loop(step, data)
+    status = sv.status()
+    save = save_estimate(status.save_seconds)
+    print(
+        json.dumps(
+            {
+                "phase": phase,
+                "final_step": sv.global_step,
+                "step_ends": ends,
+                "save_secs": save,
+                "ended_at": time.monotonic(),
+                "reason": status.stop_reason,
+                "last_checkpoint": None if status.last_checkpoint is None else status.last_checkpoint.step,
+            }
+        ),
+        flush=True,
+    )
+    return status
+
+
+async def main() -> None:
+    backend, root, *phases = sys.argv[1:]
+    asv.configure_logging()  # events to stderr; stdout is for the test
+    status = None
+    for item in phases:
+        phase, _, secs = item.partition(":")
+        status = await run_phase(backend, root, phase, float(secs or 3.0))
+    assert status is not None
+    sys.stdout.flush()
+    sys.exit(asv.exit_code(status))
+
+
+if __name__ == "__main__":
+    anyio.run(main, backend=sys.argv[1])
