@@ -150,7 +150,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
         #: where this session's time goes (the goodput ledger's figures of this segment)
         self.times = TimeAccount()
         #: the hang watchdog (:mod:`._watchdog`); the step loop writes its ``beat``
-        self.watchdog = Watchdog(self, config.watchdog)
+        self.watchdog = Watchdog(self, config.watchdog, cluster=self.multi_worker)
         self.beat = self.watchdog.beat
         self._user_services = user_services
         self._service_states: dict[str, str] = {}
@@ -205,8 +205,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
         """How long a stop may wait for the step thread now: ``stop_grace_secs``, less
         when a notice's deadline is nearer: the process's exit and a quarter of the
         wind-down kept before it (the rest of the wind-down's reserve is the final save's
-        slack: after a committed save the wind-down takes milliseconds, and a step thread
-        still busy past the deadline is not waited for)."""
+        slack: after a committed save the wind-down takes milliseconds)."""
         left = self.notice.time_left()
         return min(self.stop_grace_secs, max(0.0, left - EXIT_SECS - _WIND_DOWN_SECS / 4))
 
@@ -578,6 +577,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
                     except Exception as release_exc:  # the start's own error is the one raised
                         log.error("session.release_failed", error=describe(release_exc))
             await self._close_threads(deadline)
+        self.errors.note_peer_lost()
         self._restore_signals()
         self.closed = True
         log.error("session.start_failed", error=describe(exc))
@@ -705,12 +705,10 @@ class Runtime(anyio.AsyncContextManagerMixin):
         await self._stop_services(late=True)
         for part in parts.closers:
             await phase("closers", lambda part=part: part.aclose(self), winding_down=True)  # type: ignore[misc]
-        stuck = deadline.expired and self.step_thread.busy  # past the deadline: not waited for
-        if stuck:
-            log.warning("session.step_thread_busy", action="not waited for: releasing and joining it are skipped")
-        if parts.releasers and not stuck:  # on the step thread: a lock on a hung disk must not block the loop
+        if parts.releasers:  # on the step thread: a lock on a hung disk must not block the loop
             await phase("release", lambda: self.step_thread.submit(parts.release).wait_cancellable(), winding_down=True)
         await phase("threads", lambda: self._close_threads(wind_down[0] if wind_down else deadline), winding_down=True)
+        self.errors.note_peer_lost()  # the writes settled: the checkpoint a restart resumes from
         if overran or skipped:  # one line: what overran, what it left out, what the next start uses
             last = self.status().last_checkpoint
             said: dict[str, Any] = {"also_overran": overran[1:], "skipped": sorted(set(skipped))}
@@ -752,17 +750,12 @@ class Runtime(anyio.AsyncContextManagerMixin):
                 self._service_states[name] = "stopped"
 
     async def _close_threads(self, deadline: Deadline) -> None:
-        """Join the dedicated threads by ``deadline`` (a step thread still busy once the
-        stop's own deadline passed is left at once)."""
+        """Join the dedicated threads by ``deadline``."""
         self.watchdog.close()  # its loop ends (writing what it learned): its thread can join
         # Every thread told first, so that an idle one (the step thread, as a rule) ends at
         # once even when a stuck service thread uses up the deadline before its join.
         for thread in self._threads:
             thread.request_close()
         # Service threads first, the step thread (which owns the state) last.
-        stop = self._deadline
         for thread in reversed(self._threads):
-            left = deadline.remaining()
-            if thread is self.step_thread and thread.busy and stop is not None and stop.expired:
-                left = 0.0
-            await thread.aclose_within(left)
+            await thread.aclose_within(deadline.remaining())

@@ -111,6 +111,8 @@ class StepErrors:
         self._failures = FailureWindow(recovery_policy(rt.config.recovery_wait_secs))
         #: a step raised AbortedError/UnavailableError: the awaiting task will recover()
         self.recovering = False
+        #: a lost peer's error, the task and the step, for :meth:`note_peer_lost`
+        self.peer_lost: tuple[BaseException, str, int] | None = None
 
     def note(self, exc: BaseException, *, recoverable: bool = True) -> None:
         """On the step thread: a step raised ``exc`` (see the module docstring)."""
@@ -141,19 +143,31 @@ class StepErrors:
         checkpoints = rt.extra(SessionAttribute.checkpoints, None)
         last = None if checkpoints is None else checkpoints.last
         who = ", ".join(peers) if peers else "a peer"
+        rt.control.state_suspect = True  # a final checkpoint would need the lost peer
+        rt.control.record_error(exc, reason=f"peer_lost:{','.join(peers)}" if peers else "peer_lost")
+        log.error("cluster.peer_lost", lost=who, step=rt.step, last_checkpoint_step=None if last is None else last.step)
+        self.peer_lost = (exc, who, rt.step)  # noted at the stop's end: a write in flight may commit yet
+        return True
+
+    def note_peer_lost(self) -> None:
+        """At the stop's end, once the writes in flight settled: the lost peer's error gets
+        a note naming the lost task and the checkpoint a restarted job resumes from."""
+        if self.peer_lost is None:
+            return
+        exc, who, step = self.peer_lost
+        self.peer_lost = None
+        rt = self._rt
+        checkpoints = rt.extra(SessionAttribute.checkpoints, None)
+        last = None if checkpoints is None else checkpoints.last
         if last is not None:
             saved = f"step {last.step} ({last.path})"
         else:
             saved = "none" if rt.is_chief else "the chief's latest (this task commits none)"
-        rt.control.state_suspect = True  # a final checkpoint would need the lost peer
-        rt.control.record_error(exc, reason=f"peer_lost:{','.join(peers)}" if peers else "peer_lost")
-        log.error("cluster.peer_lost", lost=who, step=rt.step, last_checkpoint_step=None if last is None else last.step)
         _add_note(
             exc,
-            f"asupervisor: lost {who} of the cluster at step {rt.step}; the last committed checkpoint: {saved}. "
+            f"asupervisor: lost {who} of the cluster at step {step}; the last committed checkpoint: {saved}. "
             f"Restart every task of the job to resume from it (exit status {EXIT_PEER_LOST}).",
         )
-        return True
 
     def step_fn_failed(self, exc: BaseException) -> None:
         """On the step thread: a ``run_step_fn`` step function raised ``exc`` itself.

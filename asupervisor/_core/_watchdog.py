@@ -61,6 +61,11 @@ LEARNED_FILE = "asupervisor-watchdog.json"
 #: the phases a deadline is learned for
 PHASES = ("step", "input", "snapshot", "save", "restore", "barrier")
 _SAMPLES = 256  # durations kept per phase (the newest)
+#: in a multi-worker training, the least a step's or a barrier's deadline is: a peer that
+#: died is TensorFlow's to notice (its coordination service's heartbeats, ~10 s here),
+#: which ends the job with the lost task named (exit 75, restart every task); a deadline
+#: under that would race it and name a hang instead
+PEER_SECS = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,6 +231,7 @@ class Watchdog:
         options: its settings.
         perf: the interval clock (``time.perf_counter``), injectable for tests.
         exit: ends the process with a status (``os._exit`` after flushing), injectable.
+        cluster: a multi-worker training (collectives get :data:`PEER_SECS` at least).
     """
 
     def __init__(
@@ -235,9 +241,11 @@ class Watchdog:
         *,
         perf: Callable[[], float] = time.perf_counter,
         exit: Callable[[int], object] | None = None,
+        cluster: bool = False,
     ) -> None:
         self.rt = rt
         self.options = options
+        self.cluster = cluster
         self.perf = perf
         self._exit = exit if exit is not None else exit_now
         self.beat = Beat()
@@ -274,9 +282,13 @@ class Watchdog:
         self._commit_seen = True
 
     def deadline(self, phase: str) -> float:
-        """Any thread: ``phase``'s deadline now, in seconds."""
+        """Any thread: ``phase``'s deadline now, in seconds (in a cluster, a collective's
+        at least :data:`PEER_SECS`)."""
         with self._lock:
-            return self.options.deadline(_p99(self._samples[phase]))
+            secs = self.options.deadline(_p99(self._samples[phase]))
+        if self.cluster and phase in ("step", "barrier"):
+            secs = max(secs, PEER_SECS)
+        return secs
 
     def p99s(self) -> dict[str, float]:
         """Any thread: the learned p99 of each phase that has one."""

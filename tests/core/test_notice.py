@@ -81,7 +81,7 @@ async def test_a_service_notice_with_time_trains_on_and_saves_before_its_deadlin
             with pytest.raises(ValueError, match="preempted"):
                 ctx.request_stop(reason="requested", deadline_secs=3)
             noticed.append(time.monotonic())
-            ctx.request_stop(reason="preempted:test", deadline_secs=KEPT_SECS + 1.5)
+            ctx.request_stop(reason="preempted:test", deadline_secs=KEPT_SECS + 3)
             await anyio.sleep_forever()
 
     sv, v = _sv(tmp_path, None)
@@ -97,9 +97,9 @@ async def test_a_service_notice_with_time_trains_on_and_saves_before_its_deadlin
     status = sv.status()
     assert status.stop_reason == "preempted:test"
     assert asv.exit_code(status) == 143
-    assert ended < noticed[0] + KEPT_SECS + 1.5
+    assert ended < noticed[0] + KEPT_SECS + 3
     assert status.last_checkpoint is not None and status.last_checkpoint.step == sv.global_step
-    assert sv.global_step >= 3 + 10  # trained on in the window (~0.5 s of 0.02 s steps)
+    assert sv.global_step >= 3 + 10  # trained on in the window (~2 s of 0.02 s steps)
     saved = {int(p.name.split("-")[1].split(".")[0]) for p in tmp_path.glob("model.ckpt-*.index")}
     assert len(saved - {0, sv.global_step}) >= 1  # the save at once, mid-window
 
