@@ -1,7 +1,6 @@
 # Two commands a user needs: `make demo` and `make test`. Both build/refresh .venv first.
-# The suite runs one worker more than the cores, up to 4 (pytest-xdist): most of its time
-# is child processes and disk waits, so two workers on 2 cores take ~0.6x the time of one,
-# and a third keeps the cores busy while the others wait.
+# The suite runs on every core, up to 4 (pytest-xdist): most of its time is child
+# processes and disk waits, so two workers on 2 cores take ~0.6x the time of one.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -42,8 +41,7 @@ test: venv compile
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	PYTEST_XDIST_AUTO_NUM_WORKERS=$$(( $$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1) + 1 )) \
-	  $(PY) -m pytest -q -n auto --maxprocesses=4 --dist worksteal
+	$(PY) -m pytest -q -n auto --maxprocesses=4 --dist worksteal
 
 # Not part of `make test`: the suite on the oldest and newest TensorFlow/Keras/Python the
 # project claims (pyproject.toml, README), each in its own venv under .venv-matrix/ (two
