@@ -293,6 +293,7 @@ class Session:
         x: Any = None,
         y: Any = None,
         *,
+        data: Any = None,
         batch_size: int | None = None,
         epochs: int,
         verbose: str | int = "auto",
@@ -327,6 +328,8 @@ class Session:
 
         Args:
             model: a compiled ``keras.Model``.
+            data: the training data by its name in ``fit(model, data, *, epochs)``: the
+                same as ``x`` (give one of them).
             x, y, batch_size, verbose, validation_split, validation_data, shuffle,
                 class_weight, sample_weight, steps_per_epoch (a generator's only),
                 validation_steps, validation_batch_size, validation_freq: as
@@ -357,6 +360,10 @@ class Session:
         fit = self._rt.extra(SessionAttribute.keras_fit, None)
         if fit is None:
             raise RuntimeError("fit() needs the Keras front door: sessions of asv.Supervisor have it")
+        if data is not None:
+            if x is not None:
+                raise TypeError("fit() takes the training data as x or as data, not both")
+            x = data
         return await fit(
             self,
             model,

@@ -76,7 +76,7 @@ async def test_early_stopping_stops_the_session_cleanly(tmp_path: Path) -> None:
     sv = _supervisor(tmp_path, model)
     stopper = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10.0)  # never improves enough
     async with sv.managed_session() as sess:
-        history = await sess.fit(model, train, epochs=10, callbacks=[stopper])
+        history = await sess.fit(model, data=train, epochs=10, callbacks=[stopper])  # DESIGN's name
     assert len(history["loss"]) == 2
     assert (sv.status().stop_reason, sv.status().epoch, asv.exit_code(sv.status())) == ("stop_training", 2, 0)
 

@@ -217,6 +217,8 @@ async def test_what_fit_cannot_take_is_refused_naming_it(tmp_path: Path) -> None
             await sess.fit(model, x, y, epochs=1, validation_data=(x,))
         with pytest.raises(ValueError, match="class_weight is taken with arrays"):
             await sess.fit(model, _Digits(), epochs=1, class_weight={0: 1.0})
+        with pytest.raises(TypeError, match="as x or as data, not both"):
+            await sess.fit(model, ds, data=ds, epochs=1)
     assert sv.status().global_step == 0
 
 
