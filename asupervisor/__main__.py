@@ -68,9 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if argv is None:  # the command itself, not a caller in Python: exit now, so a
                 # late Ctrl-C finds the demo's handler, not the interpreter's teardown
                 # (which puts the default back and dies of the signal, status -2)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+                from ._core._exit import exit_now
+
+                exit_now(code)
             return code
         if args.command == "verify-resume":  # its runs import TensorFlow; it does only to compare
             from . import _verify
