@@ -14,7 +14,6 @@ loop thread.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import secrets
 import threading
@@ -257,6 +256,16 @@ class Checkpointer:
         log.info("checkpoint.restored_from_tier", tier=RAM, path=path, step=ram.last.step, disk_step=on_disk)
         return path
 
+    def close(self) -> None:
+        """At the session's end, no write in flight: what the RAM tier's store holds let go
+        (its spare data files removed). Never fails the stop."""
+        if self.ram is None:
+            return
+        try:
+            self.ram.store.close()
+        except Exception as exc:
+            log.error("checkpoint.close_failed", logdir=str(self.ram.logdir), error=describe(exc))
+
     def promote(self) -> CheckpointInfo | None:
         """On the writer thread, after a restore from the RAM tier: copy that checkpoint
         into ``logdir`` and commit it there (the commit protocol and retention of any
@@ -376,8 +385,9 @@ class Checkpointer:
             return None
         value, metrics = _metrics.record(self._metrics_source, step)
         extra = () if value is None else ((_metrics.METRICS_KEY, value),)
-        snap = _snapshot.take_snapshot(self.checkpoint, step, self._walks, self._staging_ready(), extra, metrics)
-        snap = dataclasses.replace(snap, tier=tier) if tier != DISK else snap
+        staging = self._ram_staging() if ram is not None else None
+        staging = self._staging_ready() if staging is None else staging
+        snap = _snapshot.take_snapshot(self.checkpoint, step, self._walks, staging, extra, metrics, tier)
         if ram is not None:
             ram.last_snapshot_step = step
         else:
@@ -391,8 +401,22 @@ class Checkpointer:
             return None
         return self._staging if self.store.native_writer_checked() else None
 
+    def _ram_staging(self) -> _snapshot.Staging | None:
+        """The RAM tier store's own staging buffers (its reused data files), if a snapshot
+        taken now would be staged there (step thread)."""
+        ram = self.ram
+        staging = None if ram is None else ram.store.staging()
+        if staging is None or not ram.store.native_writer_checked():  # type: ignore[union-attr]
+            return None
+        return staging if staging.ready() else None
+
     def _prepare_staging(self, snapshot: _snapshot.Snapshot, stopping: Callable[[], bool] | None) -> None:
-        """On the writer thread after a save: have the staging buffers ready for the next."""
+        """On the writer thread after a save: have the staging buffers ready for the next
+        (for a RAM save, the RAM tier store's)."""
+        ram_staging = None if snapshot.tier != RAM or self.ram is None else self.ram.store.staging()
+        if ram_staging is not None and self.ram is not None and self.ram.store.native_writer_checked():
+            ram_staging.prepare(snapshot.tensors, stopping)
+            return
         staging = self._staging_ready()
         if staging is None or any(isinstance(t, _snapshot.Staged) for t in snapshot.tensors):
             return

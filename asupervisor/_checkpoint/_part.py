@@ -401,6 +401,8 @@ class CheckpointPart(SessionPart):
     def release(self) -> None:
         """The session's last job on the step thread: the logdir's lock let go (the next
         training may own it)."""
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         if self._owner is not None:
             self._owner.release()
 

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 import asupervisor as asv
 from asupervisor._checkpoint._manager import Checkpointer
+from asupervisor._checkpoint.snapshot import _snapshot
 from asupervisor._checkpoint.store import names, open_memory_tier, open_store, state_file
 from asupervisor.testing import capture_logs
 
@@ -299,3 +300,69 @@ def test_a_store_object_given_to_the_supervisor_takes_every_byte(tmp_path: Path,
     again = asv.Supervisor(logdir, state={"w": w}, save_summaries_secs=0, handle_signals=False)
     anyio.run(main, again, backend=anyio_backend)
     assert again.status().last_checkpoint is not None and float(w) == 3.0
+
+
+def _ram_save(checkpointer: Checkpointer, w: tf.Variable, step: int) -> int:
+    """A RAM save as the saver makes it (snapshot, write, the next one prepared); the
+    inode of the data file it committed."""
+    w.assign(tf.fill(w.shape, float(step)))
+    snap = checkpointer.snapshot(step, "ram")
+    assert snap is not None
+    checkpointer.write(snap)
+    checkpointer.prepare_next(snap)
+    del snap
+    tier = checkpointer.memory.dir  # type: ignore[union-attr]
+    (data,) = [p for p in tier.iterdir() if p.name.startswith(f"model.ckpt-{step}.data-")]
+    return data.stat().st_ino
+
+
+def test_ram_saves_stage_into_reused_data_files(tmp_path: Path) -> None:
+    """On the fast store a RAM save's staging copy lands in a data file of the tier itself
+    (a slot): from the third save on, the checkpoints' data files are the same three
+    inodes (two kept, one being written), restored bitwise. A variable added to the
+    checkpoint does not fit the slots' layout: that save is written whole all the same,
+    and the slots are laid out again for the next. At the end the spare slot is removed."""
+    logdir, ram = tmp_path / "run", tmp_path / "ram"
+    checkpointer, w = _checkpointer(logdir, ram)
+    _save(checkpointer, w, 0, "disk")
+    inodes = [_ram_save(checkpointer, w, step) for step in range(1, 9)]
+    assert len(set(inodes[2:])) == 3, inodes
+
+    extra = tf.Variable(tf.fill([300], 7.0))
+    checkpointer.checkpoint.extra = extra
+    after = [_ram_save(checkpointer, w, step) for step in range(9, 15)]
+    assert len(set(after[2:])) == 3, after
+    checkpointer.close()
+    tier = checkpointer.memory.dir  # type: ignore[union-attr]
+    assert sorted(p.name for p in tier.iterdir() if names.TMP_MARKER in p.name) == []
+    assert names.scan_checkpoints(tier, "model.ckpt") == ["model.ckpt-14", "model.ckpt-13"]
+
+    ckpt, w2 = _state()
+    ckpt.extra = tf.Variable(tf.zeros([300]))
+    again = Checkpointer(ckpt, logdir, memory=open_memory_tier(logdir, ram))
+    again.prepare()
+    again.restore()
+    assert float(w2[0, 0]) == 14.0 and float(ckpt.extra[299]) == 7.0
+
+
+def test_a_ram_snapshot_holds_its_staging_buffers_until_it_is_gone(tmp_path: Path) -> None:
+    """A RAM snapshot staged into the checkpointer's own buffers (the tier's slots are not
+    laid out before its first save) keeps them from the next snapshot until it is gone:
+    given back early, a disk save could overwrite them while the RAM write reads them."""
+    logdir, ram = tmp_path / "run", tmp_path / "ram"
+    checkpointer, w = _checkpointer(logdir, ram)
+    _save(checkpointer, w, 0, "disk")
+    snap = checkpointer.snapshot(1, "disk")
+    assert snap is not None
+    checkpointer.write(snap)
+    checkpointer.prepare_next(snap)  # the checkpointer's staging buffers made
+    del snap
+    staging = checkpointer._staging
+    assert staging is not None and staging.ready()
+    ram_snap = checkpointer.snapshot(2, "ram")
+    assert ram_snap is not None and ram_snap.tier == "ram"
+    assert any(isinstance(t, _snapshot.Staged) for t in ram_snap.tensors)
+    assert not staging.ready()
+    checkpointer.write(ram_snap)
+    del ram_snap
+    assert staging.ready()

@@ -101,6 +101,11 @@ class Staging:
         self.nbytes = 0
         self.prepared = False  # buffers were made ready off the step thread (prepare)
 
+    def ready(self) -> bool:
+        """Whether a snapshot taken now would be staged (its buffers prepared and free)."""
+        with self._lock:
+            return self.prepared and not self._busy
+
     def begin(self) -> bool:
         """Take the buffers for a new snapshot; ``False`` while the last one holds them."""
         with self._lock:
@@ -108,6 +113,11 @@ class Staging:
                 return False
             self._busy = True
             return True
+
+    def release(self) -> Callable[[], None]:
+        """The call giving back what the last :meth:`begin` took, once the snapshot
+        holding it is gone (bound to that snapshot's buffers)."""
+        return self.end
 
     def end(self) -> None:
         """Give the buffers back (the snapshot holding them is gone)."""
@@ -324,6 +334,7 @@ def take_snapshot(
     staging: Staging | None = None,
     extra: Sequence[tuple[str, Any]] = (),
     metrics: Mapping[str, float] | None = None,
+    tier: str = "disk",
 ) -> Snapshot:
     """On the step thread: read every value to save.
 
@@ -337,6 +348,8 @@ def take_snapshot(
         extra: more ``(key, tensor)`` values, outside the object graph (a checkpoint's
             metrics, :mod:`._metrics`).
         metrics: the metrics those values record (:attr:`Snapshot.metrics`).
+        tier: where it is to be written (:attr:`Snapshot.tier`). Set here, not on a copy:
+            the staging buffers are given back when *this* object is gone.
     """
     t0 = time.perf_counter()
     counter = internals.create_save_counter(checkpoint)
@@ -344,6 +357,7 @@ def take_snapshot(
         _count_save(counter)
     read = _variable_reader()
     stager = _Stager(staging, read) if staging is not None and staging.prepared and staging.begin() else None
+    release = None if stager is None else stager.staging.release()
     try:
         cached = None if walks is None else walks.read(checkpoint, read, None if stager is None else stager.stage)
         if stager is not None:
@@ -361,21 +375,20 @@ def take_snapshot(
         if stager is not None:
             stager.copy()
     except BaseException:
-        if stager is not None:
-            stager.staging.end()
+        if release is not None:
+            release()
         raise
     if extra:  # new lists: a cached walk's are kept for the next snapshot
         keys = [*keys, *(k for k, _ in extra)]
         slices = [*slices, *([""] * len(extra))]
         tensors = [*tensors, *(t for _, t in extra)]
     t1 = time.perf_counter()
-    snap = Snapshot(step, keys, slices, tensors, t1, t1 - t0, dict(metrics or {}))
-    if stager is not None:
-        staging = stager.staging
-        if stager.count:
-            weakref.finalize(snap, staging.end)  # the buffers are free once the snapshot is gone
+    snap = Snapshot(step, keys, slices, tensors, t1, t1 - t0, dict(metrics or {}), tier)
+    if release is not None:
+        if stager is not None and stager.count:
+            weakref.finalize(snap, release)  # the buffers are free once the snapshot is gone
         else:
-            staging.end()
+            release()
     return snap
 
 

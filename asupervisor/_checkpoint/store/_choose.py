@@ -173,7 +173,9 @@ def open_memory_tier(
     """The RAM tier below the disk directory ``logdir`` (:class:`.memory._tier.MemoryTier`),
     under ``root`` (``True``: ``/dev/shm``). Its store is the directory's store without
     what a RAM file system has no use for (direct I/O, writeback, the idle I/O thread,
-    huge pages): the native writer and the own restore where ``setting`` has them.
+    huge pages): the native writer and the own restore where ``setting`` has them, the
+    snapshots staged straight into reused data files (:mod:`.fast._slots`) with the native
+    writer.
 
     Raises:
         ValueError: ``root`` is ``True`` and there is no ``/dev/shm`` here.
@@ -192,7 +194,13 @@ def open_memory_tier(
             idle_io=False,
             early_writeback=False,
         )
-    return MemoryTier(Path(logdir), open_store(tier_dir(base, Path(logdir)), fast))
+    directory = tier_dir(base, Path(logdir))
+    if fast.kind != "fast" or not fast.native_writer:
+        return MemoryTier(Path(logdir), open_store(directory, fast))
+    from .fast._store import FastStore
+
+    keep = MemoryTier.MAX_TO_KEEP
+    return MemoryTier(Path(logdir), FastStore(directory, fast, slots=keep + 1), max_to_keep=keep)
 
 
 def check_url(url: str) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from ..snapshot._snapshot import Snapshot
+    from ..snapshot._snapshot import Snapshot, Staging
     from ._options import FastPath
     from ._owner import OwnerLock
     from ._state_file import CheckpointState
@@ -149,8 +149,11 @@ class CheckpointStore(Protocol):
 
     # 7. the services it needs: an idle I/O runner over the ``submit`` of a thread
     #    ``thread()`` makes (``None``, and no thread, if it needs none); staging buffers
+    #    it lends the snapshot (its own allocator: the RAM tier's reused data files), or
+    #    ``None`` (the checkpointer's own)
     def idle_io(self, thread: Callable[[], Callable[..., Any]]) -> IdleIO | None: ...
     def native_writer_checked(self) -> bool: ...
+    def staging(self) -> Staging | None: ...
 
     # 8. close: what it holds released (nothing for the local stores)
     def close(self) -> None: ...

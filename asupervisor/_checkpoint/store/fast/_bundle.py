@@ -45,7 +45,16 @@ from ...._logging import get_logger
 from . import _direct
 from ._idle_io import CHUNK_BYTES, IdleIO, pwrite_all
 
-__all__ = ["available", "checked", "encodable", "self_check", "write_bundle"]
+__all__ = [
+    "available",
+    "checked",
+    "encodable",
+    "self_check",
+    "slot_offset",
+    "write_bundle",
+    "write_data_over",
+    "write_index_file",
+]
 
 log = get_logger(__name__)
 
@@ -500,6 +509,65 @@ def data_path(prefix: str, shard: int, num_shards: int) -> str:
     return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
 
 
+def write_index_file(path: str, index: bytes) -> None:
+    """Write a new ``.index`` file (unsynced: the commit syncs); an error names ``path``."""
+    with _naming(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            pwrite_all(fd, index, 0)
+        finally:
+            os.close(fd)
+
+
+def slot_offset(offset: int, nbytes: int, align: int) -> int:
+    """Where a staged value of ``nbytes`` goes in a slot (:mod:`._slots`) whose next free
+    byte is ``offset``: as :func:`._direct.placed_at` places it, and a small one at the
+    next multiple of ``align`` (a numpy view of it needs its dtype's alignment)."""
+    return _direct.placed_at(offset + (-offset % align), nbytes)
+
+
+def write_data_over(
+    keys: Sequence[str],
+    tensors: Sequence[Any],
+    fd: int,
+    path: str,
+    offset_of: Callable[[Any], int | None],
+    end: int,
+    check: Callable[[], None] | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """The one data file of a bundle in the open file ``fd`` (``path``), whose bytes at
+    ``offset_of(tensor)`` already hold that tensor (staged there, :mod:`._slots`): those
+    are summed, the others (``offset_of`` gives ``None``) written from ``end`` on. Returns
+    the data's end and the index entries (key → BundleEntryProto) for :func:`index_bytes`.
+    """
+    entries: dict[str, Any] = {}
+    with _naming(path):
+        for key, tensor in zip(keys, tensors):
+            if check is not None:
+                check()
+            at = offset_of(tensor)
+            if int(tensor.dtype.as_datatype_enum) == _STRING:
+                parts, crc = _string_bytes(tensor)
+                offset = end
+                size = 0
+                for part in parts:
+                    pwrite_all(fd, part, offset + size)
+                    size += len(part)
+            else:
+                array = _plain_array(tensor)
+                size = array.nbytes
+                offset = _direct.placed_at(end, size) if at is None else at
+                if at is None and size:
+                    _write_at(fd, array, offset, check)
+                crc = _crc_array(array) if size else 0
+            if at is None:
+                end = offset + size
+            if key in entries:
+                raise ValueError(f"duplicate checkpoint key {key!r}")
+            entries[key] = entry_proto(tensor, 0, offset, size, crc)
+    return end, entries
+
+
 def write_bundle(
     prefix: str,
     keys: Sequence[str],
@@ -541,12 +609,7 @@ def write_bundle(
     index = index_bytes(entries, count)
     if check is not None:
         check()
-    with _naming(f"{prefix}.index"):
-        fd = os.open(f"{prefix}.index", os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-        try:
-            pwrite_all(fd, index, 0)
-        finally:
-            os.close(fd)
+    write_index_file(f"{prefix}.index", index)
     if not checksums:
         return {}
     sums = {".index": (len(index), _crc_bytes(index))}

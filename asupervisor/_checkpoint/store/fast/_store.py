@@ -20,7 +20,7 @@ from .._options import FastPath
 from .._types import Written
 from ..plain import _restore, _write
 from ..plain._store import PlainStore
-from . import _bundle, _direct_restore
+from . import _bundle, _direct_restore, _slots
 from ._idle_io import IdleIO
 
 if TYPE_CHECKING:
@@ -53,12 +53,15 @@ class FastStore(PlainStore):
     Args:
         logdir: the directory.
         fast: which mechanisms of the fast path are on.
+        slots: stage snapshots into this many reusable data files of ``logdir``
+            (:mod:`._slots`: a RAM file system's; 0: none), with the native writer.
     """
 
-    def __init__(self, logdir: Path, fast: FastPath | None = None) -> None:
+    def __init__(self, logdir: Path, fast: FastPath | None = None, *, slots: int = 0) -> None:
         super().__init__(logdir)
         self.fast = FastPath() if fast is None else fast
         self._reader = _Reader(self.fast) if self.fast.own_restore else None
+        self._slots = _slots.Slots(self.logdir, slots) if slots and self.fast.native_writer else None
 
     def write(
         self,
@@ -76,6 +79,13 @@ class FastStore(PlainStore):
         ``durable=False``: not to disk (a temporary save, removed right after).
         ``checksums``: the native writer's files' sums, from the bytes it wrote."""
         check()
+        slot = None if self._slots is None or not _bundle.checked() else self._slots.claim(snapshot.tensors)
+        if slot is not None:  # staged into one of the slots: written where it lies
+            assert self._slots is not None
+            if all(_bundle.encodable(t, s) for t, s in zip(snapshot.tensors, snapshot.slices)):
+                self._slots.write(slot, str(tmp), snapshot.keys, snapshot.tensors, check)
+                return Written()
+            self._slots.unclaim(slot)
         fast = self.fast
         native: NativeWriter | None = None
         if fast.native_writer:
@@ -96,6 +106,28 @@ class FastStore(PlainStore):
             else:
                 io.call(sync)  # the long wait for the disk, abandonable
         return Written(sums)
+
+    def retire(self, prefix: Path, io: AnyIdleIO | None = None) -> None:
+        """Delete a checkpoint retention dropped; a data file that is a slot's becomes
+        that free slot again (:meth:`._slots.Slots.reclaim`)."""
+        if self._slots is not None:
+            self._slots.reclaim(prefix)
+        super().retire(prefix, io)
+
+    def remove_partial(self, tmp: Path) -> None:
+        """Remove what a failed or abandoned save under ``tmp`` wrote (a slot taken back)."""
+        if self._slots is not None:
+            self._slots.reclaim(tmp)
+        super().remove_partial(tmp)
+
+    def staging(self) -> _slots.Slots | None:
+        """The slots snapshots stage into (:mod:`._slots`), if this store has them."""
+        return self._slots
+
+    def close(self) -> None:
+        """The slots' free files removed and their mappings let go."""
+        if self._slots is not None:
+            self._slots.close()
 
     def restore_newest(self, checkpoint: Any, *, strict: bool, basename: str | None) -> _restore.RestoreOutcome:
         """Restore the newest good checkpoint, with the own reader where it is on."""

@@ -114,7 +114,10 @@ class MemoryTier:
         max_to_keep: the committed checkpoints the tier holds at most.
     """
 
-    def __init__(self, logdir: Path, store: CheckpointStore, *, max_to_keep: int = 2) -> None:
+    #: the committed checkpoints a tier holds at most, by default
+    MAX_TO_KEEP = 2
+
+    def __init__(self, logdir: Path, store: CheckpointStore, *, max_to_keep: int = MAX_TO_KEEP) -> None:
         self.logdir = Path(logdir)
         self.store = store
         self.dir = store.logdir

@@ -31,7 +31,7 @@ from .._types import Written
 from . import _restore, _write
 
 if TYPE_CHECKING:
-    from ...snapshot._snapshot import Snapshot
+    from ...snapshot._snapshot import Snapshot, Staging
     from .._owner import OwnerLock
     from .._types import IdleIO
 
@@ -192,6 +192,10 @@ class PlainStore:
     def native_writer_checked(self) -> bool:
         """Whether a native writer has proven itself (snapshots may be staged): never here."""
         return False
+
+    def staging(self) -> Staging | None:
+        """No staging buffers of its own: the checkpointer's, if any."""
+        return None
 
     def close(self) -> None:
         """Nothing held (the owner's lock is the session's)."""

@@ -24,7 +24,7 @@ from ...._logging import describe, get_logger
 from .. import _names
 
 if TYPE_CHECKING:
-    from ...snapshot._snapshot import Snapshot
+    from ...snapshot._snapshot import Snapshot, Staging
     from .._owner import OwnerLock
     from .._state_file import CheckpointState
     from .._types import CheckpointStore, IdleIO, RestoreOutcome, Written
@@ -195,6 +195,10 @@ class TieredStore:
     def native_writer_checked(self) -> bool:
         """The local store's."""
         return self.local.native_writer_checked()
+
+    def staging(self) -> Staging | None:
+        """The local store's."""
+        return self.local.staging()
 
     def close(self) -> None:
         """The local store's (the remote tier is closed by the session's remote part)."""
