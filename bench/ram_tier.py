@@ -23,7 +23,9 @@ these windows); RAM saves as the overhead budget allows (``ram_save_secs="auto"`
 3. **Time to the first resumed step** after a SIGKILL (process start to the session,
    restored from RAM, and to the first step done, its ``tf.function`` traced) over a
    bare child started right after it: python, ``import tensorflow`` and a raw read of
-   the checkpoint's files. Goal: <= 1.1x.
+   the checkpoint's files. Goal: <= 1.1x. And over a bare training's first step (the
+   same, plus what any restart of this model pays: its variables made and assigned the
+   values read, its step traced): what the supervisor adds.
 
 ``--ram-secs 1.0`` sets ``ram_save_secs`` (default ``auto``). Prints medians and ranges;
 about 5 minutes on 2 cores with the defaults.
@@ -94,6 +96,28 @@ print(f"read {total} {time.time() - t_start:.4f}", flush=True)
 """
 
 
+BARE_TRAINING = r"""
+import sys, time
+t_start = float(sys.argv[3])
+import numpy as np, tensorflow as tf
+mb = int(sys.argv[2])
+variables = [tf.Variable(tf.zeros([2 << 20])) for _ in range(max(1, mb // 8))]
+x = tf.random.normal([192, 192])
+
+@tf.function
+def step():
+    for v in variables:
+        v.assign_add(tf.fill(v.shape, 1.0))
+    return tf.reduce_sum(tf.matmul(x, x))
+
+raw = np.fromfile(sys.argv[1] + ".data-00000-of-00001", dtype=np.float32)
+for i, v in enumerate(variables):
+    v.assign(raw[i * (2 << 20) : (i + 1) * (2 << 20)])
+step()
+print(f"first {time.time() - t_start:.4f}", flush=True)
+"""
+
+
 def _env() -> dict[str, str]:
     return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
 
@@ -122,9 +146,13 @@ def _resumed_step(mb: int, logdir: Path, ram: str) -> tuple[int, float, float]:
     return int(entered[1]), float(entered[2]), float(first[2])
 
 
-def lost_per_kill(mb: int, kills: int, ram: str, rng: random.Random) -> tuple[list[float], list[float], list[float]]:
+def lost_per_kill(
+    mb: int, kills: int, ram: str, rng: random.Random
+) -> tuple[list[float], list[float], list[float], list[float]]:
     """Work lost per kill, and the time to the restored session and to the first resumed
-    step over a bare start measured beside each, over ``kills`` kills."""
+    step over a bare start measured beside each, and to the first step over a bare
+    training's, over ``kills`` kills."""
+    first_bare_training: list[float] = []
     lost: list[float] = []
     entered: list[float] = []
     first: list[float] = []
@@ -149,28 +177,34 @@ def lost_per_kill(mb: int, kills: int, ram: str, rng: random.Random) -> tuple[li
             proc.wait()
             proc.stdout.close()
             resumed, to_session, to_step = _resumed_step(mb, logdir, ram)
-            bare = bare_start(mb)  # beside each restart: the machine's mood of the moment
+            bare, training = bare_start(mb)  # beside each restart: the machine's mood of the moment
             entered.append(to_session / bare)
             first.append(to_step / bare)
+            first_bare_training.append(to_step / training)
             # the time the resumed step was completed (before this process's first: its first)
             done = steps.get(resumed, steps[min(steps)])
             lost.append(t_kill - done)
-    return lost, entered, first
+    return lost, entered, first, first_bare_training
 
 
-def bare_start(mb: int) -> float:
-    """Python + ``import tensorflow`` + a raw read of an ``mb`` MB checkpoint's files."""
+def bare_start(mb: int) -> tuple[float, float]:
+    """Seconds to (python + ``import tensorflow`` + a raw read of an ``mb`` MB checkpoint's
+    files), and to a bare training's first step (the same, its variables made and
+    assigned the values read, its step traced and run: what any restart pays)."""
     with tempfile.TemporaryDirectory(prefix="asv-bench-bare-") as tmp:
         prefix = Path(tmp) / "model.ckpt-1"
         Path(f"{prefix}.data-00000-of-00001").write_bytes(os.urandom(mb << 20))
-        out = subprocess.run(
-            [sys.executable, "-c", BARE, str(prefix), f"{time.time():.4f}"],
-            capture_output=True,
-            text=True,
-            env=_env(),
-            check=True,
-        )
-        return float(out.stdout.split()[2])
+        times = []
+        for script, args in ((BARE, [str(prefix)]), (BARE_TRAINING, [str(prefix), str(mb)])):
+            out = subprocess.run(
+                [sys.executable, "-c", script, *args, f"{time.time():.4f}"],
+                capture_output=True,
+                text=True,
+                env=_env(),
+                check=True,
+            )
+            times.append(float(out.stdout.split()[-1]))
+        return times[0], times[1]
 
 
 def overhead(mb: int, secs: float, rounds: int) -> tuple[list[float], list[float]]:
@@ -250,14 +284,15 @@ def main() -> None:
     print(f"RAM tier, {args.mb} MB state: {machine()}", flush=True)
     rng = random.Random(args.seed)
     if "kill" not in args.skip:
-        lost, entered, first = lost_per_kill(args.mb, args.kills, "/dev/shm", rng)
+        lost, entered, first, first_training = lost_per_kill(args.mb, args.kills, "/dev/shm", rng)
         print(
             f"work lost per SIGKILL, RAM tier on: mean {statistics.fmean(lost):.3f} s, {_fmt(lost)}, worst {max(lost):.3f} s"
         )
         print(f"session restored from RAM / bare start (python + TF + raw read): {_fmt(entered)}")
         print(f"first resumed step / bare start: {_fmt(first)}")
+        print(f"first resumed step / a bare training's first step (+ variables, trace): {_fmt(first_training)}")
     if "disk" not in args.skip:
-        lost, _, _ = lost_per_kill(args.mb, max(2, args.kills // 4), "-", rng)
+        lost, _, _, _ = lost_per_kill(args.mb, max(2, args.kills // 4), "-", rng)
         print(f"work lost per SIGKILL, RAM tier off (disk every 600 s): {_fmt(lost)} s")
     if "overhead" not in args.skip:
         off, on = overhead(args.mb, args.secs, args.rounds)

@@ -366,3 +366,38 @@ def test_a_ram_snapshot_holds_its_staging_buffers_until_it_is_gone(tmp_path: Pat
     checkpointer.write(ram_snap)
     del ram_snap
     assert staging.ready()
+
+
+@pytest.mark.timeout(300)
+def test_the_copy_of_a_restored_ram_checkpoint_to_disk_waits_for_the_first_step(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """A training SIGKILLed with a RAM checkpoint newer than the disk's resumes from it;
+    its copy to the disk starts only once the first step is done (its CPU would delay
+    that step, the trace of a model's step), and is on the disk when the session ends."""
+    logdir, ram = tmp_path / "run", tmp_path / "ram"
+    killed = _run(logdir, ram, 1000, 30)
+    saved = int(killed[1].split()[1])
+    w = tf.Variable(tf.zeros([256, 64]), name="w")
+    sv = asv.Supervisor(
+        logdir,
+        state={"w": w},
+        checkpoint=asv.CheckpointOptions(save_secs=3600, ram_tier=ram, ram_save_secs=3600),
+        save_summaries_secs=0,
+        handle_signals=False,
+    )
+    during_first_step: list[str | None] = []
+
+    def step() -> None:
+        if not during_first_step:
+            during_first_step.append(state_file.read_state(logdir).latest)
+        w.assign_add(tf.ones_like(w))
+
+    async def main() -> None:
+        async with sv.managed_session() as sess:
+            assert sv.global_step == saved
+            await sess.run_loop(step, max_steps=saved + 3)
+
+    anyio.run(main, backend=anyio_backend)
+    assert during_first_step == ["model.ckpt-0"]
+    assert f"model.ckpt-{saved}" in state_file.read_state(logdir).paths
