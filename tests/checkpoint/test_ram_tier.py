@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 import tensorflow as tf
+from tmpfs import mounted, needs_mount
 
 import asupervisor as asv
 from asupervisor._checkpoint._manager import Checkpointer
@@ -401,3 +402,29 @@ def test_the_copy_of_a_restored_ram_checkpoint_to_disk_waits_for_the_first_step(
     anyio.run(main, backend=anyio_backend)
     assert during_first_step == ["model.ckpt-0"]
     assert f"model.ckpt-{saved}" in state_file.read_state(logdir).paths
+
+
+@needs_mount
+def test_a_ram_file_system_without_room_for_the_slots_leaves_the_usual_writes(tmp_path: Path) -> None:
+    """The slots' pages are reserved when they are made: on a 1 MiB tmpfs, three slots of
+    a 300 KiB state plus the first checkpoint do not fit, which is a logged warning (a
+    page touched through a mapping on a full file system would be a SIGBUS); the RAM
+    saves go on the usual way, and the newest is restored."""
+    logdir = tmp_path / "run"
+    with mounted(tmp_path / "ram", "1m") as ram:
+        ckpt, w = tf.train.Checkpoint(), tf.Variable(tf.zeros([75, 1024]))
+        ckpt.w = w
+        checkpointer = Checkpointer(ckpt, logdir, memory=open_memory_tier(logdir, ram))
+        checkpointer.prepare()
+        with capture_logs() as logs:
+            for step in range(1, 7):
+                _ram_save(checkpointer, w, step)
+        checkpointer.close()
+        assert [e["event"] for e in logs if e["event"] == "checkpoint.ram_slots_off"] == ["checkpoint.ram_slots_off"]
+        assert not [e for e in logs if e["event"] == "checkpoint.ram_failed"]
+        ckpt2, w2 = tf.train.Checkpoint(), tf.Variable(tf.zeros([75, 1024]))
+        ckpt2.w = w2
+        again = Checkpointer(ckpt2, logdir, memory=open_memory_tier(logdir, ram))
+        again.prepare()
+        again.restore()
+        assert float(w2[0, 0]) == 6.0

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import slowdisk
+from tmpfs import IS_ROOT, mounted, needs_mount
 
 pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores
 
 SCRIPT = Path(__file__).parent / "scripts" / "disk_train.py"
-IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 SETPRIV = shutil.which("setpriv")
 
 
@@ -38,37 +38,11 @@ def run_child(
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def _can_mount() -> bool:
-    if not IS_ROOT or not shutil.which("mount"):
-        return False
-    target = tempfile.mkdtemp(prefix="asv-mount-probe-")
-    try:
-        ok = (
-            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", target], capture_output=True).returncode
-            == 0
-        )
-        if ok:
-            subprocess.run(["umount", target], capture_output=True)
-        return ok
-    finally:
-        os.rmdir(target)
-
-
-CAN_MOUNT = _can_mount()
-needs_mount = pytest.mark.skipif(not CAN_MOUNT, reason="mounting a tmpfs needs root and a kernel that allows it here")
-
-
 @pytest.fixture
 def tmpfs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
     """A tmpfs mounted for the test (6 MB, or the size given as the fixture's param), unmounted after it."""
-    target = tmp_path / "mnt"
-    target.mkdir()
-    size = getattr(request, "param", "6m")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(target)], check=True)
-    try:
+    with mounted(tmp_path / "mnt", getattr(request, "param", "6m")) as target:
         yield target
-    finally:
-        subprocess.run(["umount", "-l", str(target)], check=False)
 
 
 def leftovers(logdir: Path) -> list[str]:

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from .... import _tf_internals as internals
-from ...._logging import get_logger
+from ...._logging import describe, get_logger
 from ...snapshot import _snapshot
 from .. import _names
 from . import _bundle
@@ -189,6 +189,12 @@ class Slots(_snapshot.Staging):
                     return False
                 self._lay_out(slot)
             self.prepared = self._layout is not None and bool(self._layout)
+        except OSError as exc:  # no room on the RAM file system: the usual writes (which say so)
+            log.warning("checkpoint.ram_slots_off", dir=str(self.directory), error=describe(exc))
+            with self._lock:
+                self._busy = False
+            self.close()
+            return False
         finally:
             with self._lock:
                 self._busy = False
@@ -232,6 +238,9 @@ class Slots(_snapshot.Staging):
             slot.unmap()
             os.ftruncate(slot.fd, size)
             if size:
+                # the pages reserved now: a full file system is an error here, where a
+                # page touched through the mapping would be a SIGBUS
+                os.posix_fallocate(slot.fd, 0, size)
                 slot.map = mmap.mmap(slot.fd, size)
                 whole = np.frombuffer(slot.map, np.uint8)
                 whole[::_PAGE] = 0  # the pages allocated now, not in the step thread's copy
