@@ -307,6 +307,16 @@ def _string_bytes(tensor: Any) -> tuple[list[bytes], int]:
     return [bytes(lengths), length_crc, *elems], crc
 
 
+def _write_strings(fd: int, tensor: Any, offset: int) -> tuple[int, int]:
+    """A string tensor written at ``offset`` in TF's encoding; its size and CRC32C."""
+    parts, crc = _string_bytes(tensor)
+    size = 0
+    for part in parts:
+        pwrite_all(fd, part, offset + size)
+        size += len(part)
+    return size, crc
+
+
 def _write_at(
     fd: int,
     data: Any,
@@ -369,11 +379,7 @@ def write_data_file(
                 if check is not None:
                     check()
                 if int(tensor.dtype.as_datatype_enum) == _STRING:
-                    parts, crc = _string_bytes(tensor)
-                    size = 0
-                    for part in parts:
-                        pwrite_all(fd, part, offset + size)
-                        size += len(part)
+                    size, crc = _write_strings(fd, tensor, offset)
                 else:
                     array = _plain_array(tensor)
                     size = array.nbytes
@@ -547,12 +553,8 @@ def write_data_over(
                 check()
             at = offset_of(tensor)
             if int(tensor.dtype.as_datatype_enum) == _STRING:
-                parts, crc = _string_bytes(tensor)
                 offset = end
-                size = 0
-                for part in parts:
-                    pwrite_all(fd, part, offset + size)
-                    size += len(part)
+                size, crc = _write_strings(fd, tensor, offset)
             else:
                 array = _plain_array(tensor)
                 size = array.nbytes
