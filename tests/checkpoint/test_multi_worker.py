@@ -478,3 +478,37 @@ def test_cluster_killed_at_a_random_moment_resumes_to_the_weights_of_an_uninterr
     lines = eval_out.splitlines()
     assert not [line for line in lines if not line.startswith("EVAL")], (why, lines, eval_err[-2000:])
     assert [int(line.split()[1]) for line in lines] == committed, why
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_peer_is_named_by_the_chiefs_watchdog_and_the_chief_exits_with_the_hang_status(
+    tmp_path: Path,
+) -> None:
+    """The worker of a running chief + worker is SIGSTOPped (alive, stuck): the chief's
+    step waits in a collective that never completes. Its watchdog (a collective's
+    deadline ``peer_secs`` = 2 s, under TensorFlow's 10 s heartbeat timeout) names the
+    phase, the step and the seconds, and the chief exits 124 within max(10 s, 5 x the
+    learned p99), before TensorFlow would report the peer lost (75)."""
+    logdir = tmp_path / "logdir"
+    procs = _start_cluster(tmp_path, logdir, 1_000_000, 1000, "trio", "signals", "watchdog")
+    chief, worker = procs
+    try:
+        assert worker.stdout is not None
+        while "RUNNING" not in (line := worker.stdout.readline()):  # 20 steps: the step time is learned
+            assert line, "the worker ended before it ran 20 steps"
+        worker.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, err = chief.communicate(timeout=60)
+        secs = time.monotonic() - stopped
+    finally:
+        for proc in procs:
+            proc.kill()  # SIGKILL ends a stopped process too
+            proc.communicate()
+    assert chief.returncode == 124, err[-3000:]
+    detected = [line for line in err.splitlines() if "hang.detected" in line]
+    assert len(detected) == 1 and "phase=step" in detected[0], err[-3000:]
+    fields = dict(item.split("=", 1) for item in detected[0].split() if "=" in item)
+    assert int(fields["step"]) >= 20 and 2.0 < float(fields["secs"]) < 10, detected
+    assert "hang.stack" in err  # every thread's stack, for whoever debugs it
+    # max(10 s, 5 x p99): a step's p99 is milliseconds here
+    assert secs < 10, f"the chief ended {secs:.1f} s after its peer stopped"

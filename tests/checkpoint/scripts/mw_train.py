@@ -4,7 +4,10 @@ Usage: ``python mw_train.py LOGDIR MAX_STEPS SAVE_STEPS BACKEND OUT.npz [signals
 ``TF_CONFIG`` set by the parent. The process prints ``RUNNING`` after its 20th step of
 this run. With ``signals`` the session handles SIGINT/SIGTERM and the process exits with
 ``asv.exit_code``; with ``GCE_METADATA_HOST`` set it also watches that (fake) metadata
-server for a preemption notice; with ``keep-all`` no checkpoint is deleted (``max_to_keep=None``). The state holds a Keras model and optimizer, a Keras ``Mean`` metric and
+server for a preemption notice; with ``keep-all`` no checkpoint is deleted (``max_to_keep=None``);
+with ``watchdog`` the hang watchdog has short deadlines (a collective 2 s at least, the
+process ended 1 s after the stop: under TensorFlow's 10 s heartbeat timeout) and the
+library's events go to stderr. The state holds a Keras model and optimizer, a Keras ``Mean`` metric and
 an ``ON_READ``/``SUM`` counter (both SyncOnRead: reading them is a collective all-reduce),
 a ``tf.Variable`` (which TF's walk saves through a saveable converter) or, with
 ``keras-counter``, a Keras variable. Either way snapshots after the first reuse the walk.
@@ -36,7 +39,14 @@ import asupervisor as asv
 
 
 async def main(
-    logdir: str, max_steps: int, save_steps: int, out: str, signals: bool, keep_all: bool, keras_counter: bool
+    logdir: str,
+    max_steps: int,
+    save_steps: int,
+    out: str,
+    signals: bool,
+    keep_all: bool,
+    keras_counter: bool,
+    watchdog: bool,
 ) -> int:
     info = asv.cluster_info()
     tf.keras.utils.set_random_seed(0)  # the same initial weights in every run: runs compare bitwise
@@ -69,12 +79,17 @@ async def main(
 
         strategy.run(replica_fn)
 
+    stop: dict[str, Any] = {"handle_signals": signals}
+    if watchdog:
+        asv.configure_logging(level="info")  # events to stderr
+        dog = asv.WatchdogOptions(floor_secs=1.0, peer_secs=2.0, exit_after_secs=1.0)
+        stop = {"stop": asv.StopOptions(handle_signals=signals, watchdog=dog)}
     sv = asv.Supervisor(
         logdir,
         state={"model": model, "opt": opt, "metric": list(mean.variables), "counter": counter},
         save_model_steps=save_steps,  # save_model_secs keeps its default: not used here
-        handle_signals=signals,
         max_to_keep=None if keep_all else 5,
+        **stop,
     )
     if os.environ.get("GCE_METADATA_HOST"):  # a (fake) metadata server to watch: this task's VM
         sv.add_service(asv.GcePreemptionNotice())
@@ -132,6 +147,7 @@ if __name__ == "__main__":
         "signals" in flags,
         "keep-all" in flags,
         "keras-counter" in flags,
+        "watchdog" in flags,
         backend=backend,
     )
     sys.exit(code)
