@@ -512,3 +512,50 @@ def test_a_stopped_peer_is_named_by_the_chiefs_watchdog_and_the_chief_exits_with
     assert "hang.stack" in err  # every thread's stack, for whoever debugs it
     # max(10 s, 5 x p99): a step's p99 is milliseconds here
     assert secs < 10, f"the chief ended {secs:.1f} s after its peer stopped"
+
+
+@pytest.mark.timeout(120)
+def test_a_notice_with_a_deadline_to_the_chief_saves_at_once_trains_on_and_saves_before_it_together(
+    tmp_path: Path,
+) -> None:
+    """SIGUSR1 to the chief of a running chief + worker, a notice with a 4 s deadline
+    (0.05 s steps): both save together at once (two steps on), train on, and stop at the
+    agreed step with a final checkpoint both take part in, the session over before the
+    deadline, at most one step short of the last whose end leaves 1.2 x the save's time
+    and the wind-down (2 s) before it; both exit with SIGUSR1's status (138)."""
+    deadline_secs = 4.0
+    logdir = tmp_path / "logdir"
+    env_of = {task: {"MW_NOTICE_SECS": str(deadline_secs)} for task in ("chief", "worker")}
+    procs = _start_cluster(tmp_path, logdir, 1_000_000, 15, "asyncio", "notice", env_of=env_of)
+    before: list[list[str]] = [[], []]
+    try:
+        assert procs[0].stdout is not None
+        while "RUNNING" not in before[0]:  # 20 steps: checkpoint 15 measured a save's time
+            line = procs[0].stdout.readline()
+            assert line, "the chief ended before it ran 20 steps"
+            before[0].append(line.strip())
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
+    sent = time.monotonic()
+    procs[0].send_signal(signal.SIGUSR1)
+    chief, worker = _finish(procs, expected_rc=128 + signal.SIGUSR1, before=before)
+    done = [line for line in chief if line.startswith("DONE")]
+    assert done and done[0].split()[2] == "signal:SIGUSR1" and done == [w for w in worker if w.startswith("DONE")]
+    stopped = int(done[0].split()[1])
+    now_saved = [line.split()[1:] for line in chief + worker if line.startswith("NOTICE_SAVED")]
+    assert len(now_saved) == 2 and now_saved[0] == now_saved[1] and now_saved[0][1] == "True", chief + worker
+    saved_at = int(now_saved[0][0])
+    assert 20 < saved_at < stopped  # at once, then trained on
+    assert saved_at in _saves(chief, "SAVED") and saved_at in _saves(worker, "WORKER_SAVED")
+    assert _saves(chief, "SAVED")[-1] == stopped and _saves(worker, "WORKER_SAVED")[-1] == stopped
+    assert not [line for line in chief + worker if line.startswith("ERROR")]
+    assert tf.train.latest_checkpoint(str(logdir)) == str(logdir / f"model.ckpt-{stopped}")
+    ends = json.loads(next(line for line in chief if line.startswith("ENDS")).split(" ", 1)[1])
+    ended = float(next(line for line in chief if line.startswith("ENDED")).split()[1])
+    save_secs = float(next(line for line in chief if line.startswith("SAVE_SECS")).split()[1])
+    limit = sent + deadline_secs - (1.2 * save_secs + 2.0)
+    fits = sum(1 for end in ends if end <= limit)
+    assert ended < sent + deadline_secs, (ended - sent, stopped)
+    assert fits - 1 <= stopped <= fits, (stopped, fits, len(ends))
