@@ -91,6 +91,7 @@ try:
     from ._exceptions import LeaseLostError as LeaseLostError
     from ._exceptions import NanLossDuringTrainingError as NanLossDuringTrainingError
     from ._exceptions import ServiceError as ServiceError
+    from ._exceptions import StopRequestedError as StopRequestedError
     from ._exceptions import StorageUnreachableError as StorageUnreachableError
     from ._exceptions import SupervisorError as SupervisorError
     from ._gce import GcePreemptionNotice as GcePreemptionNotice
@@ -168,6 +169,7 @@ __all__ = [
     "StepCounterHook",
     "StopAtStepHook",
     "StopOptions",
+    "StopRequestedError",
     "StorageUnreachableError",
     "SummaryOptions",
     "SummarySaverHook",

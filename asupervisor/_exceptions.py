@@ -10,6 +10,7 @@ Class tree::
         ├── DivergenceError             the loss diverged (a spike, under asv.Rollback)
         │   └── NanLossDuringTrainingError  a NaN loss (NanTensorHook, asv.Rollback)
         ├── ServiceError                a service failed more often than its policy allows
+        ├── StopRequestedError          a stop signal ended a wait outside a session
         └── DeadlineExceededError       (also a TimeoutError) waited too long
 
 Errors raised by user code (steps, hooks, services) are never wrapped: they come out of
@@ -25,6 +26,7 @@ __all__ = [
     "LeaseLostError",
     "NanLossDuringTrainingError",
     "ServiceError",
+    "StopRequestedError",
     "StorageUnreachableError",
     "SupervisorError",
 ]
@@ -73,6 +75,29 @@ class ServiceError(SupervisorError):
 
     The last failure of the service is chained as ``__cause__``.
     """
+
+
+class StopRequestedError(SupervisorError):
+    """A stop signal came while ``SessionManager`` waited for a checkpoint (a non-chief
+    waiting for the chief's): the wait ended at once, nothing was restored.
+
+    Attributes:
+        signal: the signal's name (``"SIGTERM"``).
+        stop_reason: ``"signal:<NAME>"``, as a session stopped by it would have.
+        exit_status: what the process should exit with (``128 +`` the signal's number:
+            143 after SIGTERM), so a scheduler runs the job again.
+    """
+
+    def __init__(self, message: str, *, signal: str) -> None:
+        import signal as signals
+
+        super().__init__(message)
+        self.signal = signal
+        self.stop_reason = f"signal:{signal}"
+        try:
+            self.exit_status = 128 + int(signals.Signals[signal])
+        except KeyError:
+            self.exit_status = 143
 
 
 class DeadlineExceededError(SupervisorError, TimeoutError):

@@ -69,7 +69,9 @@ class MonitoredTrainingSession:
             ``save_summaries_secs`` is given.
         save_summaries_secs: seconds between summaries.
         log_step_count_steps: steps between ``global_step/sec`` measurements (100).
-        max_wait_secs: how long a non-chief waits for the chief's first checkpoint.
+        max_wait_secs: how long a non-chief waits for the chief's first checkpoint. A
+            stop signal ends the wait: the session then stops as it starts, without a
+            step (``stop_reason`` ``signal:SIGTERM``, ``asv.exit_code`` 143).
         stop_grace_period_secs: the longest a stop may take.
         **supervisor_kwargs: passed on to :class:`~asupervisor.Supervisor` (for example
             ``init_fn``, ``global_step``, ``handle_signals``, ``clock``).
@@ -159,6 +161,7 @@ class MonitoredTrainingSession:
         if not config.is_chief and config.logdir is not None:
             # TF1's worker session creator: a non-chief starts from the chief's first
             # checkpoint, waiting at most max_wait_secs (DeadlineExceededError after).
+            from ._exceptions import StopRequestedError
             from ._session_manager import SessionManager
 
             manager = SessionManager(
@@ -166,7 +169,13 @@ class MonitoredTrainingSession:
                 recovery_wait_secs=config.recovery_wait_secs,
                 clock=config.clock,
             )
-            await manager.wait_for_session(config.logdir, max_wait_secs=self.max_wait_secs)
+            try:
+                await manager.wait_for_session(config.logdir, max_wait_secs=self.max_wait_secs)
+            except StopRequestedError:
+                if not config.handle_signals:
+                    raise
+                # the signal stays caught: the session below stops as it starts (no step,
+                # stop_reason signal:<NAME>, asv.exit_code 143 after SIGTERM)
         runtime = self._runtime = self.supervisor.managed_session()
         return await runtime.__aenter__()
 

@@ -9,6 +9,10 @@ the chief's first checkpoint. This is the same contract for TF2 state (a
 * ``recover_session``: restore if possible; returns whether the state is restored and ready;
 * ``wait_for_session``: wait until a checkpoint can be restored, up to a deadline.
 
+Every wait ends at once on a stop signal caught by ``asv.catch_stop_signals()`` or a
+``Supervisor`` made earlier (the signal is left for the next session, which stops as it
+starts): it raises :class:`~asupervisor.StopRequestedError`, nothing restored.
+
 Restoring is the runtime's own code (:func:`asupervisor._checkpoint.store.restore_latest`: the
 newest good checkpoint, falling back past corrupt ones; a different model is a
 ``CheckpointError``). TensorFlow and file work run on a dedicated thread started for the
@@ -25,12 +29,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from . import _config, _tf_internals
 from ._checkpoint.store import names, restore_latest, restore_path
 from ._core._clock import Clock, MonotonicClock
 from ._core._handoff import LoopHandle
+from ._core._signals import pending_stop_signal, wait_stop_signal
 from ._core._threads import DedicatedThread
-from ._exceptions import CheckpointError, DeadlineExceededError
+from ._exceptions import CheckpointError, DeadlineExceededError, StopRequestedError
 from ._logging import describe, get_logger
 from ._tf import is_recoverable, tf
 
@@ -180,6 +187,30 @@ class SessionManager:
         finally:
             await thread.aclose()
 
+    async def _sleep_until(self, until: float, checkpoint_dir: Path) -> None:
+        """Sleep on the clock until ``until``, unless a stop signal comes first (then
+        :class:`StopRequestedError`; also when one came before the wait)."""
+        name = pending_stop_signal()
+        if name is None:
+            got: list[str] = []
+            async with anyio.create_task_group() as tg:
+
+                async def watch() -> None:
+                    got.append(await wait_stop_signal())
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch)
+                await self.clock.sleep_until(until)
+                tg.cancel_scope.cancel()
+            name = got[0] if got else None
+        if name is not None:
+            log.warning("session_manager.stopped", signal=name, checkpoint_dir=str(checkpoint_dir))
+            raise StopRequestedError(
+                f"{name} came while waiting for a checkpoint in {str(checkpoint_dir)!r}: the wait "
+                "ended, nothing was restored; exit with this error's exit_status so the job runs again",
+                signal=name,
+            )
+
     async def _restore_waiting(
         self, call: _Call, checkpoint_dir: Path | None, path: str | None, wait: bool, max_wait_secs: float
     ) -> bool:
@@ -193,7 +224,7 @@ class SessionManager:
             if not wait or checkpoint_dir is None or now >= deadline:
                 return False
             log.info("session_manager.waiting_for_checkpoint", checkpoint_dir=str(checkpoint_dir))
-            await self.clock.sleep_until(min(deadline, now + self.recovery_wait_secs))
+            await self._sleep_until(min(deadline, now + self.recovery_wait_secs), checkpoint_dir)
 
     def _check_args(
         self, checkpoint_dir: object, checkpoint_filename_with_path: object, max_wait_secs: object
@@ -235,6 +266,7 @@ class SessionManager:
             RuntimeError: nothing was restored and there is nothing to initialise with
                 (no ``init_fn``, no ``local_init_fn``), or the model is not ready.
             CheckpointError: the checkpoint belongs to a different model.
+            StopRequestedError: a stop signal came while waiting for a checkpoint.
         """
         ckpt_dir, path = self._check_args(checkpoint_dir, checkpoint_filename_with_path, max_wait_secs)
         if init_fn is not None and not callable(init_fn):
@@ -274,6 +306,7 @@ class SessionManager:
         Raises:
             ValueError: both ``checkpoint_dir`` and ``checkpoint_filename_with_path``.
             CheckpointError: the checkpoint belongs to a different model.
+            StopRequestedError: a stop signal came while waiting for a checkpoint.
         """
         ckpt_dir, path = self._check_args(checkpoint_dir, checkpoint_filename_with_path, max_wait_secs)
         async with self._worker() as call:
@@ -308,6 +341,9 @@ class SessionManager:
         Raises:
             DeadlineExceededError: ``max_wait_secs`` passed first (also a ``TimeoutError``).
             CheckpointError: the checkpoint belongs to a different model.
+            StopRequestedError: a stop signal came first (``asv.catch_stop_signals()``
+                or a ``Supervisor`` made catches them); its ``exit_status`` is the
+                process's (143 after SIGTERM).
         """
         ckpt_dir = _check_dir("checkpoint_dir", checkpoint_dir)
         if ckpt_dir is None:
@@ -325,4 +361,4 @@ class SessionManager:
                         f"within {max_wait_secs} s; is the chief running and saving there?"
                     )
                 log.info("session_manager.waiting_for_session", checkpoint_dir=str(ckpt_dir))
-                await self.clock.sleep_until(min(deadline, now + self.recovery_wait_secs))
+                await self._sleep_until(min(deadline, now + self.recovery_wait_secs), ckpt_dir)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -232,3 +234,51 @@ def test_ready_for_local_init_fn_needs_local_init_fn() -> None:
     """ready_for_local_init_fn without local_init_fn is a ValueError naming both."""
     with pytest.raises(ValueError, match=r"ready_for_local_init_fn.*local_init_fn"):
         asv.SessionManager(state=make_state(), ready_for_local_init_fn=lambda: [])
+
+
+@pytest.fixture
+def caught_sigterm() -> Iterator[None]:
+    """SIGTERM caught as a script's ``asv.catch_stop_signals()`` catches it; afterwards the
+    handler before it is back and nothing is left pending."""
+    from asupervisor._core._signals import _EARLY
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert asv.catch_stop_signals(["SIGTERM"])
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        _EARLY.previous.pop(signal.SIGTERM, None)
+        _EARLY.take()
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("caught_sigterm")
+@pytest.mark.parametrize("how", ["wait_for_session", "prepare_session"])
+async def test_a_stop_signal_ends_a_wait_for_a_checkpoint(tmp_path: Path, how: str) -> None:
+    """A SIGTERM while waiting for the chief's checkpoint ends the wait at once, on the
+    clock's first sleep: StopRequestedError naming the signal, exit status 143, nothing
+    restored or initialised; the signal stays pending for the next session."""
+    from asupervisor._core._signals import pending_stop_signal
+
+    clock = ManualClock()
+    state = make_state(1.0)
+    calls: list[str] = []
+    sm = asv.SessionManager(state=state, recovery_wait_secs=30, clock=clock)
+
+    async def signal_during_the_wait() -> None:
+        await clock.wait_for_sleepers(1)
+        signal.raise_signal(signal.SIGTERM)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(signal_during_the_wait)
+        with pytest.raises(asv.StopRequestedError, match="SIGTERM came while waiting") as info:
+            if how == "wait_for_session":
+                await sm.wait_for_session(tmp_path)
+            else:
+                await sm.prepare_session(tmp_path, wait_for_checkpoint=True, init_fn=lambda: calls.append("init"))
+    assert (info.value.signal, info.value.stop_reason, info.value.exit_status) == ("SIGTERM", "signal:SIGTERM", 143)
+    assert clock.now() == 0 and calls == [] and float(state["w"][0]) == 1.0
+    assert pending_stop_signal() == "SIGTERM"
+    with pytest.raises(asv.StopRequestedError):  # a signal that came before a wait ends it too
+        await sm.recover_session(tmp_path, wait_for_checkpoint=True)

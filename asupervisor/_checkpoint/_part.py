@@ -198,11 +198,13 @@ class CheckpointPart(SessionPart):
             metrics=getattr(ctx, "current_metrics", None),
         )
 
-    def save_in_background(self, reason: SaveReason) -> int | None:
+    def save_in_background(self, reason: SaveReason, *, agreed: bool = False) -> int | None:
         """On the step thread: snapshot the state now and write it in the background
         (queued behind a write in flight); the step, or ``None`` when there is nothing to
-        save into (no logdir, not the chief) or the snapshot was skipped."""
-        if self.saver is None or self.multi_worker:
+        save into (no logdir, not the chief) or the snapshot was skipped. In multi-worker
+        training only ``agreed``: every worker calls it at this same step (a snapshot is
+        a collective)."""
+        if self.saver is None or (self.multi_worker and not agreed):
             return None
         return self.saver._snapshot(reason, force=True)
 

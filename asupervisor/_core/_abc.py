@@ -330,8 +330,9 @@ class CheckpointSaving(Protocol):
         """On the step thread: checkpoint the state now and make it the latest; its path."""
         ...
 
-    def save_in_background(self, reason: SaveReason) -> int | None:
-        """On the step thread: snapshot now, write in the background; the step or ``None``."""
+    def save_in_background(self, reason: SaveReason, *, agreed: bool = False) -> int | None:
+        """On the step thread: snapshot now, write in the background; the step or ``None``
+        (``agreed``: every worker of a cluster saves at this step, so one may)."""
         ...
 
     async def save_now(self) -> CheckpointInfo:

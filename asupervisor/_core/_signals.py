@@ -46,7 +46,14 @@ from .._logging import get_logger
 if TYPE_CHECKING:
     from ._handoff import LoopHandle
 
-__all__ = ["SIGNALS", "SignalHandlers", "catch_stop_signals", "stop_signals_from"]
+__all__ = [
+    "SIGNALS",
+    "SignalHandlers",
+    "catch_stop_signals",
+    "pending_stop_signal",
+    "stop_signals_from",
+    "wait_stop_signal",
+]
 
 log = get_logger(__name__)
 
@@ -162,6 +169,8 @@ class _Early:
     def __init__(self) -> None:
         self.previous: dict[int, Any] = {}  # what was installed before ours
         self.received: list[str] = []
+        #: called at each signal (:func:`wait_stop_signal`'s, which only schedule on a loop)
+        self.wakers: list[Callable[[], None]] = []
 
     def catch(self, signals: tuple[signal.Signals, ...]) -> bool:
         if threading.current_thread() is not threading.main_thread():
@@ -173,6 +182,8 @@ class _Early:
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signal.Signals(signum).name)
+        for wake in tuple(self.wakers):
+            wake()
         if len(self.received) > 1:  # a second signal before any session: the default action
             previous = self.previous.pop(signum, signal.SIG_DFL)
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
@@ -195,6 +206,50 @@ class _Early:
 
 
 _EARLY = _Early()
+
+
+def pending_stop_signal() -> str | None:
+    """The name of a stop signal caught before any session (:func:`catch_stop_signals`),
+    left for the next session to take; ``None`` if none came."""
+    return _EARLY.received[0] if _EARLY.received else None
+
+
+async def wait_stop_signal() -> str:
+    """Wait until a stop signal caught by :func:`catch_stop_signals` (or a ``Supervisor``
+    made) comes while no session runs; its name (at once if one came already). The
+    signal is left for the next session, which then stops as it starts.
+
+    For waits outside a session (``SessionManager``'s): the handler only schedules a wake
+    on this loop; on asyncio a wakeup descriptor is set meanwhile, as a session does, so
+    a signal the kernel gave another thread wakes the loop too. Without the handlers
+    installed it waits until cancelled (a stop signal then has its default action).
+    """
+    import anyio
+
+    from ._handoff import LoopHandle
+
+    loop = LoopHandle()
+    woken = anyio.Event()
+
+    def wake() -> None:  # in the signal handler: schedule only
+        try:
+            loop.call_soon(woken.set)
+        except RuntimeError:  # the loop has finished
+            pass
+
+    _EARLY.wakers.append(wake)
+    wakeup = None
+    if loop.backend == "asyncio" and threading.current_thread() is threading.main_thread():
+        wakeup = _AsyncioWakeup()
+    try:
+        while (name := pending_stop_signal()) is None:
+            await woken.wait()
+            woken = anyio.Event()
+        return name
+    finally:
+        _EARLY.wakers.remove(wake)
+        if wakeup is not None:
+            wakeup.close()
 
 
 def catch_stop_signals(signals: object = ("SIGINT", "SIGTERM")) -> bool:

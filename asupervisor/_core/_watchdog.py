@@ -61,10 +61,11 @@ LEARNED_FILE = "asupervisor-watchdog.json"
 #: the phases a deadline is learned for
 PHASES = ("step", "input", "snapshot", "save", "restore", "barrier")
 _SAMPLES = 256  # durations kept per phase (the newest)
-#: in a multi-worker training, the least a step's or a barrier's deadline is: a peer that
-#: died is TensorFlow's to notice (its coordination service's heartbeats, ~10 s here),
-#: which ends the job with the lost task named (exit 75, restart every task); a deadline
-#: under that would race it and name a hang instead
+#: in a multi-worker training, the least a step's or a barrier's deadline is by default
+#: (``WatchdogOptions.peer_secs``): a peer that died, or stopped (SIGSTOP), is TensorFlow's
+#: to notice (its coordination service's heartbeats, 10 s), which ends the job with the
+#: lost task named (exit 75, restart every task); a deadline under that would race it and
+#: name a hang instead. A peer alive but stuck (heartbeating) is the watchdog's to name.
 PEER_SECS = 30.0
 
 
@@ -87,6 +88,10 @@ class WatchdogOptions:
         exit_after_secs: after the stop a hang requested, how long the session may take
             to end before the process is ended (``os._exit``); ``None``: never (the stop
             alone, for an application that embeds the training).
+        peer_secs: in a multi-worker training, the shortest deadline of a step or a
+            barrier (a collective waiting on a peer). Above TensorFlow's heartbeat timeout
+            (10 s), a dead or stopped peer is named lost by TensorFlow (exit 75) and only
+            a peer alive but stuck is a hang (124); below it, both are named a hang.
 
     Raises:
         TypeError: a field has the wrong type (the message names it and the value).
@@ -98,11 +103,12 @@ class WatchdogOptions:
     factor: float = 4.0
     unlearned_secs: float = 1200.0
     exit_after_secs: float | None = 5.0
+    peer_secs: float = PEER_SECS
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise TypeError(f"WatchdogOptions.enabled must be True or False, got {self.enabled!r}")
-        for name in ("floor_secs", "factor", "unlearned_secs", "exit_after_secs"):
+        for name in ("floor_secs", "factor", "unlearned_secs", "exit_after_secs", "peer_secs"):
             value = getattr(self, name)
             if value is None and name == "exit_after_secs":
                 continue
@@ -231,7 +237,7 @@ class Watchdog:
         options: its settings.
         perf: the interval clock (``time.perf_counter``), injectable for tests.
         exit: ends the process with a status (``os._exit`` after flushing), injectable.
-        cluster: a multi-worker training (collectives get :data:`PEER_SECS` at least).
+        cluster: a multi-worker training (collectives get ``options.peer_secs`` at least).
     """
 
     def __init__(
@@ -283,11 +289,11 @@ class Watchdog:
 
     def deadline(self, phase: str) -> float:
         """Any thread: ``phase``'s deadline now, in seconds (in a cluster, a collective's
-        at least :data:`PEER_SECS`)."""
+        at least ``options.peer_secs``)."""
         with self._lock:
             secs = self.options.deadline(_p99(self._samples[phase]))
         if self.cluster and phase in ("step", "barrier"):
-            secs = max(secs, PEER_SECS)
+            secs = max(secs, self.options.peer_secs)
         return secs
 
     def p99s(self) -> dict[str, float]:

@@ -478,3 +478,84 @@ def test_cluster_killed_at_a_random_moment_resumes_to_the_weights_of_an_uninterr
     lines = eval_out.splitlines()
     assert not [line for line in lines if not line.startswith("EVAL")], (why, lines, eval_err[-2000:])
     assert [int(line.split()[1]) for line in lines] == committed, why
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_peer_is_named_by_the_chiefs_watchdog_and_the_chief_exits_with_the_hang_status(
+    tmp_path: Path,
+) -> None:
+    """The worker of a running chief + worker is SIGSTOPped (alive, stuck): the chief's
+    step waits in a collective that never completes. Its watchdog (a collective's
+    deadline ``peer_secs`` = 2 s, under TensorFlow's 10 s heartbeat timeout) names the
+    phase, the step and the seconds, and the chief exits 124 within max(10 s, 5 x the
+    learned p99), before TensorFlow would report the peer lost (75)."""
+    logdir = tmp_path / "logdir"
+    procs = _start_cluster(tmp_path, logdir, 1_000_000, 1000, "trio", "signals", "watchdog")
+    chief, worker = procs
+    try:
+        assert worker.stdout is not None
+        while "RUNNING" not in (line := worker.stdout.readline()):  # 20 steps: the step time is learned
+            assert line, "the worker ended before it ran 20 steps"
+        worker.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, err = chief.communicate(timeout=60)
+        secs = time.monotonic() - stopped
+    finally:
+        for proc in procs:
+            proc.kill()  # SIGKILL ends a stopped process too
+            proc.communicate()
+    assert chief.returncode == 124, err[-3000:]
+    detected = [line for line in err.splitlines() if "hang.detected" in line]
+    assert len(detected) == 1 and "phase=step" in detected[0], err[-3000:]
+    fields = dict(item.split("=", 1) for item in detected[0].split() if "=" in item)
+    assert int(fields["step"]) >= 20 and 2.0 < float(fields["secs"]) < 10, detected
+    assert "hang.stack" in err  # every thread's stack, for whoever debugs it
+    # max(10 s, 5 x p99): a step's p99 is milliseconds here
+    assert secs < 10, f"the chief ended {secs:.1f} s after its peer stopped"
+
+
+@pytest.mark.timeout(120)
+def test_a_notice_with_a_deadline_to_the_chief_saves_at_once_trains_on_and_saves_before_it_together(
+    tmp_path: Path,
+) -> None:
+    """SIGUSR1 to the chief of a running chief + worker, a notice with a 4 s deadline
+    (0.05 s steps): both save together at once (two steps on), train on, and stop at the
+    agreed step with a final checkpoint both take part in, the session over before the
+    deadline, at most one step short of the last whose end leaves 1.2 x the save's time
+    and the wind-down (2 s) before it; both exit with SIGUSR1's status (138)."""
+    deadline_secs = 4.0
+    logdir = tmp_path / "logdir"
+    env_of = {task: {"MW_NOTICE_SECS": str(deadline_secs)} for task in ("chief", "worker")}
+    procs = _start_cluster(tmp_path, logdir, 1_000_000, 15, "asyncio", "notice", env_of=env_of)
+    before: list[list[str]] = [[], []]
+    try:
+        assert procs[0].stdout is not None
+        while "RUNNING" not in before[0]:  # 20 steps: checkpoint 15 measured a save's time
+            line = procs[0].stdout.readline()
+            assert line, "the chief ended before it ran 20 steps"
+            before[0].append(line.strip())
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
+    sent = time.monotonic()
+    procs[0].send_signal(signal.SIGUSR1)
+    chief, worker = _finish(procs, expected_rc=128 + signal.SIGUSR1, before=before)
+    done = [line for line in chief if line.startswith("DONE")]
+    assert done and done[0].split()[2] == "signal:SIGUSR1" and done == [w for w in worker if w.startswith("DONE")]
+    stopped = int(done[0].split()[1])
+    now_saved = [line.split()[1:] for line in chief + worker if line.startswith("NOTICE_SAVED")]
+    assert len(now_saved) == 2 and now_saved[0] == now_saved[1] and now_saved[0][1] == "True", chief + worker
+    saved_at = int(now_saved[0][0])
+    assert 20 < saved_at < stopped  # at once, then trained on
+    assert saved_at in _saves(chief, "SAVED") and saved_at in _saves(worker, "WORKER_SAVED")
+    assert _saves(chief, "SAVED")[-1] == stopped and _saves(worker, "WORKER_SAVED")[-1] == stopped
+    assert not [line for line in chief + worker if line.startswith("ERROR")]
+    assert tf.train.latest_checkpoint(str(logdir)) == str(logdir / f"model.ckpt-{stopped}")
+    ends = json.loads(next(line for line in chief if line.startswith("ENDS")).split(" ", 1)[1])
+    ended = float(next(line for line in chief if line.startswith("ENDED")).split()[1])
+    save_secs = float(next(line for line in chief if line.startswith("SAVE_SECS")).split()[1])
+    limit = sent + deadline_secs - (1.2 * save_secs + 2.0)
+    fits = sum(1 for end in ends if end <= limit)
+    assert ended < sent + deadline_secs, (ended - sent, stopped)
+    assert fits - 1 <= stopped <= fits, (stopped, fits, len(ends))

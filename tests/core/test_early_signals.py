@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,33 @@ def test_a_sigterm_between_the_supervisor_and_its_session_stops_it_as_it_starts(
     code, out = _run(logdir, 1000, early_signal=True, mode="supervisor")
     assert (code, out[-1]) == (143, "done signal:SIGTERM 5"), (code, out)
     assert state_file.read_state(logdir).latest == "model.ckpt-5"
+
+
+WAIT_SCRIPT = Path(__file__).parent / "scripts" / "worker_wait.py"
+
+
+@pytest.mark.timeout(120)
+def test_a_sigterm_ends_a_non_chief_waiting_for_the_chiefs_checkpoint(tmp_path: Path) -> None:
+    """A non-chief ``MonitoredTrainingSession`` waits for the chief's first checkpoint
+    (``SessionManager.wait_for_session``, checking every 30 s). A SIGTERM during the wait
+    ends it at once: the session stops as it starts, without a step, and the process
+    exits 143 well before the next check would have come."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    command = [sys.executable, str(WAIT_SCRIPT), str(tmp_path / "run"), "asyncio"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:  # the wait has begun when its first check found nothing
+                if "session_manager.waiting_for_session" in line:
+                    break
+            else:
+                raise AssertionError("the worker never waited")
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+            took = time.monotonic() - sent
+        finally:
+            proc.kill()
+    assert (proc.returncode, out.splitlines()[-1:]) == (143, ["done signal:SIGTERM 0"]), err[-3000:]
+    assert "session_manager.stopped" in err and "signal=SIGTERM" in err, err[-3000:]
+    assert took < 15, f"the wait ended {took:.1f} s after the signal (the next check was 30 s away)"

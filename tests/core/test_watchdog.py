@@ -3,6 +3,7 @@ the process ended with the hang status, a slow but progressing phase left alone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -73,6 +74,7 @@ def _steps(session: _Session, clock: _Clock, dog: Watchdog, n: int, secs: float)
         ("unlearned_secs", float("inf"), ValueError),
         ("exit_after_secs", "5", TypeError),
         ("enabled", 1, TypeError),
+        ("peer_secs", -2.0, ValueError),
     ],
 )
 def test_bad_options_are_refused_naming_the_field_and_value(field: str, value: object, error: type) -> None:
@@ -107,6 +109,21 @@ def test_the_step_deadline_is_learned_and_a_stuck_step_is_named() -> None:
     assert dog.check()
     assert session.stops == ["hang:step"] and session.suspect
     assert session.badput == [("hang", pytest.approx(2.1))]
+
+
+def test_in_a_cluster_a_collective_gets_peer_secs_at_least() -> None:
+    """Multi-worker: a step's and a barrier's deadline is at least ``peer_secs`` (30 s by
+    default: TensorFlow's heartbeats name a dead peer first); alone, the learned one."""
+    clock, session = _Clock(), _Session()
+    options = asv.WatchdogOptions(floor_secs=1.0, factor=4.0)
+    assert options.peer_secs == 30.0
+    for peer_secs, step in ((30.0, 30.0), (3.0, 3.0), (1.5, 2.0)):
+        dog = Watchdog(session, dataclasses.replace(options, peer_secs=peer_secs), perf=clock, cluster=True)  # type: ignore[arg-type]
+        _steps(session, clock, dog, 3, 0.5)
+        assert dog.deadline("step") == step  # 4 x 0.5 learned
+    alone = Watchdog(session, options, perf=clock)  # type: ignore[arg-type]
+    _steps(session, clock, alone, 3, 0.5)
+    assert alone.deadline("step") == 2.0
 
 
 def _retracing(stop: threading.Event) -> None:

@@ -9,10 +9,11 @@ store (the service ``MultiWorkerMirroredStrategy`` starts, and TF's own
 ``PreemptionCheckpointHandler`` uses):
 
 1. The worker that got the signal (the *leader*), at its next step boundary ``s`` on the
-   step thread, publishes ``<key> = "<S> <task> <signal>"``: ``S = s+1``, or, for a notice
+   step thread, publishes ``<key> = "<S> <task> <signal> <N>"``: ``S = s+1``, or, for a notice
    with a deadline and time to spare (:mod:`..._core._notice`), the last step whose end
-   leaves the final save's time before the deadline. The key can be set once: a worker
-   that finds it set already follows the stop it names.
+   leaves the final save's time before the deadline; then ``N = s+2`` when ``S > N``
+   (the notice's save at once, taken by every worker at step ``N``), else ``0``. The key
+   can be set once: a worker that finds it set already follows the stop it names.
 2. Every other worker has a watcher thread blocked on that key. It queues "stop at
    ``S``" for its step thread's next boundary, then acknowledges
    (``<key>/ack/<task>``).
@@ -42,7 +43,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ... import _tf_internals as internals
-from ..._core._abc import SessionPart
+from ..._core._abc import SessionAttribute, SessionPart
 from ..._logging import describe, get_logger
 from ..._tf import tf
 
@@ -94,6 +95,7 @@ class ClusterStopPart(SessionPart):
         self._decided = False  # the stop step is known (led or followed)
         self._lock = threading.Lock()
         self._target: float = math.inf
+        self._save_at: float = math.inf  # a notice's save at once, agreed
         self._signal = "SIGTERM"
         self._closing = threading.Event()
 
@@ -135,20 +137,31 @@ class ClusterStopPart(SessionPart):
     # -- step thread -----------------------------------------------------------------
 
     def next_trigger(self, step: int) -> float:
-        """The agreed stop step, once known."""
-        return self._target if self._target > step else math.inf
+        """The agreed save at once and the agreed stop step, once known."""
+        return min(s for s in (self._save_at, self._target, math.inf) if s > step)
 
     def on_step(self, ctx: SessionContext) -> None:
-        """At the agreed step: stop, marked agreed (every worker takes the final checkpoint)."""
-        self._stop(ctx)
+        """At the agreed save step: every worker saves (in the background, the chief
+        commits); at the agreed stop step: stop, marked agreed (every worker takes the
+        final checkpoint)."""
+        step = ctx.global_step
+        if step == self._save_at:
+            checkpoints = ctx.extra(SessionAttribute.checkpoints, None)
+            saved = None if checkpoints is None else checkpoints.save_in_background("notice", agreed=True)
+            log.info("cluster.saved_now", step=step, saved=saved is not None)
+        if step >= self._target:
+            self._stop(ctx)
 
     def _stop(self, ctx: SessionContext) -> None:
         log.warning("cluster.stopped_together", step=ctx.global_step, signal=self._signal)
         ctx.control.request_stop(reason=_reason(self._signal), agreed=True)
 
-    def _stop_at(self, ctx: SessionContext, step: int, signal: str) -> None:
-        """Stop at ``step`` (now, if this worker is there already)."""
+    def _stop_at(self, ctx: SessionContext, step: int, signal: str, save_at: int = 0) -> None:
+        """Stop at ``step`` (now, if this worker is there already); save at ``save_at``
+        first (every worker learns of it before it gets there)."""
         self._signal = signal
+        if save_at > ctx.global_step:
+            self._save_at = save_at
         if ctx.global_step >= step:
             self._stop(ctx)
             return
@@ -173,15 +186,18 @@ class ClusterStopPart(SessionPart):
         errors = tf().errors
         me = self.cluster.task_id
         target = ctx.notice_stop_step()  # the next step; with a notice's window, the last that fits
+        save_at = ctx.global_step + 2  # a step every worker learns of the stop before
+        if target <= save_at:
+            save_at = 0  # no window: the final save is the one
         try:
-            self._kv.set_config_key_value(self.key, f"{target} {me} {name}")
+            self._kv.set_config_key_value(self.key, f"{target} {me} {name} {save_at}")
         except errors.AlreadyExistsError:  # another worker leads: follow it
             self._follow(ctx, self._kv.get_config_key_value(self.key, 0))
             self._ack()
             return
         if not self._decide():  # the watcher followed another worker meanwhile
             return
-        log.warning("cluster.stop_proposed", step=target, signal=name)
+        log.warning("cluster.stop_proposed", step=target, signal=name, save_at=save_at or None)
         deadline = time.monotonic() + ack_timeout(ctx.stop_grace_secs)
         missing = []
         for task in self.cluster.workers:
@@ -196,14 +212,15 @@ class ClusterStopPart(SessionPart):
             log.error("cluster.stop_not_agreed", missing=missing, why="no acknowledgement: stopping alone, unsaved")
             ctx.control.request_stop(reason=_reason(name))
             return
-        self._stop_at(ctx, target, name)
+        self._stop_at(ctx, target, name, save_at)
 
     def _follow(self, ctx: SessionContext, value: str) -> None:
         """On the step thread: stop at the step another worker published."""
-        step, leader, signal = value.split(" ", 2)
+        step, leader, signal, *more = value.split(" ")
+        save_at = int(more[0]) if more else 0
         if self._decide():
-            log.warning("cluster.stop_agreed", step=int(step), leader=leader, signal=signal)
-            self._stop_at(ctx, int(step), signal)
+            log.warning("cluster.stop_agreed", step=int(step), leader=leader, signal=signal, save_at=save_at or None)
+            self._stop_at(ctx, int(step), signal, save_at)
 
     def _ack(self) -> None:
         """Tell the leader this worker knows the stop step (any thread)."""
