@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _timing import scaled
 
 
 def cli(*args: str, tf_log_level: str | None = "3") -> subprocess.CompletedProcess[str]:
@@ -20,7 +21,7 @@ def cli(*args: str, tf_log_level: str | None = "3") -> subprocess.CompletedProce
     if tf_log_level is None:
         del env["TF_CPP_MIN_LOG_LEVEL"]
     return subprocess.run(
-        [sys.executable, "-m", "asupervisor", *args], capture_output=True, text=True, env=env, timeout=240
+        [sys.executable, "-m", "asupervisor", *args], capture_output=True, text=True, env=env, timeout=scaled(240)
     )
 
 
@@ -78,7 +79,10 @@ def test_inspect_of_a_missing_directory_says_so(tmp_path: Path) -> None:
 def test_help_does_not_need_tensorflow() -> None:
     """``asupervisor --help`` answers without importing TensorFlow (it is quick)."""
     out = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "asupervisor", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-X", "importtime", "-m", "asupervisor", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
     )
     assert out.returncode == 0 and "inspect" in out.stdout and "demo" in out.stdout
     assert "tensorflow" not in out.stderr

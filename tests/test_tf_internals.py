@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
+from _timing import scaled
 
 import asupervisor
 from asupervisor import CheckpointError, _tf_internals
@@ -233,14 +234,14 @@ def test_a_module_another_thread_is_still_loading_is_waited_for(
 
     first = threading.Thread(target=lambda: _tf_internals._module("asv_slow_proto"))
     first.start()
-    assert started.wait(60)
+    assert started.wait(scaled(60))
     other = threading.Thread(target=second)
     other.start()
     # the second must not come back while the first is still loading it (it waits for it)
     came_back_early = second_done.wait(0.5)
     release.set()
-    first.join(60)
-    other.join(60)
+    first.join(scaled(60))
+    other.join(scaled(60))
     assert not came_back_early and seen == [True], seen
     sys.modules.pop("asv_slow_proto", None)
 
