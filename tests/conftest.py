@@ -8,6 +8,11 @@ import threading
 from collections.abc import Iterator
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# on a GPU, every TensorFlow process of the suite (this one, pytest-xdist's workers and the
+# processes tests start, which inherit it) takes memory as it needs it, not all of it at
+# its start: several share the GPU (set before TensorFlow is imported; a value the shell
+# gave stays)
+os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 import pytest
 from _timing import ENV_VAR, slowness
