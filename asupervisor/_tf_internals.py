@@ -32,6 +32,9 @@ Name (as TF spells it) — fallback when missing:
 - ``Trackable._self_unconditional_deferred_dependencies`` and
   ``Optimizer._deferred_slot_restorations`` — a failed restore's deferred values are not
   dropped (logged).
+- ``_CheckpointRestoreCoordinator`` (a restore in progress, found in a failed restore's
+  traceback) — TF warns "Value in checkpoint could not be found" for each value of a
+  failed restore when it is freed.
 - ``Trackable._checkpoint_dependencies`` / ``_delete_tracking`` — plain ``delattr``
   (``AutoTrackable.__delattr__`` untracks).
 - ``Trackable._serialize_to_tensors`` (a ``tf.data`` iterator's position) — the position
@@ -73,6 +76,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 from ._exceptions import CheckpointError
@@ -202,6 +206,7 @@ SAVE_COUNTER = "Checkpoint._maybe_create_save_counter"
 LOAD_STATUS = "CheckpointLoadStatus._checkpoint"
 DEFERRED = "Trackable._self_unconditional_deferred_dependencies"
 DEFERRED_SLOTS = "Optimizer._deferred_slot_restorations"
+COORDINATOR = "checkpoint._CheckpointRestoreCoordinator"
 DEPENDENCIES = "Trackable._checkpoint_dependencies"
 SERIALIZE = "Trackable._serialize_to_tensors"
 
@@ -376,6 +381,21 @@ def deferred_restorations(obj: Any) -> tuple[Any, Any]:
     deps = _attr(DEFERRED, obj, "_self_unconditional_deferred_dependencies")
     slots = _attr(DEFERRED_SLOTS, obj, "_deferred_slot_restorations")
     return deps, slots
+
+
+def quiet_failed_restore(traceback: TracebackType | None) -> None:
+    """Mark the restores that a failed ``tf.train.Checkpoint.restore`` left in the frames
+    of ``traceback`` as partial, as ``status.expect_partial()`` does: otherwise TF logs a
+    "Value in checkpoint could not be found" warning for each value when they are freed,
+    about a restore that failed and was reported already. Fallback: TF's warnings."""
+    coordinator: Any = _member(COORDINATOR, _CK, "_CheckpointRestoreCoordinator")
+    if coordinator is None:
+        return
+    while traceback is not None:
+        for value in list(traceback.tb_frame.f_locals.values()):
+            if isinstance(value, coordinator):
+                value.expect_partial = True
+        traceback = traceback.tb_next
 
 
 def untrack(checkpoint: Any, name: str) -> None:
@@ -755,6 +775,12 @@ INTERNALS: tuple[Internal, ...] = (
         "dropping a failed restore's deferred slots (TF1 optimizers)",
         "not dropped",
         _probe_instance(lambda: _tf().compat.v1.train.GradientDescentOptimizer(0.1), "_deferred_slot_restorations"),
+    ),
+    Internal(
+        COORDINATOR,
+        "silencing TF's warnings about a failed restore's values",
+        "TF's warnings",
+        _probe_attr(_CK, "_CheckpointRestoreCoordinator.expect_partial"),
     ),
     Internal(
         DEPENDENCIES,

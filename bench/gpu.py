@@ -8,15 +8,22 @@
     device-to-host copy of the whole state (``v.numpy()`` of every variable), the floor
     of any save that reads the state on the training thread.
 (c) ``MirroredStrategy`` on one GPU: ``run_loop`` vs a bare loop, as (a) for the MLP.
+(d) A state of 1 GiB on the device (eight 128 MiB variables, each rewritten every step):
+    the training thread's cost per save next to one device-to-host copy, and the commit
+    (snapshot handed over -> committed: ``save_seconds`` ``write`` + ``commit``) next to
+    the larger of that copy and a write+fsync of the same bytes to the same disk, the
+    floors of a commit that copies the state off the device and then writes it.
 
 Repetitions alternate between the contenders; the figures are medians with their range.
-On a machine where TensorFlow sees no GPU the script says so and exits 0.
+On a machine where TensorFlow sees no GPU the script says so and exits 0; ``--smoke``
+runs every case at toy sizes (the big state: 4 MiB) on the CPU in seconds.
 Run: ``.venv/bin/python bench/gpu.py [--quick]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -31,6 +38,7 @@ from _common import machine, median
 import asupervisor as asv
 
 SCALE = 1  # --smoke: sizes divided by 16, to check the script on a CPU
+BIG_BYTES = 1 << 30  # (d)'s state; --smoke: 4 MiB
 
 
 def conv_step(batch: int = 128) -> tuple[Any, dict[str, Any]]:
@@ -173,6 +181,65 @@ async def save_rows(reps: int, root: str) -> list[str]:
     return [f"| {name} | {copy * 1e3:.3f} ms | {per_save * 1e3:.3f} ms (mean) | {per_save / copy:.3f}x | - |"]
 
 
+def _write_fsync(arrays: list[Any], path: str) -> float:
+    """Seconds to write ``arrays`` to a new file at ``path`` and fsync it (then removed)."""
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        for array in arrays:
+            f.write(memoryview(array).cast("B"))
+        f.flush()
+        os.fsync(f.fileno())
+    secs = time.perf_counter() - t0
+    os.unlink(path)
+    return secs
+
+
+def _mean(histogram: Any) -> float:
+    return float(histogram.sum / histogram.count) if histogram is not None and histogram.count else 0.0
+
+
+async def big_state_rows(reps: int, root: str) -> list[str]:
+    """(d): a state of BIG_BYTES on the device, each value rewritten by every step."""
+    import tensorflow as tf
+
+    pieces = 8
+    variables = [tf.Variable(tf.zeros([BIG_BYTES // pieces // 4])) for _ in range(pieces)]
+
+    @tf.function
+    def step() -> None:
+        for v in variables:
+            v.assign_add(tf.ones_like(v))
+
+    step()
+    state = {f"v{i}": v for i, v in enumerate(variables)}
+    copies, disk = [], []
+    for r in range(reps):
+        t0 = time.perf_counter()
+        arrays = [v.numpy() for v in variables]
+        copies.append(time.perf_counter() - t0)
+        disk.append(_write_fsync(arrays, f"{root}/disk-{r}.bin"))
+        del arrays
+    sv = asv.Supervisor(f"{root}/big", state=state, save_model_secs=0, handle_signals=False, max_to_keep=1)
+    async with sv.managed_session() as sess:
+        for _ in range(reps):
+            await sess.run(step)
+            await sv.save_now()
+    seconds = sv.status().save_seconds
+    blocked = _mean(seconds.get("blocked"))
+    commit = _mean(seconds.get("write")) + _mean(seconds.get("commit"))
+    copy, write = median(copies), median(disk)
+    floor = max(copy, write)
+    mib = BIG_BYTES / 2**20
+    per_save = f"training thread per save ({mib:.0f} MiB state) / one device-to-host copy"
+    committed = f"commit, handed over -> committed ({mib:.0f} MiB)"
+    floors = f"max(copy {copy * 1e3:.0f} ms, write+fsync {write * 1e3:.0f} ms)"
+    commit_cells = f"{commit * 1e3:.3f} ms (mean) | {commit / floor:.3f}x"
+    return [
+        f"| {per_save} | {copy * 1e3:.3f} ms | {blocked * 1e3:.3f} ms (mean) | {blocked / copy:.3f}x | - |",
+        f"| {committed} / {floors} | {floor * 1e3:.3f} ms | {commit_cells} | - |",
+    ]
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and rounds")
@@ -182,11 +249,12 @@ async def main() -> int:
     args = parser.parse_args()
     import tensorflow as tf
 
-    global SCALE
+    global SCALE, BIG_BYTES
     gpus = tf.config.list_physical_devices("GPU")
     device = "/cpu:0" if args.smoke else "/gpu:0"
     if args.smoke:
         SCALE = 16
+        BIG_BYTES = 4 << 20
         print("# --smoke: tiny sizes on the CPU; the figures mean nothing")
     elif not gpus:
         print("bench/gpu.py: TensorFlow sees no GPU on this machine: nothing to measure.")
@@ -198,7 +266,7 @@ async def main() -> int:
         )
     reps, n = (2, 3) if args.smoke else (3, 50) if args.quick else (7, 200)
     with tempfile.TemporaryDirectory(prefix="asv-bench-gpu-") as root, tf.device(device):
-        rows = await loop_rows(reps, n, root, device) + await save_rows(reps, root)
+        rows = await loop_rows(reps, n, root, device) + await save_rows(reps, root) + await big_state_rows(reps, root)
     print("| case | baseline | asupervisor | ratio (median) | ratio range |")
     print("|---|---|---|---|---|")
     for row in rows:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import threading
-import time
 from collections.abc import Iterator
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# on a GPU, every TensorFlow process of the suite (this one, pytest-xdist's workers and the
+# processes tests start, which inherit it) takes memory as it needs it, not all of it at
+# its start: several share the GPU (set before TensorFlow is imported; a value the shell
+# gave stays)
+os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 import pytest
+from _timing import ENV_VAR, slowness
 
 #: the environment variable choosing the checkpoint store (asupervisor._checkpoint.store.ENV_VAR)
 STORE_ENV = "ASUPERVISOR_CHECKPOINT_STORE"
@@ -19,37 +23,10 @@ STORE_ENV = "ASUPERVISOR_CHECKPOINT_STORE"
 LINUX = sys.platform.startswith("linux")
 
 
-#: a fixed pure-Python loop took this long (best of three) on the quiet 2-core machine the
-#: per-test timeouts were set on (pyproject's 60 s and each ``@pytest.mark.timeout``)
-_REFERENCE_SPIN_SECS = 0.095
-#: the most the timeouts stretch: past it a hang should still fail in reasonable time
-_MAX_SLOWNESS = 5.0
-
-
-def _spin() -> float:
-    started = time.perf_counter()
-    x = 0
-    for i in range(1_000_000):
-        x += i * i
-    return time.perf_counter() - started
-
-
-@functools.cache
-def slowness() -> float:
-    """How much slower this machine runs the suite now than the reference machine: the
-    larger of a measured spin (a slower CPU, or cores shared with other work right now)
-    and the load average per core (other work over the last minute: a second ``make
-    test``, a build); 1 at least, :data:`_MAX_SLOWNESS` at most.
-    ``ASUPERVISOR_TEST_SLOWNESS`` sets it."""
-    given = os.environ.get("ASUPERVISOR_TEST_SLOWNESS")
-    if given:
-        return min(_MAX_SLOWNESS, max(1.0, float(given)))
-    cpu = min(_spin() for _ in range(3)) / _REFERENCE_SPIN_SECS
-    try:
-        load = os.getloadavg()[0] / (os.cpu_count() or 1)
-    except (AttributeError, OSError):  # no load average on this platform
-        load = 0.0
-    return min(_MAX_SLOWNESS, max(1.0, cpu, load))
+def pytest_configure(config: pytest.Config) -> None:
+    """The slowness figure, measured once, goes to every child process the suite starts
+    (pytest-xdist's workers and the scripts tests run), so each scales its waits alike."""
+    os.environ[ENV_VAR] = f"{slowness():.2f}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

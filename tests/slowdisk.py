@@ -33,6 +33,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from _timing import scaled
+
 MAX_WRITE = 128 << 10
 #: ``<mount>/asv-stall-<secs>``: the next write stalls ``secs`` (:meth:`_Server.stall_once`)
 STALL_PREFIX = "asv-stall-"
@@ -96,7 +98,7 @@ def mounted(backing: Path, mountpoint: Path, mb_per_sec: float) -> Iterator[Path
     finally:
         subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=scaled(30))
         if proc.stdout is not None:
             proc.stdout.close()
 

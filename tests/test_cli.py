@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from _timing import scaled
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+def cli(*args: str, tf_log_level: str | None = "3") -> subprocess.CompletedProcess[str]:
+    """``python -m asupervisor ARGS``; ``tf_log_level=None``: as a user's shell runs it,
+    without ``TF_CPP_MIN_LOG_LEVEL`` (the command sets it)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": tf_log_level or ""}
+    if tf_log_level is None:
+        del env["TF_CPP_MIN_LOG_LEVEL"]
     return subprocess.run(
-        [sys.executable, "-m", "asupervisor", *args], capture_output=True, text=True, env=env, timeout=240
+        [sys.executable, "-m", "asupervisor", *args], capture_output=True, text=True, env=env, timeout=scaled(240)
     )
 
 
@@ -72,7 +79,10 @@ def test_inspect_of_a_missing_directory_says_so(tmp_path: Path) -> None:
 def test_help_does_not_need_tensorflow() -> None:
     """``asupervisor --help`` answers without importing TensorFlow (it is quick)."""
     out = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "asupervisor", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-X", "importtime", "-m", "asupervisor", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
     )
     assert out.returncode == 0 and "inspect" in out.stdout and "demo" in out.stdout
     assert "tensorflow" not in out.stderr
@@ -92,6 +102,51 @@ def test_an_error_is_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> N
     assert len(said) == 1, out.stderr[-2000:]  # said once, not logged as well
     debug = cli("demo", "--logdir", str(bad / "run"), "--max-steps", "3", "--debug")
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr, debug.stderr[-2000:]
+
+
+def _damage_a_weight(prefix: Path) -> None:
+    """Flip a byte inside the largest weight of the checkpoint ``prefix`` (found by
+    its bytes in the data files): its object graph and index stay good, so the damage is
+    found by TensorFlow's own restore, the one that leaves warnings behind when it fails."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(prefix))
+    shapes = reader.get_variable_to_shape_map()
+    # the weights, through the model (a checkpoint before the first step) or the optimizer
+    weights = [k for k in shapes if "_kernel/" in k or "_trainable_variables/" in k]
+    key = max(weights, key=lambda k: int(np.prod(shapes[k])))
+    value = reader.get_tensor(key).tobytes()
+    for shard in prefix.parent.glob(f"{prefix.name}.data-*"):
+        raw = bytearray(shard.read_bytes())
+        at = raw.find(value)
+        if at >= 0:
+            assert raw.find(value, at + 1) < 0, "the value's bytes must be unique in the file"
+            raw[at + len(value) // 2] ^= 0xFF
+            shard.write_bytes(bytes(raw))
+            return
+    pytest.fail(f"{key}'s bytes are in no data file of {prefix}")
+
+
+def test_demo_on_damaged_checkpoints_says_one_line_and_nothing_of_tensorflow(trained: Path, tmp_path: Path) -> None:
+    """Every checkpoint's weights damaged, the demo started as a user's shell starts it
+    (no ``TF_CPP_MIN_LOG_LEVEL``): status 1, the library's own log lines and the one
+    error line, and nothing of TensorFlow's (its start-up lines, its "Value in checkpoint
+    could not be found" warnings for a failed restore)."""
+    import shutil
+
+    logdir = tmp_path / "damaged"
+    shutil.copytree(trained, logdir)
+    prefixes = sorted(p.with_suffix("") for p in logdir.glob("model.ckpt-*.index"))
+    assert prefixes
+    for prefix in prefixes:
+        _damage_a_weight(prefix)
+    out = cli("demo", "--logdir", str(logdir), "--steps", "5", tf_log_level=None)
+    assert out.returncode == 1, out.stderr[-3000:]
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"asupervisor demo: CheckpointError: no checkpoint in {logdir} loads"), lines[-1]
+    logged = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z \[\w+ *\] [a-z_.]+ ")  # the library's own log lines
+    others = [line for line in lines[:-1] if not logged.match(line)]
+    assert others == [], others
 
 
 def test_inspect_of_a_directory_no_training_wrote_says_so(tmp_path: Path) -> None:

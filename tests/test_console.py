@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pyte  # the dev extra: renders the real pseudo-terminal
 import pytest
+from _timing import scaled
 
 COLS, ROWS = 160, 200  # wide enough for a log line, tall enough that nothing scrolls away
 
@@ -94,7 +95,7 @@ class Terminal:
         """Read the pty until the screen shows ``what`` (a regular expression, or a
         predicate); fails with the screen at the deadline."""
         done = (lambda: re.search(what, self.text(), re.M) is not None) if isinstance(what, str) else what
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while not done():
             if time.monotonic() > deadline:
                 pytest.fail(f"the screen never showed {what!r}:\n{self.text()}")
@@ -106,7 +107,7 @@ class Terminal:
         os.write(self.master, b"\x03")  # the terminal turns it into SIGINT for the foreground group
 
     def wait_exit(self, timeout: float = 90.0) -> int:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while not self.eof or self.proc.poll() is None:
             if time.monotonic() > deadline:
                 pytest.fail(f"the process did not exit:\n{self.text()}")
@@ -116,7 +117,7 @@ class Terminal:
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(10)
+            self.proc.wait(scaled(10))
         os.close(self.master)
 
 
@@ -313,7 +314,9 @@ def test_demo_double_ctrl_c_in_tmux(tmp_path: Path) -> None:
     done = tmp_path / "status"
 
     def t(*args: str) -> str:
-        return subprocess.run([tmux, "-S", sock, *args], capture_output=True, text=True, check=True, timeout=30).stdout
+        return subprocess.run(
+            [tmux, "-S", sock, *args], capture_output=True, text=True, check=True, timeout=scaled(30)
+        ).stdout
 
     def pane() -> list[str]:
         rows = [row.rstrip() for row in t("capture-pane", "-p", "-J", "-S", "-", "-t", "demo").splitlines()]
@@ -322,7 +325,7 @@ def test_demo_double_ctrl_c_in_tmux(tmp_path: Path) -> None:
         return rows
 
     def wait(pred: Callable[[list[str]], bool], what: str, timeout: float = 120) -> list[str]:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while True:
             rows = pane()
             if pred(rows):
@@ -338,7 +341,7 @@ def test_demo_double_ctrl_c_in_tmux(tmp_path: Path) -> None:
         [tmux, "-S", sock, "-f", "/dev/null", "new-session", "-d", "-s", "demo", "-x", "80", "-y", "50", command],
         check=True,
         env=env,
-        timeout=30,
+        timeout=scaled(30),
     )
     try:
         t("set-option", "-t", "demo", "remain-on-exit", "on")
@@ -347,11 +350,11 @@ def test_demo_double_ctrl_c_in_tmux(tmp_path: Path) -> None:
         t("send-keys", "-t", "demo", "C-c")
         wait(lambda rows: any("stopping gracefully" in r for r in rows), "the first Ctrl-C's line")
         t("send-keys", "-t", "demo", "C-c")
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + scaled(90)
         while not done.exists() or not done.read_text().strip():
             if time.monotonic() > deadline:
                 pytest.fail("the demo did not exit:\n" + "\n".join(pane()))
             time.sleep(0.1)
         check_double_ctrl_c([r for r in pane() if not r.startswith("Pane is dead")], int(done.read_text()))
     finally:
-        subprocess.run([tmux, "-S", sock, "kill-server"], capture_output=True, timeout=30)
+        subprocess.run([tmux, "-S", sock, "kill-server"], capture_output=True, timeout=scaled(30))

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _timing import scaled
+
 DEMO = ["-m", "asupervisor", "demo"]  # the command `asupervisor demo`, as `make demo` runs it
 
 
@@ -28,7 +30,7 @@ def run_demo(logdir: Path, max_steps: int, *, stderr: list[str] | None = None, e
         capture_output=True,
         text=True,
         env=env,
-        timeout=300,
+        timeout=scaled(300),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     if stderr is not None:
@@ -61,7 +63,7 @@ def test_demo_with_an_overhead_budget_cadence(tmp_path: Path) -> None:
         [sys.executable, *DEMO, "--logdir", str(logdir), "--save-secs", "often"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert bad.returncode == 2 and "'often'" in bad.stderr, bad.stderr
 
@@ -95,7 +97,7 @@ def test_ctrl_c_stops_the_demo_gracefully_and_it_resumes(tmp_path: Path) -> None
             if line.startswith("progress: step ") and not line.startswith("progress: step 0/"):
                 break
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
+        out, _ = proc.communicate(timeout=scaled(120))
     assert proc.returncode == 130, out  # interrupted (asv.exit_code)
     last = [line for line in out.strip().splitlines() if line.startswith("done:")][-1]
     assert "stop reason signal:SIGINT" in last

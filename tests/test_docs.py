@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _timing import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
@@ -63,7 +64,7 @@ TF1_MARKERS = tuple(
 )
 
 #: The whole run's bound; a hang is reported with the block that was running.
-RUN_TIMEOUT_SECS = 240
+RUN_TIMEOUT_SECS = scaled(240)
 
 _FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*?)\s*$")
 _HIDDEN_START = re.compile(r"^<!--\s*(?P<kind>setup|check)\s*$")

@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 import tensorflow as tf
+from _timing import scaled
 from fake_metadata import MAINTENANCE, PREEMPTED, FakeMetadata
 
 import asupervisor as asv
@@ -57,11 +58,11 @@ def test_the_fake_refuses_a_request_without_the_metadata_flavor_header(metadata:
     the tests below passing means the service sends the header."""
     url = f"http://{metadata.host}/computeMetadata/v1/{PREEMPTED}"
     with pytest.raises(urllib.error.HTTPError) as info:
-        urllib.request.urlopen(url, timeout=5)
+        urllib.request.urlopen(url, timeout=scaled(5))
     assert info.value.code == 403
     info.value.close()
     request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
-    with urllib.request.urlopen(request, timeout=5) as response:
+    with urllib.request.urlopen(request, timeout=scaled(5)) as response:
         assert response.read() == b"FALSE"
 
 
@@ -74,12 +75,12 @@ async def test_a_preemption_notice_stops_the_training_with_a_final_checkpoint_an
     holds the last step, and ``exit_code`` is 143."""
 
     def preempt() -> None:
-        assert metadata.hanging[PREEMPTED].wait(10), "the service never hung a GET"
+        assert metadata.hanging[PREEMPTED].wait(scaled(10)), "the service never hung a GET"
         metadata.set(PREEMPTED, "TRUE")
 
     sv = make_supervisor(tmp_path)
     sv.add_service(asv.GcePreemptionNotice(metadata.host))
-    with capture_logs() as events, anyio.fail_after(30):
+    with capture_logs() as events, anyio.fail_after(scaled(30)):
         async with sv.managed_session() as sess:
             await sess.run_loop(stepper(3, preempt), max_steps=10**9)
     status = sv.status()
@@ -100,12 +101,12 @@ async def test_a_maintenance_event_stops_the_training_and_the_host_comes_from_th
     monkeypatch.setenv("GCE_METADATA_HOST", metadata.host)
 
     def maintenance() -> None:
-        assert metadata.hanging[MAINTENANCE].wait(10), "the service never hung a GET"
+        assert metadata.hanging[MAINTENANCE].wait(scaled(10)), "the service never hung a GET"
         metadata.set(MAINTENANCE, "TERMINATE_ON_HOST_MAINTENANCE")
 
     sv = make_supervisor(tmp_path)
     sv.add_service(asv.GcePreemptionNotice())
-    with capture_logs() as events, anyio.fail_after(30):
+    with capture_logs() as events, anyio.fail_after(scaled(30)):
         async with sv.managed_session() as sess:
             await sess.run_loop(stepper(3, maintenance), max_steps=10**9)
     status = sv.status()
@@ -122,12 +123,12 @@ async def test_errors_of_the_server_are_retried(no_new_threads: None, metadata: 
     metadata.fail_waits = 3
 
     def preempt() -> None:
-        assert metadata.hanging[PREEMPTED].wait(10), "the service never hung a GET"
+        assert metadata.hanging[PREEMPTED].wait(scaled(10)), "the service never hung a GET"
         metadata.set(PREEMPTED, "TRUE")
 
     sv = make_supervisor(tmp_path)
     sv.add_service(asv.GcePreemptionNotice(metadata.host, maintenance=False, backoff_secs=0.01))
-    with capture_logs() as events, anyio.fail_after(30):
+    with capture_logs() as events, anyio.fail_after(scaled(30)):
         async with sv.managed_session() as sess:
             await sess.run_loop(stepper(3, preempt), max_steps=10**9)
     assert asv.exit_code(sv.status()) == 143
@@ -141,7 +142,7 @@ async def test_off_gce_the_training_goes_on_after_one_info_log(no_new_threads: N
     info, the service finishes quietly, the training runs to ``max_steps`` (exit 0)."""
     sv = make_supervisor(tmp_path)
     sv.add_service(asv.GcePreemptionNotice(f"127.0.0.1:{closed_port()}"))
-    with capture_logs() as events, anyio.fail_after(30):
+    with capture_logs() as events, anyio.fail_after(scaled(30)):
         async with sv.managed_session() as sess:
             while sv.status().services.get("gce_preemption") != "finished":
                 await anyio.sleep(0.01)  # bounded by fail_after: the probe fails at once
@@ -163,7 +164,7 @@ async def test_the_session_exits_promptly_while_a_get_hangs(
     with anyio.fail_after(60):  # never hangs the test run (without the interruption: 120 s)
         async with sv.managed_session() as sess:
             for key in (PREEMPTED, MAINTENANCE):
-                assert await anyio.to_thread.run_sync(metadata.hanging[key].wait, 10), key
+                assert await anyio.to_thread.run_sync(metadata.hanging[key].wait, scaled(10)), key
             await sess.run_loop(lambda: None, max_steps=5)
             body_ended = time.monotonic()
     assert time.monotonic() - body_ended < 10, "the stop waited for a hanging GET"

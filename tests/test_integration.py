@@ -7,6 +7,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from _timing import scaled
 from eventfiles import read_events, tick
 
 import asupervisor as asv
@@ -28,7 +29,7 @@ async def test_queue_fill_level_reaches_tensorboard(tmp_path: Path, no_new_threa
         clock=clock,
     )
     async with sv.managed_session() as sess:
-        with anyio.fail_after(30):
+        with anyio.fail_after(scaled(30)):
             while qr.statistics().size < 8:  # the producer fills the queue, then waits
                 await anyio.sleep(0.005)
         await sess.run(lambda: None)

@@ -23,6 +23,7 @@ import anyio
 import pytest
 import structlog
 import tensorflow as tf
+from _timing import scaled
 
 import asupervisor as asv
 from asupervisor._logging import describe, get_logger
@@ -248,7 +249,7 @@ def test_record_attributes_never_clash_and_odd_values_render() -> None:
 
 def _run_unconfigured(code: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=scaled(120))
 
 
 FAILING_SERVICE = """if True:
@@ -305,13 +306,17 @@ def test_unconfigured_errors_into_a_dead_stderr_cost_nothing(dead: str) -> None:
         os.close(read_end)
         try:
             proc = subprocess.run(
-                [sys.executable, "-c", FAILING_SERVICE], stdout=write_end, stderr=write_end, env=env, timeout=120
+                [sys.executable, "-c", FAILING_SERVICE],
+                stdout=write_end,
+                stderr=write_end,
+                env=env,
+                timeout=scaled(120),
             )
         finally:
             os.close(write_end)
     else:
         code = "import sys; sys.stderr.close()\n" + FAILING_SERVICE
-        proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.DEVNULL, env=env, timeout=120)
+        proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.DEVNULL, env=env, timeout=scaled(120))
     assert proc.returncode == 0
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _timing import scaled
 
 SCRIPT = """
 import sys, time, anyio, tensorflow as tf, asupervisor as asv
@@ -52,7 +53,7 @@ def test_plain_lines_when_piped_and_the_first_ctrl_c_says_what_happens(tmp_path:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=90)
+        out, err = proc.communicate(timeout=scaled(90))
     assert proc.returncode == 130, err
     assert out.strip() == ""  # nothing of the display on stdout
     lines = err.splitlines()
@@ -65,7 +66,7 @@ def test_plain_lines_when_piped_and_the_first_ctrl_c_says_what_happens(tmp_path:
     # run again, to a step it has passed: it says once where it resumed, never lists the
     # checkpoint it restored as a save, and ends at once
     with run(tmp_path, 100) as proc:
-        _, err = proc.communicate(timeout=90)
+        _, err = proc.communicate(timeout=scaled(90))
     assert proc.returncode == 0, err
     lines = err.splitlines()
     resumed = [line for line in lines if line.startswith("resumed at step ")]

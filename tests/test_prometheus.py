@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import pytest
 import tensorflow as tf
+from _timing import scaled
 
 import asupervisor as asv
 
@@ -30,7 +31,7 @@ def _free_port() -> int:
 
 def _get(url: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(url, timeout=scaled(10)) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -169,7 +170,7 @@ async def test_a_host_port_listens_on_that_host(tmp_path: Path) -> None:
 
 
 def _raw_get(host: str, port: int) -> str:
-    with socket.create_connection((host, port), timeout=10) as conn:
+    with socket.create_connection((host, port), timeout=scaled(10)) as conn:
         conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         data = b""
         while chunk := conn.recv(65536):

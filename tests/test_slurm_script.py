@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _timing import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = """
@@ -88,13 +89,13 @@ def _run(tmp_path: Path, send: signal.Signals, to_group: bool) -> tuple[int, str
             assert job.stdout is not None and job.stderr is not None
             line = job.stdout.readline()  # the training runs (its signal handlers are in place)
             if line.strip() != "started":
-                job.wait(60)
+                job.wait(scaled(60))
                 pytest.fail(f"the job did not start its training: {line}{job.stderr.read()[-3000:]}")
             if to_group:
                 os.killpg(job.pid, send)
             else:
                 os.kill(job.pid, send)
-            out, err = job.communicate(timeout=180)
+            out, err = job.communicate(timeout=scaled(180))
         finally:
             if job.poll() is None:
                 os.killpg(job.pid, signal.SIGKILL)

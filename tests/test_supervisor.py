@@ -9,12 +9,13 @@ from typing import Any
 import anyio
 import pytest
 import tensorflow as tf
+from _timing import scaled
 
 import asupervisor as asv
 
 pytestmark = pytest.mark.anyio
 
-WAIT = 30.0  # a bound for waits that succeed at once unless the code is broken
+WAIT = scaled(30.0)  # a bound for waits that succeed at once unless the code is broken
 
 
 def quiet_supervisor(**kwargs: Any) -> asv.Supervisor:

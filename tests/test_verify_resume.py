@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _timing import scaled
 
 from asupervisor import _overrides
 from asupervisor._verify import _tool
@@ -30,7 +31,7 @@ def verify(*args: str, workdir: Path) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"},
-        timeout=400,
+        timeout=scaled(400),
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
+from _timing import scaled
 from eventfiles import tick
 
 import asupervisor as asv
@@ -620,7 +621,7 @@ def test_writeback_failure_does_not_fail_the_save(tmp_path: Path, monkeypatch: p
 
     def pwrite_all(fd: int, data: Any, offset: int) -> None:
         real_pwrite_all(fd, data, offset)
-        handed.wait(30)  # the first write waits for the writeback thread to see the file (not a race)
+        handed.wait(scaled(30))  # the first write waits for the writeback thread to see the file (not a race)
 
     _bundle.self_check()  # the writer's own check (its own files, no writeback) before the fault
     monkeypatch.setattr(_writeback, "_sync_file_range", failing)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import tensorflow as tf
+from _timing import scaled
 
 import asupervisor as asv
 from asupervisor._checkpoint._manager import Checkpointer
@@ -195,7 +196,7 @@ def test_file_size_limit_in_a_child_fails_with_a_clear_error(tmp_path: Path) -> 
         [sys.executable, "-c", code, str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         preexec_fn=_limit_file_size,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )

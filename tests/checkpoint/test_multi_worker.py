@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
+from _timing import scaled
 
 import asupervisor as asv
 from asupervisor._checkpoint.saving._multi_worker import temp_prefix
@@ -204,7 +205,7 @@ def _finish(
     results: list[tuple[str, str]] = []
     try:
         for proc in procs:
-            results.append(proc.communicate(timeout=60))  # a collective out of step hangs: fail
+            results.append(proc.communicate(timeout=scaled(60)))  # a collective out of step hangs: fail
     finally:
         for proc in procs[len(results) :]:
             proc.kill()  # SIGKILL: a hung worker
@@ -388,12 +389,12 @@ def test_a_lost_peer_stops_the_survivor_with_its_own_exit_status_naming_the_task
         assert victim.stdout is not None
         while "RUNNING" not in (line := victim.stdout.readline()):  # 20 steps: checkpoint 10 was taken
             assert line, "the task ended before it ran 20 steps"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while tf.train.latest_checkpoint(str(logdir)) is None:  # polling a condition, with a deadline
             assert time.monotonic() < deadline, "checkpoint 10 was never committed"
             time.sleep(0.05)
         victim.kill()
-        out, err = survivor.communicate(timeout=90)  # TF notices a missing peer within seconds
+        out, err = survivor.communicate(timeout=scaled(90))  # TF notices a missing peer within seconds
     finally:
         for proc in procs:
             proc.kill()
@@ -456,7 +457,7 @@ def test_cluster_killed_at_a_random_moment_resumes_to_the_weights_of_an_uninterr
         assert killed_at < final, f"the training ended before the kill; nothing was tested ({why})"
 
         chief, worker = _finish(_start_cluster(tmp_path, logdir, final, every, "asyncio", "keep-all", "keras-counter"))
-        eval_out, eval_err = evaluator.communicate(timeout=60)
+        eval_out, eval_err = evaluator.communicate(timeout=scaled(60))
     finally:
         if evaluator.poll() is None:
             evaluator.kill()

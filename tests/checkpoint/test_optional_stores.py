@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _timing import scaled
 
 SCRIPT = Path(__file__).parent / "scripts" / "hidden_stores_train.py"
 
@@ -24,7 +25,7 @@ def _run(logdir: Path, max_steps: int, *extra: str) -> list[str]:
         capture_output=True,
         text=True,
         env=env,
-        timeout=240,
+        timeout=scaled(240),
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.splitlines()

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import tensorflow as tf
+from _timing import scaled
 
 import asupervisor as asv
 from asupervisor._checkpoint._manager import Checkpointer
@@ -44,16 +45,16 @@ class Owner:
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if line.strip() != "ready":
             self.proc.kill()
-            _, err = self.proc.communicate(timeout=60)
+            _, err = self.proc.communicate(timeout=scaled(60))
             raise AssertionError(f"the owner did not get ready: {line!r}\n{err}")
 
     def finish(self) -> tuple[int, str]:
-        out, err = self.proc.communicate("\n", timeout=120)
+        out, err = self.proc.communicate("\n", timeout=scaled(120))
         return self.proc.returncode, out + err
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
-        self.proc.communicate(timeout=60)
+        self.proc.communicate(timeout=scaled(60))
 
 
 @pytest.fixture

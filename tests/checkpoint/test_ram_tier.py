@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 import tensorflow as tf
+from _timing import scaled
 from tmpfs import mounted, needs_mount
 
 import asupervisor as asv
@@ -38,7 +39,7 @@ def _run(logdir: Path, ram: Path, max_steps: int, *kill_at: int) -> list[str]:
         capture_output=True,
         text=True,
         env=env,
-        timeout=240,
+        timeout=scaled(240),
     )
     if kill_at:
         assert out.returncode == -9, (out.returncode, out.stderr[-3000:])
@@ -240,7 +241,7 @@ def test_status_and_inspect_show_each_tier(tmp_path: Path, anyio_backend: str) -
     )
 
     async def main() -> None:
-        with anyio.fail_after(120):
+        with anyio.fail_after(scaled(120)):
             async with sv.managed_session() as sess:
                 while "ram" not in sv.status().tiers:
                     await sess.run(lambda: w.assign_add(1.0))
@@ -256,7 +257,7 @@ def test_status_and_inspect_show_each_tier(tmp_path: Path, anyio_backend: str) -
         [sys.executable, "-m", "asupervisor", "inspect", str(logdir)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )
     assert out.returncode == 0, out.stderr

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
+from _timing import scaled
 
 pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores
 
@@ -124,7 +125,7 @@ def _forked(ctx: Any, logdir: Path, steps: int, save_steps: int, width: int, tra
 
 def _wait(proc: Any, until: Callable[[], bool], what: str) -> None:
     """Poll ``until()`` while the child runs (it must not die on its own meanwhile)."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while not until():
         assert proc.is_alive(), f"the training process exited on its own (code {proc.exitcode}) before {what}"
         assert time.monotonic() < deadline, f"no {what} within 60 s"
@@ -247,10 +248,10 @@ def test_killed_and_resumed_training_is_bitwise_equal(tmp_path: Path, checkpoint
                     break  # a restart this close to the end could finish before its kill
         assert latest is not None and sum(s > 0 for s in starts) >= kills // 2, f"restarts started at {starts}"
         with _cold(logdir, steps, save_steps, tmp_path / "killed.npz") as last:  # a cold process finishes it
-            out, _ = last.communicate(timeout=120)
+            out, _ = last.communicate(timeout=scaled(120))
         assert last.returncode == 0 and f"DONE {steps}" in out
         assert re.findall(r"^START (\d+)$", out, re.M) == [str(latest)]
-        out, _ = straight.communicate(timeout=120)
+        out, _ = straight.communicate(timeout=scaled(120))
     assert straight.returncode == 0 and f"DONE {steps}" in out
     assert re.findall(r"^START (\d+)$", out, re.M) == ["0"]
     # the state in memory when each session stopped ...

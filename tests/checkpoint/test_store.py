@@ -14,6 +14,7 @@ import anyio
 import numpy as np
 import pytest
 import tensorflow as tf
+from _timing import scaled
 
 import asupervisor as asv
 from asupervisor._checkpoint._manager import Checkpointer
@@ -235,13 +236,13 @@ async def test_a_step_save_reaches_the_writer_while_the_event_loop_is_blocked(
     def step() -> None:
         v.assign_add(1.0)
         if sv.global_step == 0:
-            assert loop_blocked.wait(30)  # the loop is blocked from here on
+            assert loop_blocked.wait(scaled(30))  # the loop is blocked from here on
 
     got: list[bool] = []
 
     async def block_the_loop() -> None:
         loop_blocked.set()
-        got.append(written.wait(30))  # blocks the event loop's thread until the write begins
+        got.append(written.wait(scaled(30)))  # blocks the event loop's thread until the write begins
 
     async with sv.managed_session() as sess:
         async with anyio.create_task_group() as tg:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _timing import scaled
 
 from asupervisor._checkpoint.store import state_file
 
@@ -24,7 +25,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "early_signal.py"
 def _can_unshare() -> bool:
     if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
         return False
-    return subprocess.run(["unshare", "-pf", "true"], capture_output=True, timeout=30).returncode == 0
+    return subprocess.run(["unshare", "-pf", "true"], capture_output=True, timeout=scaled(30)).returncode == 0
 
 
 def _run(
@@ -46,7 +47,7 @@ def _run(
         proc.stdin.write("go\n")
         proc.stdin.close()
         out = proc.stdout.read().splitlines()
-        return proc.wait(timeout=240), out
+        return proc.wait(timeout=scaled(240)), out
     finally:
         if proc.poll() is None:
             proc.kill()

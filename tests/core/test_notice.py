@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import pytest
 import tensorflow as tf
+from _timing import scaled
 
 import asupervisor as asv
 from asupervisor._core._notice import deadline_for, reserve_secs, save_estimate, stop_step
@@ -144,7 +145,7 @@ def test_a_notice_in_every_phase_saves_within_a_step_of_its_deadline(tmp_path: P
                     proc.send_signal(signal.SIGUSR1)
                 elif line.startswith("{"):
                     results.append(json.loads(line))
-            proc.wait(timeout=60)
+            proc.wait(timeout=scaled(60))
         finally:
             proc.kill()
     exited = time.monotonic()

@@ -9,6 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 import tensorflow as tf
+from _timing import scaled
 
 import asupervisor as asv
 
@@ -25,7 +26,7 @@ async def test_step_error_inside_a_body_task_group_shuts_down(no_new_threads: No
     started = threading.Event()
 
     def bad_step() -> None:
-        started.wait(20)
+        started.wait(scaled(20))
         raise ValueError("bad step")
 
     async def sibling() -> None:

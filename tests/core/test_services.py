@@ -8,6 +8,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from _timing import scaled
 
 import asupervisor as asv
 from asupervisor.testing import ManualClock, capture_logs
@@ -184,7 +185,7 @@ async def test_stuck_sync_service_is_bounded_by_stop_grace(no_new_threads: None)
 
     def stuck() -> None:
         entered.set()
-        release.wait(30)
+        release.wait(scaled(30))
 
     sv = asv.Supervisor(None, handle_signals=False, save_summaries_secs=0, stop_grace_secs=0.2)
     sv.loop(1000, stuck, name="stuck")
@@ -198,7 +199,7 @@ async def test_stuck_sync_service_is_bounded_by_stop_grace(no_new_threads: None)
     release.set()  # let the abandoned call finish so the thread can end
     for thread in threading.enumerate():
         if thread.name == "asv-stuck":
-            thread.join(30)
+            thread.join(scaled(30))
     assert elapsed < 20
 
 

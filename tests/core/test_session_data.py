@@ -19,6 +19,7 @@ import anyio
 import numpy as np
 import pytest
 import tensorflow as tf
+from _timing import scaled
 
 import asupervisor as asv
 from asupervisor.testing import capture_logs
@@ -316,10 +317,10 @@ async def test_run_loop_returns_its_count_when_another_thread_requests_a_stop() 
     def step() -> None:
         if sv.global_step == 4:  # the 5th step waits for the stop request
             reached.set()
-            assert released.wait(30)
+            assert released.wait(scaled(30))
 
     def stopper(sess: Any) -> None:
-        assert reached.wait(30)
+        assert reached.wait(scaled(30))
         sess.request_stop()
         released.set()
 
@@ -365,7 +366,7 @@ async def test_run_loop_returns_its_count_when_a_task_on_the_loop_requests_a_sto
     def step() -> None:
         if sv.global_step == 3:
             reached.set()
-            assert released.wait(30)
+            assert released.wait(scaled(30))
 
     async def stopper(sess: Any) -> None:
         assert await anyio.to_thread.run_sync(reached.wait, 30)

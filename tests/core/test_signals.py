@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import slowdisk
+from _timing import scaled
 
 import asupervisor as asv
 
@@ -34,7 +35,7 @@ def test_signal_stops_training_gracefully(backend: str, signum: signal.Signals) 
             assert proc.stdout is not None
             assert proc.stdout.readline().strip() == "ready"
             proc.send_signal(signum)
-            out, _ = proc.communicate(timeout=60)
+            out, _ = proc.communicate(timeout=scaled(60))
         finally:
             proc.kill()
     assert proc.returncode == 128 + signum, out
@@ -61,7 +62,7 @@ def _start(backend: str, logdir: Path, *args: str) -> subprocess.Popen[str]:
 def _finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[str, str]:
     """Wait for the child; if it hangs, kill it and fail with what it printed."""
     try:
-        return proc.communicate(timeout=timeout)
+        return proc.communicate(timeout=scaled(timeout))
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
@@ -76,7 +77,7 @@ def _wait_for_a_save_in_flight(logdir: Path, timeout: float = 60) -> None:
     """Until a save's temporary files are in ``logdir`` (checked every 10 ms)."""
     import time
 
-    end = time.monotonic() + timeout
+    end = time.monotonic() + scaled(timeout)
     while not _leftovers(logdir):
         assert time.monotonic() < end, f"no save started in {logdir} within {timeout} s"
         time.sleep(0.01)

@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import pytest
 import tensorflow as tf
+from _timing import scaled
 
 import asupervisor as asv
 from asupervisor.testing import ManualClock
@@ -49,7 +50,7 @@ async def test_status_reports_metrics_max_steps_rate_eta_and_is_json(tmp_path: P
         async def watch() -> None:
             await release.wait()
             status = sv.status()  # the step loop samples its output about once a second
-            with anyio.fail_after(30):
+            with anyio.fail_after(scaled(30)):
                 while status.metrics.get("loss", 99.0) > 1.0:  # a sample after step 10
                     await anyio.sleep(0.001)  # polling a condition, with a deadline
                     status = sv.status()

@@ -6,6 +6,7 @@ import threading
 
 import anyio
 import pytest
+from _timing import scaled
 
 from asupervisor._core._handoff import LoopHandle
 from asupervisor._core._threads import DedicatedThread, ThreadClosedError
@@ -69,7 +70,7 @@ async def test_boundary_jobs_jump_the_queue() -> None:
     thread.start()
     gate, running = threading.Event(), threading.Event()
     order: list[str] = []
-    first = thread.submit(lambda: (running.set(), gate.wait(10), order.append("running")))
+    first = thread.submit(lambda: (running.set(), gate.wait(scaled(10)), order.append("running")))
     queued = thread.submit(order.append, "queued")
     await anyio.to_thread.run_sync(running.wait, 10)
     boundary = thread.submit_at_boundary(order.append, "boundary")
@@ -91,7 +92,7 @@ async def test_cancelled_wait_lets_the_job_finish() -> None:
 
     def job() -> None:
         started.set()
-        release.wait(10)
+        release.wait(scaled(10))
         done.append(True)
 
     async def release_soon() -> None:
@@ -154,7 +155,7 @@ def test_a_thread_abandoned_past_its_loop_ends_quietly(backend: str) -> None:
     try:
         anyio.run(main, backend=backend)
         release.set()
-        threads[0]._thread.join(timeout=10)
+        threads[0]._thread.join(timeout=scaled(10))
     finally:
         threading.excepthook = previous
     assert not threads[0].is_alive()

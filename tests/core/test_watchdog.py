@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import slowdisk
 import tensorflow as tf
+from _timing import scaled
 
 import asupervisor as asv
 from asupervisor._core._goodput import TimeAccount
@@ -234,7 +235,7 @@ def test_a_step_wedged_in_a_py_function_ends_the_process_with_the_hang_status(tm
             assert proc.stdout.readline().strip() == "started"
             assert proc.stdout.readline().split() == ["wedged", "30"]
             t0 = time.monotonic()
-            out, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=scaled(60))
             secs = time.monotonic() - t0
         finally:
             proc.kill()
@@ -261,7 +262,7 @@ def test_a_restore_held_by_the_disk_is_named_and_ends_the_process(tmp_path: Path
     backing = tmp_path / "disk"
     backing.mkdir()
     with _child("trio", backing / "run", "save") as first:
-        out, err = first.communicate(timeout=120)
+        out, err = first.communicate(timeout=scaled(120))
     assert first.returncode == 0, out + err
     with slowdisk.mounted(backing, tmp_path / "mnt", mb_per_sec=100) as mnt:
         (backing / f"{slowdisk.READ_STALL_PREFIX}6").touch()
@@ -273,7 +274,7 @@ def test_a_restore_held_by_the_disk_is_named_and_ends_the_process(tmp_path: Path
             with subprocess.Popen(args, stdout=out_file, stderr=err_file, env=env) as proc:
                 t0 = time.monotonic()
                 try:
-                    proc.wait(timeout=60)
+                    proc.wait(timeout=scaled(60))
                 finally:
                     proc.kill()
                 secs = time.monotonic() - t0

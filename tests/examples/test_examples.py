@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import tensorflow as tf
+from _timing import scaled
 from eventfiles import read_events
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -23,7 +24,7 @@ def run(name: str, *args: str, backend: str = "asyncio") -> str:
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout

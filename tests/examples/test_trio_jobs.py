@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _timing import scaled
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trio_jobs.py"
 
 
@@ -26,13 +28,13 @@ def test_jobs_train_side_by_side_and_resume(tmp_path: Path) -> None:
     """Two jobs train to their ``max_steps`` in one nursery and exit 0; a second run
     resumes each at its last step (nothing to do) and checkpoints stay per job."""
     with run(tmp_path, "--steps", "50") as proc:
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=scaled(120))
     assert proc.returncode == 0, err
     assert "job0: stopped at step 50 (max_steps)" in out and "job1: stopped at step 50 (max_steps)" in out
     for job in ("job0", "job1"):
         assert (tmp_path / job / "model.ckpt-50.index").exists()
     with run(tmp_path, "--steps", "60") as proc:
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=scaled(120))
     assert proc.returncode == 0, err
     assert "job0: resumed at step 50" in out and "job1: stopped at step 60 (max_steps)" in out
 
@@ -46,7 +48,7 @@ def test_one_ctrl_c_stops_every_job_with_a_final_checkpoint(tmp_path: Path) -> N
             if line.startswith("progress:") and all(int(n) > 0 for n in line.split()[2::2]):
                 break
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=scaled(120))
     assert proc.returncode == 130, err
     for job in ("job0", "job1"):
         stopped = next(line for line in out.splitlines() if line.startswith(f"{job}: stopped at step"))

@@ -16,6 +16,7 @@ from typing import Any
 import httpx  # the dev extra installs the examples' own (httpx, starlette, uvicorn)
 import pytest
 import uvicorn  # noqa: F401 - the example's server: a missing one fails here, not skips
+from _timing import scaled
 from prometheus_client.parser import text_string_to_metric_families
 
 APP = Path(__file__).resolve().parents[2] / "examples" / "web_app.py"
@@ -41,10 +42,10 @@ class Server:
             text=True,
             env=env,
         )
-        self.client = httpx.Client(base_url=self.url, timeout=60)
+        self.client = httpx.Client(base_url=self.url, timeout=scaled(60))
 
     def wait_until_serving(self) -> None:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.output()
             try:
@@ -62,7 +63,7 @@ class Server:
         return body
 
     def wait_for(self, predicate: Any) -> dict[str, Any]:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while time.monotonic() < deadline:
             body = self.status()
             if predicate(body):
@@ -145,7 +146,7 @@ def test_ctrl_c_stops_training_and_server_cleanly(tmp_path: Path) -> None:
         srv.wait_until_serving()
         srv.wait_for(lambda s: s["global_step"] > 10)
         srv.proc.send_signal(signal.SIGINT)
-        out, _ = srv.proc.communicate(timeout=90)
+        out, _ = srv.proc.communicate(timeout=scaled(90))
     finally:
         srv.close()
     assert srv.proc.returncode == 0, out

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _timing import scaled
 from pagecache import drop_cached
 
 pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores
@@ -27,7 +28,7 @@ def run_child(logdir: Path, max_steps: int, backend: str, timeout: float = 120, 
         [sys.executable, str(SCRIPT), str(logdir), str(max_steps), backend, *options],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=scaled(timeout),
         env=ENV,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -53,7 +54,7 @@ def train_then_kill(logdir: Path, max_steps: int, backend: str, timeout: float =
                 break
         assert lines and lines[-1] == "holding", lines
         child.send_signal(signal.SIGKILL)
-        assert child.wait(timeout=timeout) == -signal.SIGKILL
+        assert child.wait(timeout=scaled(timeout)) == -signal.SIGKILL
     finally:
         if child.poll() is None:
             child.kill()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import slowdisk
+from _timing import scaled
 from tmpfs import IS_ROOT, mounted, needs_mount
 
 pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores
@@ -35,7 +36,7 @@ def run_child(
         assert SETPRIV is not None
         cmd = [SETPRIV, "--bounding-set=-dac_override,-dac_read_search,-fowner", *cmd]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(timeout), env=env)
 
 
 @pytest.fixture
@@ -206,7 +207,7 @@ async def test_a_save_that_fails_once_is_retried_and_training_goes_on(tmpfs: Pat
                         f.flush()
             for _ in range(2):
                 await sess.run(step)  # step 4's save fails in the background
-            with anyio.fail_after(30):
+            with anyio.fail_after(scaled(30)):
                 while not any(e["event"] == "checkpoint.failed" for e in logs):
                     await anyio.sleep(0.01)
             filler.unlink()  # the space comes back

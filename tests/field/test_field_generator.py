@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import tensorflow as tf
+from _timing import scaled
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "scripts" / "generator_train.py"
@@ -33,7 +34,7 @@ def _train(logdir: Path, backend: str, max_steps: int, mode: str) -> subprocess.
         capture_output=True,
         text=True,
         env=ENV,
-        timeout=240,
+        timeout=scaled(240),
     )
 
 

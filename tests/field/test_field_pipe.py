@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from _timing import scaled
 
 SCRIPTS = Path(__file__).parent / "scripts"
 DEMO = ["-m", "asupervisor", "demo"]  # the `asupervisor demo` command
-DEADLINE_SECS = 90.0
+DEADLINE_SECS = scaled(90.0)
 
 pytestmark = pytest.mark.skipif(shutil.which("tee") is None, reason="no tee(1) on this machine")
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _timing import scaled
 
 from asupervisor._inspect import run as inspect
 
@@ -37,7 +38,7 @@ def _line(proc: subprocess.Popen[str], expected: str) -> None:
     line = proc.stdout.readline().strip()
     if line != expected:
         proc.kill()
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=scaled(60))
         raise AssertionError(f"expected {expected!r} from the training, got {line!r}\n{err[-3000:]}")
 
 
@@ -74,7 +75,7 @@ def test_ledger_of_a_killed_and_restarted_training_matches_a_stopwatch(
     first = _start(logdir, "60", "25")
     try:
         _line(first, "holding")
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while True:  # the ledger's periodic rewrite records the step that hangs
             ledger = _ledger(logdir)
             if ledger is not None and ledger["step"] == 25 and _latest_step(logdir) == 20:
@@ -83,18 +84,18 @@ def test_ledger_of_a_killed_and_restarted_training_matches_a_stopwatch(
             assert time.monotonic() < deadline, f"no ledger of step 25 after checkpoint 20 within 60 s: {ledger}"
             time.sleep(0.01)
         first.send_signal(signal.SIGKILL)
-        first.communicate(timeout=60)
+        first.communicate(timeout=scaled(60))
         assert first.returncode == -signal.SIGKILL
         second = _start(logdir, "60")
         _line(second, "done")
         stopwatch = time.monotonic() - started
-        _, err = second.communicate(timeout=60)
+        _, err = second.communicate(timeout=scaled(60))
         assert second.returncode == 0, err[-3000:]
     finally:
         for proc in (first, locals().get("second")):
             if proc is not None and proc.poll() is None:
                 proc.kill()
-                proc.communicate(timeout=60)
+                proc.communicate(timeout=scaled(60))
 
     ledger = _ledger(logdir)
     assert ledger is not None

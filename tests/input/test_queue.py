@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _timing import scaled
 
 from asupervisor._core._handoff import LoopHandle
 from asupervisor._input._queue import END, BoundedQueue, PutResult
@@ -69,7 +70,7 @@ def test_many_producers_one_consumer_lose_nothing_and_stay_bounded(capacity: int
     for t in threads:
         t.start()
     for t in [*threads, consumer]:
-        t.join(30)
+        t.join(scaled(30))
         assert not t.is_alive(), "a lost wake-up left a thread waiting"
     assert sorted(out) == [(k, i) for k in range(4) for i in range(2000)]
     for k in range(4):  # each producer's items keep their order
@@ -87,7 +88,7 @@ def test_close_releases_a_producer_waiting_on_a_full_queue() -> None:
     while not q._space_wanted:  # the producer announced that it waits
         threading.Event().wait(0.001)
     q.close()
-    producer.join(10)
+    producer.join(scaled(10))
     assert results == [False] and len(q) == 1
     assert q.try_put(2) == PutResult.CLOSED
 
@@ -109,7 +110,7 @@ def test_consumer_drains_before_the_end_and_stops_on_stop() -> None:
         threading.Event().wait(0.001)
     control.stopping = True
     q.interrupt()  # what the stop request's waker does
-    waiter.join(10)
+    waiter.join(scaled(10))
     assert out[-1] is END
 
 
@@ -125,7 +126,7 @@ def test_interrupt_releases_only_an_interruptible_wait() -> None:
     step_get.join(0.05)
     assert step_get.is_alive()  # not released by an interrupt
     q.put("item")
-    step_get.join(10)
+    step_get.join(scaled(10))
     assert got == ["item"]
     q.clear_interrupt()
     q.interrupt()
@@ -153,7 +154,7 @@ async def test_async_producer_waits_for_space_without_blocking_the_loop() -> Non
         drained.set()
 
     consumer = threading.Thread(target=drain)
-    with anyio.fail_after(10):
+    with anyio.fail_after(scaled(10)):
         async with anyio.create_task_group() as tg:
 
             async def start_consumer() -> None:
@@ -163,5 +164,5 @@ async def test_async_producer_waits_for_space_without_blocking_the_loop() -> Non
 
             tg.start_soon(start_consumer)
             await q.wait_space()
-    consumer.join(10)
+    consumer.join(scaled(10))
     assert drained.is_set() and q.try_put(4) == PutResult.PUT and q.max_size == 4

@@ -13,6 +13,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import pytest
+from _timing import scaled
 
 import asupervisor as asv
 
@@ -43,14 +44,14 @@ class LoopEvent:
 
 async def wait_until(predicate: Callable[[], bool]) -> None:
     """Wait, on the loop, until a condition another thread makes true holds."""
-    with anyio.fail_after(20):
+    with anyio.fail_after(scaled(20)):
         while not predicate():
             await anyio.sleep(0.001)
 
 
 def wait_until_in_thread(predicate: Callable[[], bool]) -> None:
     """Wait, on a plain thread (the step thread), until a condition holds."""
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.001)
@@ -243,7 +244,7 @@ async def test_producer_blocked_on_full_queue_is_released_on_stop(no_new_threads
 
     qr = asv.QueueRunner(endless, capacity=capacity)
     sv = make_sv(qr)
-    with anyio.fail_after(20):
+    with anyio.fail_after(scaled(20)):
         async with sv.managed_session():
             await blocked.wait()
             await wait_until(lambda: qr._queue is not None and qr._queue._space_wanted == 1)
@@ -351,7 +352,7 @@ async def test_consumer_waiting_on_empty_queue_is_released_on_stop(consumer: str
         qr.get()
         qr.get()
 
-    with anyio.fail_after(20):
+    with anyio.fail_after(scaled(20)):
         async with sv.managed_session() as sess:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(stop_when_waiting)
@@ -463,7 +464,7 @@ async def test_get_refuses_to_block_the_event_loop(no_new_threads: None) -> None
     gate = threading.Event()
 
     def held() -> Iterator[int]:
-        gate.wait(20)
+        gate.wait(scaled(20))
         return iter(())
 
     qr = asv.QueueRunner(held, capacity=2)

@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _timing import scaled
 from test_fit import _data, _model, _supervisor
 
 import asupervisor as asv
@@ -97,7 +98,7 @@ def test_a_sigkill_during_an_export_leaves_the_previous_or_the_new_one(tmp_path:
                     time.sleep(rng.uniform(0, 0.4))  # a random moment, not a wait for a condition
                     proc.kill()
                     break
-            assert proc.wait(timeout=60) == -9
+            assert proc.wait(timeout=scaled(60)) == -9
         if name.endswith(".keras"):
             loaded = keras.models.load_model(target)
             weights = loaded.get_weights()

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _timing import scaled
 from eventfiles import read_events
 
 import asupervisor as asv
@@ -139,7 +140,7 @@ def _command(logdir: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _run(logdir: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(_command(logdir, out, *extra), capture_output=True, text=True, timeout=300)
+    return subprocess.run(_command(logdir, out, *extra), capture_output=True, text=True, timeout=scaled(300))
 
 
 def _load(out: Path) -> tuple[list[np.ndarray], dict[str, list[float]]]:
@@ -160,7 +161,7 @@ def test_a_fit_killed_at_random_moments_resumes_bitwise_and_matches_keras(tmp_pa
         _command(tmp_path / "k", tmp_path / "k.npz", "--keras"), stderr=subprocess.PIPE, text=True
     ) as keras_run:
         done = _run(tmp_path / "a", tmp_path / "a.npz")
-        _, keras_stderr = keras_run.communicate(timeout=300)
+        _, keras_stderr = keras_run.communicate(timeout=scaled(300))
     assert done.returncode == 0, done.stderr[-3000:]
     assert keras_run.returncode == 0, keras_stderr[-3000:]
     kills = sorted(random.Random(1234).sample(range(2, 72), 2))

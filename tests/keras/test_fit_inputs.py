@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _timing import scaled
 
 import asupervisor as asv
 
@@ -253,13 +254,13 @@ def test_arrays_then_a_pydataset_with_stock_callbacks_resume_bitwise_after_sigki
                 _script(tmp_path / "b", tmp_path / "b.npz", "--kill-at", str(step)),
                 capture_output=True,
                 text=True,
-                timeout=300,
+                timeout=scaled(300),
             )
             assert killed.returncode == -9, (step, killed.stderr[-3000:])
         resumed = subprocess.run(
-            _script(tmp_path / "b", tmp_path / "b.npz"), capture_output=True, text=True, timeout=300
+            _script(tmp_path / "b", tmp_path / "b.npz"), capture_output=True, text=True, timeout=scaled(300)
         )
-        _, whole_stderr = whole.communicate(timeout=300)
+        _, whole_stderr = whole.communicate(timeout=scaled(300))
     assert whole.returncode == 0, whole_stderr[-3000:]
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     with np.load(tmp_path / "a.npz") as a, np.load(tmp_path / "b.npz") as b:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _timing import scaled
 
 #: a test of the remote tier that runs on both anyio backends (the others: asyncio)
 both_backends = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
@@ -46,7 +47,7 @@ def free_port() -> int:
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode} before serving")
@@ -82,7 +83,7 @@ class Server:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=scaled(20))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -298,9 +299,9 @@ class FaultProxy:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not)
         self._sock.close()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=scaled(5))
         for pump in self._pumps:  # each ends at its next read or write of a cut connection
-            pump.join(timeout=5)
+            pump.join(timeout=scaled(5))
 
     def _held(self, src: socket.socket) -> bool:
         """In a blackhole: hold what ``src`` sent until it ends; whether the connection was
@@ -423,7 +424,7 @@ class Child:
 
     def finish(self, timeout: float = 120) -> tuple[int, str, str]:
         """Wait for its exit: its status, stdout and stderr."""
-        self.proc.wait(timeout=timeout)
+        self.proc.wait(timeout=scaled(timeout))
         return self.proc.returncode, self.out(), self.err()
 
     def _descendants(self) -> list[int]:
@@ -471,7 +472,7 @@ def _running(pid: int) -> bool:
 
 def until(what: str, cond: Callable[[], bool], child: Child | None = None, secs: float = 60) -> None:
     """Poll ``cond`` until it holds, failing after ``secs`` or when ``child`` exits first."""
-    deadline = time.monotonic() + secs
+    deadline = time.monotonic() + scaled(secs)
     while not cond():
         if child is not None and child.proc.poll() is not None:
             raise AssertionError(f"the training exited ({child.proc.returncode}) before {what}: {child.err()[-3000:]}")

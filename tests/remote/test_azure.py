@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import training
+from _timing import scaled
 from servers import Server, azurite, azurite_connection_string, azurite_missing, running
 
 pytestmark = [
@@ -134,7 +135,7 @@ def test_a_training_process_exits_with_the_azure_clients_closed(az_url: str, azu
     while its loop runs, so the process's stderr has none of that."""
     script = Path(__file__).parent / "scripts" / "remote_train.py"
     argv = [sys.executable, str(script), az_url, str(tmp_path / "local"), "6", "3", "0.1"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(120), env=os.environ.copy())
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[-1].startswith("done 6 ")
     for noise in ("Loop is not running", "Unclosed client session", "Unclosed connector", "Traceback"):

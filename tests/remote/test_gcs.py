@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import training
+from _timing import scaled
 from servers import Server, gcs_emulator, running
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
@@ -52,7 +53,7 @@ def _api(endpoint: str, path: str, body: dict[str, Any] | None = None) -> bytes:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(endpoint + path, data=data, method="GET" if body is None else "POST")
     request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=30) as response:
+    with urllib.request.urlopen(request, timeout=scaled(30)) as response:
         return bytes(response.read())
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import training
+from _timing import scaled
 from servers import FaultProxy, Server, both_backends, moto_server, running, s3_call, s3_keys, s3_read, s3_write
 
 import asupervisor as asv
@@ -249,7 +250,7 @@ def test_inspect_reads_a_url_logdir(s3_url: str, s3_env: Server, tmp_path: Path)
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=scaled(120),
     )
     report = json.loads(out.stdout)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -326,7 +327,7 @@ async def test_upload_every_uploads_every_nth_local_checkpoint_and_the_final_one
     )
 
     async def uploaded(step: int) -> None:
-        with anyio.fail_after(30):
+        with anyio.fail_after(scaled(30)):
             while (remote := sv.status().remote) is None or remote.uploaded_step != step:
                 await anyio.sleep(0.01)  # polling a condition, with a deadline
 

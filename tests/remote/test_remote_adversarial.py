@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _timing import scaled
 from servers import (
     TRAIN_SCRIPT,
     Child,
@@ -67,7 +68,7 @@ async def _train(url: str, local: Path, mb: float, more: int, *, retry_refused: 
     step it started at, the step it ended at, the state's digest, and how often it was
     refused."""
     refusals = 0
-    deadline = time.monotonic() + retry_refused
+    deadline = time.monotonic() + scaled(retry_refused)
     while True:
         state = remote_train.state_of(mb)
         sv = asv.Supervisor(
@@ -101,7 +102,7 @@ async def _steps(sess: asv.Session, state: dict[str, Any], n: int) -> None:
 
 async def _poll(what: str, cond: Callable[[], bool], secs: float) -> None:
     """Poll ``cond`` on the event loop (the session's tasks run meanwhile) until it holds."""
-    deadline = time.monotonic() + secs
+    deadline = time.monotonic() + scaled(secs)
     while not cond():
         assert time.monotonic() < deadline, f"no {what} within {secs} s"
         await anyio.sleep(0.02)  # polling a condition, with a deadline
@@ -255,7 +256,7 @@ async def test_uploads_slower_than_local_saves_commit_and_leave_no_orphans(
                 await sv.save_now()
             during = sv.status().remote
             assert during is not None and during.uploading and during.uploaded_step is None, during  # still going
-            deadline = time.monotonic() + 45
+            deadline = time.monotonic() + scaled(45)
             while len(committed := markers(s3_env.endpoint, s3_url)) < 2:
                 assert time.monotonic() < deadline, f"{committed} committed within 45 s"
                 await _steps(sess, state, 10)
@@ -371,7 +372,7 @@ async def test_a_blackhole_during_training_is_reported_stalled_and_heals(
         await sv.save_now()
         down = await _remote_until(sv, "stall reported", lambda r: r.stalled and r.error is not None, 4 * 3 + 8)
         assert down.uploaded_step == 5 and down.lag_steps == 5, down
-        with anyio.fail_after(20):
+        with anyio.fail_after(scaled(20)):
             await _steps(sess, state, 5)  # training goes on
         assert sv.global_step == 15
         proxy.heal()
@@ -429,7 +430,7 @@ def _pid_namespaces_missing() -> str | None:
     """Why a training cannot run as pid 1 of a new pid namespace here (``None``: it can)."""
     if shutil.which("unshare") is None:
         return "needs util-linux's unshare to run a training in a new pid namespace (not on PATH)"
-    probe = subprocess.run([*NEW_PID_NAMESPACE, "true"], capture_output=True, text=True, timeout=30)
+    probe = subprocess.run([*NEW_PID_NAMESPACE, "true"], capture_output=True, text=True, timeout=scaled(30))
     if probe.returncode != 0:
         return f"needs CAP_SYS_ADMIN to create a pid namespace (unshare: {probe.stderr.strip()[:200]})"
     return None

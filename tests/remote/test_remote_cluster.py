@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _timing import scaled
 from servers import Server, s3_keys
 
 SCRIPT = Path(__file__).resolve().parents[1] / "checkpoint" / "scripts" / "mw_train.py"
@@ -49,7 +50,7 @@ def _run_cluster(tmp_path: Path, url: str, max_steps: int, machine: str) -> list
     results = []
     try:
         for proc in procs:
-            results.append(proc.communicate(timeout=90))
+            results.append(proc.communicate(timeout=scaled(90)))
     finally:
         for proc in procs[len(results) :]:
             proc.kill()

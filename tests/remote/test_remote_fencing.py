@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 import pytest
 import training
+from _timing import scaled
 from servers import Server, both_backends, s3_keys, s3_read, s3_write
 
 import asupervisor as asv
@@ -50,11 +51,11 @@ async def test_a_lost_lease_fences_every_write_and_exits_77(
 
     def step() -> None:
         if sv.global_step == 6:
-            gate.wait(60)  # no new checkpoint until the takeover is in place
+            gate.wait(scaled(60))  # no new checkpoint until the takeover is in place
         training.step(state)
 
     async def take_over() -> None:
-        with anyio.fail_after(30):
+        with anyio.fail_after(scaled(30)):
             while not ((r := sv.status().remote) is not None and r.uploaded_step == 4 and not r.uploading):
                 await anyio.sleep(0.02)  # polling a condition, with a deadline
         s3_write(s3_env.endpoint, s3_url, f"{LEASE_PREFIX}00000002", json.dumps(other).encode())

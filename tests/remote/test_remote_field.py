@@ -12,6 +12,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from _timing import scaled
 from servers import TRAIN_SCRIPT, Child, FaultProxy, Server, both_backends, markers, until
 
 import asupervisor as asv
@@ -130,7 +131,7 @@ async def test_an_outage_during_training_is_retried_and_training_goes_on(
     sv = asv.Supervisor(s3_url, local_dir=tmp_path / "a", state=state, save_model_secs=0, handle_signals=False)
 
     async def status_until(what: str, cond: Callable[[asv.Status], bool]) -> asv.Status:
-        with anyio.fail_after(60):
+        with anyio.fail_after(scaled(60)):
             while not cond(status := sv.status()):
                 await anyio.sleep(0.02)  # polling a condition, with a deadline
         return status

@@ -4,7 +4,8 @@ Usage: ``python mw_eval.py LOGDIR FINAL_STEP``. Follows ``asv.watch_checkpoints(
 and reads every tensor of each checkpoint it is given with TensorFlow's own reader
 (which checks each tensor's CRC); prints ``EVAL <step>`` for one that loads and
 ``FAILED <step> <error>`` for one that does not; ends after the checkpoint of
-``FINAL_STEP``, or after 120 s without a new checkpoint.
+``FINAL_STEP``, or after 120 s without a new checkpoint (times the suite's slowness figure,
+``ASUPERVISOR_TEST_SLOWNESS``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import asupervisor as asv
 
 
 async def main(logdir: str, final_step: int) -> None:
-    async for path in asv.watch_checkpoints(logdir, timeout=120, interval_secs=0.05):
+    async for path in asv.watch_checkpoints(
+        logdir, timeout=120 * float(os.environ.get("ASUPERVISOR_TEST_SLOWNESS", "1")), interval_secs=0.05
+    ):
         step = int(path.rsplit("-", 1)[1])
         try:
             reader = tf.train.load_checkpoint(path)

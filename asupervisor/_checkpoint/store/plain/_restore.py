@@ -260,8 +260,9 @@ def restore_path(checkpoint: Any, path: str, *, strict: bool = True, direct: Dir
             log.debug(
                 "checkpoint.read", path=path, how="tensorflow", checked_ahead=len(ahead), checked_after=len(deferred)
             )
-        except BaseException:
+        except BaseException as exc:
             _forget_deferred(checkpoint, path)
+            internals.quiet_failed_restore(exc.__traceback__)  # reported by the caller, not by TF's warnings
             raise
     finally:
         if prefetch is not None:
