@@ -234,6 +234,7 @@ class NoticeWindow(SessionPart):
         if self.agreed:  # the cluster's agreed step ends before the backstop; a last call
             # before it would stop this worker alone, its final save out of step with the others
             self.last_call_at = self._backstop_at
+        if first:
             rt.step_thread.submit_at_boundary_nowait(self._begin)
             rt.start_soon(self._last_call_timer)
         elif self._replanned is not None:
