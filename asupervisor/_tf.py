@@ -13,7 +13,7 @@ from typing import Any
 
 from ._exceptions import EndOfData
 
-__all__ = ["is_end_of_data", "is_recoverable", "is_tf_error", "tf"]
+__all__ = ["is_end_of_data", "is_recoverable", "is_tf_error", "is_tf_iterator", "tf"]
 
 
 def tf() -> ModuleType:
@@ -49,3 +49,9 @@ def is_recoverable(exc: BaseException) -> bool:
     """``tf.errors.AbortedError`` or ``UnavailableError``: restore and retry may help."""
     errors = _tf_errors()
     return errors is not None and isinstance(exc, (errors.AbortedError, errors.UnavailableError))
+
+
+def is_tf_iterator(obj: Any) -> bool:
+    """Whether ``obj`` is a ``tf.data`` iterator (``iter(dataset)``)."""
+    module = sys.modules.get("tensorflow")
+    return module is not None and isinstance(obj, module.data.Iterator)

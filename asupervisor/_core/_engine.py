@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ._epochs import EpochCounter
     from ._goodput import TimeAccount
     from ._parts import PartRunner
+    from ._release import Retired
     from ._stop import StopControl
     from ._watchdog import Beat
 
@@ -99,6 +100,8 @@ class Engine(SessionContext, Protocol):
     last_output: Any
     max_steps: int | None
     spent_iterators: list[Any]
+    #: ended passes' iterators, dropped off the step thread (:mod:`._release`)
+    retired: Retired
     epoch_counter: EpochCounter
     state: Any
     #: the divergence watch of the ``run_loop`` running now (every snapshot asks it first)

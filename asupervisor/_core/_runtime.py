@@ -48,6 +48,7 @@ from ._metrics import MetricsSampler
 from ._notice import EXIT_SECS, WIND_DOWN_SECS, NoticeWindow
 from ._outputs import float_entries, scalar_entries
 from ._parts import PartRunner
+from ._release import Retired
 from ._services import Service, supervise
 from ._session import Session
 from ._signals import SignalHandlers
@@ -127,6 +128,8 @@ class Runtime(anyio.AsyncContextManagerMixin):
         #: iterators run_loop finished with; released at shutdown, because destroying a
         #: tf.data iterator can block for seconds while its background work winds down
         self.spent_iterators: list[Any] = []
+        #: ended passes' iterators, dropped off the step thread once nothing else holds them
+        self.retired = Retired(self.new_thread, self._stopping)
         #: the ``max_steps`` of the ``run_loop`` running now (``_steps`` sets it)
         self.max_steps: int | None = None
         #: the divergence watch of the ``run_loop`` running now (``_steps`` installs it):
@@ -462,6 +465,16 @@ class Runtime(anyio.AsyncContextManagerMixin):
         """On the step thread: ask every part's ``next_trigger`` again (one's changed)."""
         self.parts.arm(self.step)
 
+    def _stopping(self) -> bool:
+        control: StopControl = self.control
+        return control.stopping
+
+    def _drop_iterators(self) -> None:
+        """On the step thread, at the stop: the iterators ``run_loop`` ended with and the
+        retired ones still held go."""
+        self.spent_iterators.clear()
+        self.retired.clear()
+
     def make_iterator(
         self, data: Iterable[Any], checkpoint_iterator: bool | None = None, *, fresh: bool = False
     ) -> Any:
@@ -698,8 +711,8 @@ class Runtime(anyio.AsyncContextManagerMixin):
         await phase("sync_global_step", lambda: self.step_thread.call(self.sync_global_step))
         if clean and not control.state_suspect:
             await phase("hooks_end", lambda: self.step_thread.call(self.hooks.end, self.session))
-        if self.spent_iterators:
-            await phase("iterators", lambda: self.step_thread.call(self.spent_iterators.clear))
+        if self.spent_iterators or self.retired.held:
+            await phase("iterators", lambda: self.step_thread.call(self._drop_iterators))
         # the services serving through the stop: their task group is the current scope
         # again (cancelled and waited for here, shielded, not inside a phase's scope)
         await self._stop_services(late=True)

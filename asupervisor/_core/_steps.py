@@ -336,7 +336,8 @@ class Steps:
         of the pass to come and a resumed run given more epochs goes on from it), count
         the epoch, call ``on_epoch_end``. Returns ``(iterator, fresh, reason)``;
         ``reason`` is ``"epochs"`` once ``epochs`` passes are complete, ``"end_of_data"``
-        when a whole pass yielded nothing."""
+        when a whole pass yielded nothing. The ended pass's iterator is destroyed off this
+        thread (:mod:`._release`): that may wait for its background work."""
         rt = self._rt
         counter = rt.epoch_counter
         done = rt.step - counter.first_step
@@ -344,7 +345,8 @@ class Steps:
             return iterator, fresh, "end_of_data"
         # The next pass's iterator comes first, so that a checkpoint ``on_epoch_end`` takes
         # holds the epoch count and the position (its start) of the pass to come.
-        iterator = rt.make_iterator(data, checkpoint_iterator, fresh=True)
+        ended, iterator = iterator, rt.make_iterator(data, checkpoint_iterator, fresh=True)
+        rt.retired.add(ended)
         if done:  # (a resumed pass may end at once: its position was at the end)
             if counter.steps_per_epoch is None and fresh:  # a whole pass seen: its length
                 counter.steps_per_epoch = done

@@ -4,6 +4,8 @@ progress line, and bad arguments refused before anything runs."""
 
 from __future__ import annotations
 
+import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +185,32 @@ async def test_an_aborted_step_recovers_from_a_checkpoint_older_than_the_epoch_s
     assert failed == [5]
     assert (sv.status().stop_reason, sv.global_step, sv.status().epoch) == ("epochs", 8, 2)
     assert int(v.numpy()) == 2 * 45
+
+
+async def test_an_ended_pass_iterator_is_destroyed_off_the_step_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Destroying a tf.data iterator may wait for its background work (hundreds of ms on
+    a loaded machine): each ended pass's iterator is let go on ``asv-release``, not on the
+    step thread, once nothing else holds it; the two left at the end (the last pass's, the
+    next pass's) go at the stop; ``asv-release`` is joined with the session. (The
+    dataset's ``__iter__`` is wrapped only to see where each iterator it makes dies.)"""
+    destroyed: list[str] = []
+    data = tf.data.Dataset.range(40).shuffle(40, seed=0).batch(8)
+    make = type(data).__iter__
+
+    def watched(dataset: tf.data.Dataset) -> Any:
+        iterator = make(dataset)
+        weakref.finalize(iterator, lambda: destroyed.append(threading.current_thread().name))
+        return iterator
+
+    monkeypatch.setattr(type(data), "__iter__", watched)
+    sv = _supervisor(None, {"v": tf.Variable(0)})
+    async with sv.managed_session() as sess:
+        await sess.run_loop(lambda batch: None, data=data, epochs=4)
+        during = list(destroyed)
+    assert "asv-step" not in during
+    # passes 0-2's off the step thread (pass 3's was still in the loop's hands at its end)
+    assert sorted(destroyed) == ["asv-release"] * 3 + ["asv-step"] * 2
+    assert not any(t.name == "asv-release" for t in threading.enumerate())
 
 
 async def test_summaries_carry_the_epoch(tmp_path: Path) -> None:

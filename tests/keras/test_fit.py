@@ -9,6 +9,8 @@ import json
 import random
 import subprocess
 import sys
+import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +135,46 @@ async def test_keep_best_keeps_the_epoch_end_checkpoint_with_the_best_val_loss(t
     assert int(np.argmax(history["val_loss"])) == 0  # 8 steps per epoch: the checkpoint at step 8
     kept = sorted(int(p.name.split("-")[1].split(".")[0]) for p in tmp_path.glob("model.ckpt-*.index"))
     assert kept == [8, 48]
+
+
+@pytest.mark.anyio
+async def test_epoch_end_checkpoints_resume_the_shuffled_data_bitwise_and_free_ended_iterators_off_the_step_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint after each validated epoch holds the next pass's iterator: one epoch
+    and a resume to three end bitwise where three in one session end (the shuffle's next
+    orders included; each session has its own dataset, as a restarted process has). The
+    ended passes' iterators, which that checkpoint's remembered object walk holds until
+    the next save, are destroyed on ``asv-release``, never on the step thread during the
+    fit. (``__iter__`` is wrapped only to see where each training iterator dies.)"""
+    destroyed: list[str] = []
+    trains: list[tf.data.Dataset] = []
+    make = type(_data()[0]).__iter__
+
+    def watched(dataset: tf.data.Dataset) -> Any:
+        iterator = make(dataset)
+        if trains and dataset is trains[-1]:
+            weakref.finalize(iterator, lambda: destroyed.append(threading.current_thread().name))
+        return iterator
+
+    monkeypatch.setattr(type(_data()[0]), "__iter__", watched)
+
+    async def fit(logdir: Path, epochs: int) -> list[np.ndarray]:
+        destroyed.clear()
+        model = _model()
+        train, val = _data()
+        trains.append(train)
+        sv = _supervisor(logdir, model, save_model_secs=3600)
+        async with sv.managed_session() as sess:
+            await sess.fit(model, train, epochs=epochs, validation_data=val, verbose=0)
+            assert "asv-step" not in destroyed
+        return [np.asarray(w) for w in model.weights]
+
+    uninterrupted = await fit(tmp_path / "a", 3)
+    assert "asv-release" in destroyed  # (those still held by the walk at the stop go then)
+    await fit(tmp_path / "b", 1)
+    resumed = await fit(tmp_path / "b", 3)
+    assert all(np.array_equal(a, b) for a, b in zip(uninterrupted, resumed, strict=True))
 
 
 def _command(logdir: Path, out: Path, *extra: str) -> list[str]:
