@@ -127,7 +127,9 @@ SPIN = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end: 
 def test_a_starved_idle_thread_is_taken_over(tmp_path: Path, pool: ThreadPoolExecutor) -> None:
     """With every CPU of the process busy with normal-priority processes, the idle thread
     gets (almost) no CPU; the caller takes the pieces over after ``starved_secs`` of no
-    progress, and the 32 MiB write completes correctly in seconds, not never."""
+    progress, and the 32 MiB write completes correctly in seconds, not never. The next
+    job is the caller's from the start (a unit the starved thread were in could not be
+    taken over)."""
     cpus = len(os.sched_getaffinity(0))
     io = IdleIO(submit_to(pool), starved_secs=0.1)
     io.call(lambda: None)  # the thread is at idle priority from now on
@@ -141,12 +143,14 @@ def test_a_starved_idle_thread_is_taken_over(tmp_path: Path, pool: ThreadPoolExe
         finally:
             os.close(fd)
         elapsed = time.monotonic() - t0
+        taken = io.caller_units
+        assert io.call(threading.get_ident) == threading.get_ident()  # ran here, at once
     finally:
         for p in spinners:
             p.kill()
             p.wait()
     assert (tmp_path / "data").read_bytes() == data.tobytes()
-    assert io.caller_units > 0
+    assert taken > 0 and io.caller_units == taken + 1
     assert elapsed < 30
 
 

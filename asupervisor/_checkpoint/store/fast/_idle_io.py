@@ -17,7 +17,8 @@ in :data:`CHUNK_BYTES` pieces with ``pwrite`` at their offsets, so the writer th
 A thread cannot leave ``SCHED_IDLE`` without privileges, so nothing waits on the idle
 thread alone: the caller waits for it and, when it has made no progress for
 :data:`STARVED_SECS` (other work saturates every CPU of the machine), does the rest
-itself. A save is therefore never slower than at normal priority by more than that. On
+itself, and all the work of the next :data:`STARVED_HOLD_SECS` too (a unit the idle
+thread is in cannot be taken over: the first starved job waits for one). On
 other systems, or where the policy cannot be set, :class:`IdleIO` runs everything in
 the caller.
 
@@ -48,6 +49,12 @@ CHUNK_BYTES = 1 << 20
 
 #: How long the idle thread may make no progress before the caller takes over.
 STARVED_SECS = 0.25
+
+#: After the idle thread starved, the work is done in the caller for this long: a unit the
+#: thread is in cannot be taken over (a retired checkpoint's ``unlink``, a sync), and a
+#: machine whose CPUs other work saturates (a ``tf.data`` pipeline, another training) kept
+#: a 64 MB save waiting on one for 1.5-5 s where the caller alone took 0.1 s.
+STARVED_HOLD_SECS = 30.0
 
 _POLL_SECS = 0.05  # the caller's wait between progress checks (and abandon checks)
 
@@ -145,6 +152,7 @@ class IdleIO:
         self.starved_secs = starved_secs
         self._lowered = False
         self.caller_units = 0  # units the caller ran itself (starved or closed thread)
+        self._starved_until = 0.0  # the idle thread starved: until then, the caller does it all
 
     def _lower_once(self) -> None:
         if not self._lowered:
@@ -174,13 +182,17 @@ class IdleIO:
         return job.results[0]  # type: ignore[no-any-return]
 
     def _run(self, job: _Job, check: Callable[[], None] | None) -> None:
-        if job.units and self._submit is not None:
+        submitted = False
+        if job.units and self._submit is not None and time.monotonic() >= self._starved_until:
             try:
                 self._submit(self._on_thread(job))
+                submitted = True
             except RuntimeError:  # the thread is closed (the session is ending): do it here
                 pass
         try:
-            self._wait(job, check)
+            if self._wait(job, check, helping=not submitted):
+                self._starved_until = time.monotonic() + STARVED_HOLD_SECS
+                log.debug("checkpoint.io_starved_hold", secs=STARVED_HOLD_SECS)
         finally:
             with job.cond:  # nothing more is taken; wait out a unit the idle thread is in
                 job.cancelled = True
@@ -197,9 +209,10 @@ class IdleIO:
 
         return work
 
-    def _wait(self, job: _Job, check: Callable[[], None] | None) -> None:
-        """Until every unit ended: wait for the idle thread; take units when it starves."""
-        helping = self._submit is None
+    def _wait(self, job: _Job, check: Callable[[], None] | None, *, helping: bool) -> bool:
+        """Until every unit ended: wait for the idle thread; take units when it starves
+        (or from the start, ``helping``). Whether it starved."""
+        starved = False
         while True:
             if check is not None:
                 check()
@@ -214,8 +227,9 @@ class IdleIO:
                 if idle < self.starved_secs:
                     job.cond.wait(min(_POLL_SECS, self.starved_secs - idle))
                     continue
-            helping = True  # starved: the rest is done here, at normal priority
+            helping = starved = True  # starved: the rest is done here, at normal priority
             log.debug("checkpoint.io_starved", secs=round(idle, 3))
         with job.cond:
             while not job.settled():
                 job.cond.wait()
+        return starved
