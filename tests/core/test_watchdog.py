@@ -127,11 +127,25 @@ def test_in_a_cluster_a_collective_gets_peer_secs_at_least() -> None:
     assert alone.deadline("step") == 2.0
 
 
-def _retracing(stop: threading.Event) -> None:
-    """Python code running on and on, as a retrace does: its innermost frame changes."""
-    while not stop.is_set():
-        json.dumps({"step": [1, 2, 3]})
-        sorted(range(50), key=lambda i: -i)
+def _retracing(turn: list[int], ack: list[int]) -> None:
+    """Python code running on and on, as a retrace does: its innermost frame changes. It
+    spins in one of two functions by the parity of ``turn[0]`` (no call inside: the
+    innermost frame is the spinning one) and says which turn it is in through ``ack[0]``,
+    so that a test sees it in the other function at each look, however busy the machine;
+    ``turn[0] = -1`` ends it."""
+    while turn[0] >= 0:
+        t = turn[0]
+        (_spin_odd if t % 2 else _spin_even)(turn, t, ack)
+
+
+def _spin_odd(turn: list[int], t: int, ack: list[int]) -> None:
+    while turn[0] == t:
+        ack[0] = t
+
+
+def _spin_even(turn: list[int], t: int, ack: list[int]) -> None:
+    while turn[0] == t:
+        ack[0] = t
 
 
 def test_python_running_on_the_step_thread_is_a_retrace_not_a_hang() -> None:
@@ -142,9 +156,10 @@ def test_python_running_on_the_step_thread_is_a_retrace_not_a_hang() -> None:
     options = asv.WatchdogOptions(floor_secs=1.0, factor=4.0, unlearned_secs=60.0)
     dog = Watchdog(session, options, perf=clock)  # type: ignore[arg-type]
     _steps(session, clock, dog, 20, 0.1)  # learned: 1 s
-    stop, stuck = threading.Event(), threading.Event()
+    stuck = threading.Event()
+    turn, ack = [0], [-1]
     for target, hangs in ((_retracing, False), (stuck.wait, True)):
-        thread = threading.Thread(target=target, args=(stop,) if target is _retracing else ())
+        thread = threading.Thread(target=target, args=(turn, ack) if target is _retracing else ())
         thread.start()
         try:
             dog.beat.ident = thread.ident
@@ -152,13 +167,19 @@ def test_python_running_on_the_step_thread_is_a_retrace_not_a_hang() -> None:
             breached = False
             for _ in range(40):  # 20 s of the fake clock, looking every 0.5 s
                 clock.now += 0.5
-                time.sleep(0.002)  # the thread runs on between two looks
+                if target is _retracing:  # it ran on, into the other function, between two looks
+                    turn[0] += 1
+                    give_up = time.monotonic() + scaled(10)
+                    while ack[0] != turn[0] and time.monotonic() < give_up:
+                        time.sleep(0.001)
+                else:
+                    time.sleep(0.002)  # a stuck thread has nothing to show: it stays put
                 if dog.check():
                     breached = True
                     break
             assert breached is hangs, target
         finally:
-            stop.set()
+            turn[0] = -1
             stuck.set()
             thread.join()
     assert session.stops == ["hang:step"]
