@@ -155,12 +155,13 @@ def test_inspect_of_a_directory_no_training_wrote_says_so(tmp_path: Path) -> Non
     (tmp_path / "empty").mkdir()
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("not a training")
-    for name in ("empty", "other"):
-        out = cli("inspect", str(tmp_path / name))
-        assert out.returncode == 1, out.stdout + out.stderr
-        assert "NOTHING OF A TRAINING HERE" in out.stdout and "\n  ok" not in out.stdout, out.stdout
-        report = json.loads(cli("inspect", str(tmp_path / name), "--json").stdout)
-        assert report["empty"] is True and report["ok"] is False
+    out = cli("inspect", str(tmp_path / "empty"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "NOTHING OF A TRAINING HERE" in out.stdout and "\n  ok" not in out.stdout, out.stdout
+    out = cli("inspect", str(tmp_path / "other"), "--json")  # the same report, as JSON
+    assert out.returncode == 1, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["empty"] is True and report["ok"] is False
 
 
 @pytest.mark.parametrize(
