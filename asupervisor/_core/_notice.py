@@ -265,8 +265,18 @@ class NoticeWindow(SessionPart):
         if self.last_call_at < self._backstop_at and self._stepping_now():
             self.last_call_at = self._backstop_at
             return False
+        if self.agreed:  # stopping alone would break the cluster: this worker's final save is a
+            # collective the others, still stepping, are not in (they failed: exit 75 and an error)
+            log.warning(
+                "notice.last_call",
+                reason=self.reason,
+                step=rt.global_step,
+                secs_left=round(self.time_left(), 3),
+                action="the cluster's agreed step ends the training, even past the deadline",
+            )
+            return True
         log.warning("notice.last_call", reason=self.reason, step=rt.global_step, secs_left=round(self.time_left(), 3))
-        rt.control.request_stop(reason=self.reason, agreed=self.agreed)
+        rt.control.request_stop(reason=self.reason)
         return True
 
     # -- on the step thread ----------------------------------------------------------
