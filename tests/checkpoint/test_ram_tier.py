@@ -23,7 +23,7 @@ from tmpfs import mounted, needs_mount
 import asupervisor as asv
 from asupervisor._checkpoint._manager import Checkpointer
 from asupervisor._checkpoint.snapshot import _snapshot
-from asupervisor._checkpoint.store import names, open_memory_tier, open_store, state_file
+from asupervisor._checkpoint.store import FastPath, names, open_memory_tier, open_store, state_file
 from asupervisor.testing import capture_logs
 
 pytestmark = pytest.mark.usefixtures("no_new_threads")
@@ -345,6 +345,28 @@ def test_ram_saves_stage_into_reused_data_files(tmp_path: Path) -> None:
     again.prepare()
     again.restore()
     assert float(w2[0, 0]) == 14.0 and float(ckpt.extra[299]) == 7.0
+
+
+def test_with_the_staging_files_switched_off_ram_saves_are_written_the_usual_way(tmp_path: Path) -> None:
+    """``FastPath(staging_files=False)``: the RAM tier's store lends no staging files, its
+    saves are written the usual way (no spare file in the tier), and the newest is
+    restored as with them."""
+    logdir, ram = tmp_path / "run", tmp_path / "ram"
+    off = FastPath(staging_files=False)
+    ckpt, w = _state()
+    checkpointer = Checkpointer(ckpt, logdir, fast_path=off, memory=open_memory_tier(logdir, ram, off))
+    checkpointer.prepare()
+    _save(checkpointer, w, 0, "disk")
+    for step in range(1, 7):
+        _ram_save(checkpointer, w, step)
+    assert checkpointer.ram is not None and checkpointer.ram.store.staging() is None
+    assert not [p for p in checkpointer.memory.dir.iterdir() if "slot" in p.name]  # type: ignore[union-attr]
+    checkpointer.close()
+    ckpt2, w2 = _state()
+    again = Checkpointer(ckpt2, logdir, memory=open_memory_tier(logdir, ram))
+    again.prepare()
+    again.restore()
+    assert float(w2[0, 0]) == 6.0
 
 
 def test_a_ram_snapshot_holds_its_staging_buffers_until_it_is_gone(tmp_path: Path) -> None:

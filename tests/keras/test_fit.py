@@ -20,6 +20,7 @@ import pytest
 import tensorflow as tf
 from _timing import scaled
 from eventfiles import read_events
+from fit_helpers import supervisor
 
 import asupervisor as asv
 
@@ -46,17 +47,11 @@ def _model() -> keras.Model:
     return model
 
 
-def _supervisor(logdir: Path, model: keras.Model, **kwargs: Any) -> asv.Supervisor:
-    kwargs.setdefault("save_model_secs", 0)
-    kwargs.setdefault("save_summaries_secs", 0)
-    return asv.Supervisor(logdir, state={"model": model}, handle_signals=False, **kwargs)
-
-
 @pytest.mark.anyio
 async def test_fit_trains_with_the_compiled_steps_and_returns_keras_history(tmp_path: Path) -> None:
     model = _model()
     train, val = _data()
-    sv = _supervisor(tmp_path, model)
+    sv = supervisor(tmp_path, model)
     async with sv.managed_session() as sess:
         history = await sess.fit(model, train, epochs=3, validation_data=val)
     assert sorted(history) == ["accuracy", "loss", "val_accuracy", "val_loss"]
@@ -76,7 +71,7 @@ async def test_fit_trains_with_the_compiled_steps_and_returns_keras_history(tmp_
 async def test_early_stopping_stops_the_session_cleanly(tmp_path: Path) -> None:
     model = _model()
     train, _ = _data()
-    sv = _supervisor(tmp_path, model)
+    sv = supervisor(tmp_path, model)
     stopper = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10.0)  # never improves enough
     async with sv.managed_session() as sess:
         history = await sess.fit(model, data=train, epochs=10, callbacks=[stopper])  # DESIGN's name
@@ -88,13 +83,13 @@ async def test_early_stopping_stops_the_session_cleanly(tmp_path: Path) -> None:
 async def test_reduce_lr_on_plateau_changes_the_checkpointed_learning_rate(tmp_path: Path) -> None:
     model = _model()
     train, val = _data()
-    sv = _supervisor(tmp_path, model)
+    sv = supervisor(tmp_path, model)
     reduce = keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=0, min_delta=10.0, factor=0.5)
     async with sv.managed_session() as sess:
         await sess.fit(model, train, epochs=3, validation_data=val, callbacks=[reduce])
     assert float(model.optimizer.learning_rate) == pytest.approx(0.05 * 0.5**2)
     restored = _model()
-    sv = _supervisor(tmp_path, restored)
+    sv = supervisor(tmp_path, restored)
     async with sv.managed_session() as sess:  # the finished run: nothing more to train
         await sess.fit(restored, train, epochs=3)
     assert float(restored.optimizer.learning_rate) == pytest.approx(0.05 * 0.5**2)
@@ -104,7 +99,7 @@ async def test_reduce_lr_on_plateau_changes_the_checkpointed_learning_rate(tmp_p
 async def test_bad_arguments_are_refused_before_any_step(tmp_path: Path) -> None:
     model = _model()
     train, _ = _data()
-    sv = _supervisor(tmp_path, model)
+    sv = supervisor(tmp_path, model)
     async with sv.managed_session() as sess:
         with pytest.raises(ValueError, match="remove BackupAndRestore"):
             await sess.fit(model, train, epochs=1, callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path / "b"))])
@@ -129,7 +124,7 @@ async def test_keep_best_keeps_the_epoch_end_checkpoint_with_the_best_val_loss(t
     model = _model()
     train, val = _data()
     policy = asv.AnyKeepPolicy(asv.LatestN(1), asv.KeepBest("val_loss", mode="max"))
-    sv = _supervisor(tmp_path, model, keep_policy=policy, save_model_steps=3)
+    sv = supervisor(tmp_path, model, keep_policy=policy, save_model_steps=3)
     async with sv.managed_session() as sess:
         history = await sess.fit(model, train, epochs=6, validation_data=val)
     assert int(np.argmax(history["val_loss"])) == 0  # 8 steps per epoch: the checkpoint at step 8
@@ -164,7 +159,7 @@ async def test_epoch_end_checkpoints_resume_the_shuffled_data_bitwise_and_free_e
         model = _model()
         train, val = _data()
         trains.append(train)
-        sv = _supervisor(logdir, model, save_model_secs=3600)
+        sv = supervisor(logdir, model, save_model_secs=3600)
         async with sv.managed_session() as sess:
             await sess.fit(model, train, epochs=epochs, validation_data=val, verbose=0)
             assert "asv-step" not in destroyed

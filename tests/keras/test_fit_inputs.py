@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from _timing import scaled
-
-import asupervisor as asv
+from fit_helpers import supervisor
 
 
 def _arrays(n: int = 200) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -42,12 +41,6 @@ def _model() -> keras.Model:
     return model
 
 
-def _supervisor(logdir: Path, model: keras.Model, **kwargs: Any) -> asv.Supervisor:
-    kwargs.setdefault("save_model_secs", 0)
-    kwargs.setdefault("save_summaries_secs", 0)
-    return asv.Supervisor(logdir, state={"model": model}, handle_signals=False, **kwargs)
-
-
 def _values(model: keras.Model) -> list[np.ndarray]:
     return [np.asarray(v) for v in (*model.weights, *model.optimizer.variables)]
 
@@ -61,7 +54,7 @@ async def test_arrays_train_bitwise_as_model_fit_does(tmp_path: Path) -> None:
     expected = _model()
     keras_history = expected.fit(x, y, verbose=0, **kwargs).history
     model = _model()
-    sv = _supervisor(tmp_path, model)
+    sv = supervisor(tmp_path, model)
     async with sv.managed_session() as sess:
         history = await sess.fit(model, x, y, verbose=0, **kwargs)
     assert history == keras_history and len(history["val_loss"]) == 3
@@ -84,7 +77,7 @@ async def test_validation_data_tuple_and_sample_weight_unshuffled(tmp_path: Path
     expected = _model()
     keras_history = expected.fit(x, y, verbose=0, **kwargs).history
     model = _model()
-    async with _supervisor(tmp_path, model).managed_session() as sess:
+    async with supervisor(tmp_path, model).managed_session() as sess:
         history = await sess.fit(model, x, y, verbose=0, **kwargs)
     assert history == keras_history
     assert all(np.array_equal(a, b) for a, b in zip(_values(model), _values(expected), strict=True))
@@ -144,7 +137,7 @@ async def test_two_fits_in_a_session_with_callbacks_and_progress(
     x, y = _arrays()
     counting = _Counting()
     reduce = keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=0, min_delta=10.0, factor=0.5)
-    sv = _supervisor(tmp_path, model)
+    sv = supervisor(tmp_path, model)
     after = []
     async with sv.managed_session() as sess:
         first = await sess.fit(model, data, epochs=1, verbose=0, callbacks=[counting, reduce])
@@ -171,7 +164,7 @@ async def test_two_fits_in_a_session_with_callbacks_and_progress(
 
     restored, counting2 = _model(), _Counting()
     reduce2 = keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=0, min_delta=10.0, factor=0.5)
-    async with _supervisor(tmp_path, restored).managed_session() as sess:
+    async with supervisor(tmp_path, restored).managed_session() as sess:
         history = await sess.fit(restored, _Digits(), epochs=4, verbose=0, callbacks=[counting2, reduce2])
     assert counting2.epochs_seen == 4  # 3 restored
     assert history["learning_rate"] == pytest.approx([0.005])  # restored: no improvement again, a cut
@@ -188,7 +181,7 @@ async def test_a_generator_with_steps_per_epoch(tmp_path: Path) -> None:
                 yield {"a": x["a"][i : i + 50], "b": x["b"][i : i + 50]}, y[i : i + 50]
 
     model = _model()
-    sv = _supervisor(tmp_path, model)
+    sv = supervisor(tmp_path, model)
     async with sv.managed_session() as sess:
         history = await sess.fit(model, batches(), epochs=2, steps_per_epoch=3, verbose=0)
     assert len(history["loss"]) == 2
@@ -200,7 +193,7 @@ async def test_what_fit_cannot_take_is_refused_naming_it(tmp_path: Path) -> None
     x, y = _arrays()
     model = _model()
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(10)
-    sv = _supervisor(tmp_path, model)
+    sv = supervisor(tmp_path, model)
     async with sv.managed_session() as sess:
         with pytest.raises(ValueError, match="initial_epoch"):
             await sess.fit(model, x, y, epochs=2, initial_epoch=1)

@@ -193,9 +193,10 @@ def open_memory_tier(
             huge_pages=False,
             idle_io=False,
             early_writeback=False,
+            staging_files=fast.staging_files,
         )
     directory = tier_dir(base, Path(logdir))
-    if fast.kind != "fast" or not fast.native_writer:
+    if fast.kind != "fast" or not (fast.native_writer and fast.staging_files):
         return MemoryTier(Path(logdir), open_store(directory, fast))
     from .fast._store import FastStore
 

@@ -36,6 +36,8 @@ class FastPath:
             ``SCHED_IDLE`` thread.
         early_writeback: ``sync_file_range`` while the data is written, so the commit's
             fsync finds little left.
+        staging_files: the RAM tier's snapshots staged straight into reused data files
+            of the tier, mapped into memory (with ``native_writer``; ``fast/_slots.py``).
     """
 
     native_writer: bool = True
@@ -45,6 +47,7 @@ class FastPath:
     huge_pages: bool = True
     idle_io: bool = True
     early_writeback: bool = True
+    staging_files: bool = True
 
     @property
     def kind(self) -> str:
@@ -61,6 +64,7 @@ PLAIN = FastPath(
     huge_pages=False,
     idle_io=False,
     early_writeback=False,
+    staging_files=False,
 )
 
 

@@ -47,6 +47,11 @@ class _Reader:
         _direct_restore.assign(planned, values)
 
 
+def fast_slots(fast: FastPath) -> bool:
+    """Whether ``fast`` has the RAM tier's staging files (they need the native writer)."""
+    return fast.native_writer and fast.staging_files
+
+
 class FastStore(PlainStore):
     """The local store with the Linux fast path (see the module docstring).
 
@@ -61,7 +66,7 @@ class FastStore(PlainStore):
         super().__init__(logdir)
         self.fast = FastPath() if fast is None else fast
         self._reader = _Reader(self.fast) if self.fast.own_restore else None
-        self._slots = _slots.Slots(self.logdir, slots) if slots and self.fast.native_writer else None
+        self._slots = _slots.Slots(self.logdir, slots) if slots and fast_slots(self.fast) else None
 
     def write(
         self,
