@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from _timing import scaled
-from test_fit import _data, _model, _supervisor
+from fit_helpers import supervisor
+from test_fit import _data, _model
 
 import asupervisor as asv
 
@@ -27,7 +28,7 @@ async def _trained(logdir: Path, epochs: int = 2) -> tuple[keras.Model, asv.Supe
     model = _model()
     train, val = _data()
     policy = asv.AnyKeepPolicy(asv.LatestN(1), asv.KeepBest("val_loss", mode="max"))
-    sv = _supervisor(logdir, model, keep_policy=policy)
+    sv = supervisor(logdir, model, keep_policy=policy)
     async with sv.managed_session() as sess:
         await sess.fit(model, train, epochs=epochs, validation_data=val)
     return model, sv
