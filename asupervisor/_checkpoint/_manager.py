@@ -257,14 +257,17 @@ class Checkpointer:
         return path
 
     def close(self) -> None:
-        """At the session's end, no write in flight: what the RAM tier's store holds let go
-        (its spare data files removed). Never fails the stop."""
-        if self.ram is None:
-            return
+        """At the session's end, on the step thread, no write in flight: the data iterator
+        and the remembered object walk let go (the checkpoint object, in reference cycles
+        with the session, would keep them until a garbage collection on any thread), and
+        what the RAM tier's store holds (its spare data files removed). Never fails the stop."""
         try:
-            self.ram.store.close()
+            self.iterators.close()
+            self._walks.clear()
+            if self.ram is not None:
+                self.ram.store.close()
         except Exception as exc:
-            log.error("checkpoint.close_failed", logdir=str(self.ram.logdir), error=describe(exc))
+            log.error("checkpoint.close_failed", logdir=str(self.logdir), error=describe(exc))
 
     def promote(self) -> CheckpointInfo | None:
         """On the writer thread, after a restore from the RAM tier: copy that checkpoint

@@ -141,21 +141,27 @@ async def test_epoch_end_checkpoints_resume_the_shuffled_data_bitwise_and_free_e
     orders included; each session has its own dataset, as a restarted process has). The
     ended passes' iterators, which that checkpoint's remembered object walk holds until
     the next save, are destroyed on ``asv-release``, never on the step thread during the
-    fit. (``__iter__`` is wrapped only to see where each training iterator dies.)"""
-    destroyed: list[str] = []
+    fit; none outlives its session (the checkpoint object, in reference cycles, would
+    keep the last until a garbage collection, on the next session's step thread).
+    (``__iter__`` is wrapped only to see where each training iterator dies.)"""
+    destroyed: list[str] = []  # the threads this session's iterators died on
+    made: list[weakref.ref[Any]] = []
     trains: list[tf.data.Dataset] = []
     make = type(_data()[0]).__iter__
 
     def watched(dataset: tf.data.Dataset) -> Any:
         iterator = make(dataset)
         if trains and dataset is trains[-1]:
-            weakref.finalize(iterator, lambda: destroyed.append(threading.current_thread().name))
+            died = destroyed  # (this session's list, not the next's)
+            weakref.finalize(iterator, lambda: died.append(threading.current_thread().name))
+            made.append(weakref.ref(iterator))
         return iterator
 
     monkeypatch.setattr(type(_data()[0]), "__iter__", watched)
 
     async def fit(logdir: Path, epochs: int) -> list[np.ndarray]:
-        destroyed.clear()
+        nonlocal destroyed
+        destroyed = []
         model = _model()
         train, val = _data()
         trains.append(train)
@@ -163,6 +169,7 @@ async def test_epoch_end_checkpoints_resume_the_shuffled_data_bitwise_and_free_e
         async with sv.managed_session() as sess:
             await sess.fit(model, train, epochs=epochs, validation_data=val, verbose=0)
             assert "asv-step" not in destroyed
+        assert all(ref() is None for ref in made), "an iterator outlived its session"
         return [np.asarray(w) for w in model.weights]
 
     uninterrupted = await fit(tmp_path / "a", 3)

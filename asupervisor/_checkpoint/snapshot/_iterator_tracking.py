@@ -101,6 +101,13 @@ class IteratorTracker:
             self._share_pending = False
         return iterator
 
+    def close(self) -> None:
+        """At the session's end, on the step thread: the tracked iterator let go (its
+        prefetch threads with it)."""
+        if getattr(self.checkpoint, ITERATOR_ATTR, None) is not None:
+            _untrack(self.checkpoint, ITERATOR_ATTR)
+        self._iterator_source = self._iterator = self._iterator_logged = None
+
     def rewind_unless_held(self, path: str) -> None:
         """On the step thread, after the session restored the checkpoint ``path`` into a
         state its tracked iterator is attached to (a recovery, a divergence rollback):

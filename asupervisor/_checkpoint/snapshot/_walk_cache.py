@@ -216,6 +216,10 @@ class WalkCache:
         self.hits = 0
         self.batched = 0
 
+    def clear(self) -> None:
+        """Forget the remembered walk (and the objects it holds: a session's end)."""
+        self._walk = None
+
     def read(
         self, checkpoint: Any, read: Callable[[Any], Any], stage: Callable[[Any], Any] | None = None
     ) -> tuple[list[str], list[Any]] | None:
