@@ -325,18 +325,40 @@ async def test_checkpoint_of_another_model_is_a_clear_error(tmp_path: Path) -> N
 
 
 @pytest.mark.anyio
-async def test_background_write_error_is_raised_not_lost(tmp_path: Path) -> None:
-    """A failed background write is raised by the next save (here the final one) at stop,
-    as a CheckpointError naming the file, chained to the OSError."""
+async def test_a_failed_background_write_is_retried_by_the_final_save_whatever_the_timing(tmp_path: Path) -> None:
+    """A background write that fails (step 2's) is retried by the final save, counted and
+    logged, whether its error came before the stop or while the final save waited for
+    it: the session ends without an error, the newest checkpoint is the final one."""
     state = make_state()
     sv = supervisor(tmp_path, state, save_model_steps=2)
     (tmp_path / "model.ckpt-2.index").mkdir(parents=True)  # publishing step 2 must fail
-    with pytest.raises(asv.CheckpointError, match=r"model\.ckpt-2") as info:
+    with capture_logs() as events:
+        async with sv.managed_session() as sess:
+            await sv.save_now()  # the start-up save is committed: step 2's will not be skipped
+            await sess.run_loop(bump(state), max_steps=3)
+    retried = [e for e in events if e["event"] == "checkpoint.retrying"]
+    assert [e["reason"] for e in retried] == ["final"] and "model.ckpt-2" in retried[0]["error"]
+    assert sv.status().restarts["checkpoint"] == 1
+    assert _state_file.read_state(tmp_path).paths[-1] == "model.ckpt-3"  # type: ignore[union-attr]
+    assert not [n for n in listing(tmp_path) if ".asv-tmp-" in n]
+    assert plain_restore(tmp_path)[1] == 3
+
+
+@pytest.mark.anyio
+async def test_background_write_error_is_raised_not_lost(tmp_path: Path) -> None:
+    """A write error the final save does not mend (the final's own: its step's files
+    cannot be published either) is raised at stop as a CheckpointError naming the file,
+    chained to the OSError; the newest good checkpoint stays the latest."""
+    state = make_state()
+    sv = supervisor(tmp_path, state, save_model_steps=2)
+    for step in (2, 3):
+        (tmp_path / f"model.ckpt-{step}.index").mkdir(parents=True)  # publishing them must fail
+    with pytest.raises(asv.CheckpointError, match=r"model\.ckpt-3") as info:
         async with sv.managed_session() as sess:
             await sv.save_now()  # the start-up save is committed: step 2's will not be skipped
             await sess.run_loop(bump(state), max_steps=3)
     assert isinstance(info.value.__cause__, OSError)
-    assert "model.ckpt-2" not in _state_file.read_state(tmp_path).paths  # type: ignore[union-attr]
+    assert _state_file.read_state(tmp_path).paths == ["model.ckpt-0"]  # type: ignore[union-attr]
     assert not [n for n in listing(tmp_path) if ".asv-tmp-" in n]
     plain_restore(tmp_path)  # whatever is latest is complete
 

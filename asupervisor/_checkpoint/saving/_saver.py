@@ -409,12 +409,15 @@ class CheckpointSaver:
         if writer is not None:
             await writer.submit(_noop).wait_cancellable()
 
-    async def drain(self, *, abandon_on_cancel: bool = False, grace_secs: float = _ABANDON_GRACE_SECS) -> None:
+    async def drain(
+        self, *, abandon_on_cancel: bool = False, grace_secs: float = _ABANDON_GRACE_SECS, promotion: bool = True
+    ) -> None:
         """Wait until every write handed to the writer so far is committed (or failed).
 
         With ``abandon_on_cancel`` (the stop's waits, bounded by its deadline), a
         cancellation abandons the writes in flight and waits at most ``grace_secs`` more
         for the writer to remove their files (what it leaves, the next start removes).
+        ``promotion``: the copy of a restored RAM checkpoint to disk too.
         """
         # hand-offs made by step-boundary jobs are queued on the loop by now; at a boundary,
         # not as an ordinary job, which would wait for a running run_loop to end
@@ -424,7 +427,7 @@ class CheckpointSaver:
         if not (abandon_on_cancel and step_thread.busy):
             await step_thread.submit_at_boundary(_noop).wait()
         self._stepped.set()  # a promotion waiting for the first step is waited for: now
-        for thread in (self._writer, self._promoter):
+        for thread in (self._writer, self._promoter) if promotion else (self._writer,):
             if thread is None:
                 continue
             done = thread.submit(_noop)
@@ -444,10 +447,25 @@ class CheckpointSaver:
         Returns:
             The committed checkpoint when ``wait``, else ``None``.
         """
-        if reason == "final":  # a background write failed: the final save is its retry
-            pending = self._take_error()
-            if pending is not None:
-                log.warning("checkpoint.retrying", reason=reason, error=describe(pending))
+        if reason == "final":
+            return await self._final(force=force, wait=wait)
+        return await self._save(reason, force=force, wait=wait)
+
+    async def _final(self, *, force: bool, wait: bool) -> CheckpointInfo | None:
+        """The final save, the retry of a background write that failed (counted as one,
+        ``SAVE_RETRY``): the writes in flight end first, so that whether one failed is
+        known whatever the timing. A failure past the retries is raised after the final
+        save was still attempted; one the final save retried is not (logged
+        ``checkpoint.retrying``: a transient error cost one checkpoint, not the training)."""
+        await self.drain(abandon_on_cancel=True, promotion=False)
+        pending = self._take_error()
+        exhausted = pending is not None and not self._retry(pending, "final")
+        info = await self._save("final", force=force, wait=wait)
+        if exhausted and pending is not None:
+            raise pending
+        return info
+
+    async def _save(self, reason: SaveReason, *, force: bool, wait: bool) -> CheckpointInfo | None:
         if reason != "ram":  # a disk save's error is for the disk's saves to raise
             self.raise_pending()
         if reason == "timer" and self.when_busy == "wait" and not force:
