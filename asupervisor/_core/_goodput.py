@@ -245,6 +245,11 @@ class TimeAccount:
             self._lost_secs += moved
             self._lost_steps += steps
 
+    def recorded(self, cause: str) -> float:
+        """Any thread: the badput of ``cause`` recorded so far, in seconds."""
+        with self._lock:
+            return self._recorded.get(cause, 0.0)
+
     def mark_stop(self) -> None:
         """Any thread, when a stop is requested (the first request counts)."""
         now = self.perf()

@@ -42,6 +42,7 @@ import anyio
 
 from .._logging import describe, get_logger
 from ._abc import SessionAttribute, SessionPart
+from ._goodput import SAVE
 
 if TYPE_CHECKING:
     from ._abc import SessionContext
@@ -184,6 +185,11 @@ class NoticeWindow(SessionPart):
     def _save_secs(self) -> float | None:
         return save_estimate(self._rt.status().save_seconds)
 
+    def _hold_per_save(self) -> float:
+        """How long one save held the step thread, on average (0 before one)."""
+        histogram = self._rt.status().save_seconds.get("blocked")
+        return histogram.sum / histogram.count if histogram is not None and histogram.count else 0.0
+
     def _step_secs(self) -> float:
         """One step's time: the slower of the window's last step and its mean; before the
         window measured one, the session's mean (its first step, a trace, left out)."""
@@ -305,9 +311,21 @@ class NoticeWindow(SessionPart):
         step = rt.global_step
         if not self.open:
             return step + 1
-        left = self.deadline - time.monotonic()
-        planned = stop_step(step, 0.0, left, self._step_secs(), self._save_secs())
-        log.info("notice.stop_step", step=step, stop_step=planned or step + 1)
+        # Agreed once, never re-planned: the saves the window will hold every worker's
+        # step thread for count too (the save at once, and the periodic ones at the
+        # session's rate so far), which a lone training's projection measures as it goes.
+        times = self._rt.time_account
+        held = times.recorded(SAVE) / times.steps if times.steps else 0.0
+        left = self.deadline - time.monotonic() - self._hold_per_save()
+        step_secs, save_secs = self._step_secs() + held, self._save_secs()
+        planned = stop_step(step, 0.0, left, step_secs, save_secs)
+        log.info(
+            "notice.stop_step",
+            step=step,
+            stop_step=planned or step + 1,
+            step_secs=round(step_secs, 4),
+            save_secs=None if save_secs is None else round(save_secs, 4),
+        )
         return planned or step + 1
 
     def _project(self, now: float) -> None:

@@ -509,7 +509,8 @@ def test_a_stopped_peer_is_named_by_the_chiefs_watchdog_and_the_chief_exits_with
     detected = [line for line in err.splitlines() if "hang.detected" in line]
     assert len(detected) == 1 and "phase=step" in detected[0], err[-3000:]
     fields = dict(item.split("=", 1) for item in detected[0].split() if "=" in item)
-    assert int(fields["step"]) >= 20 and 2.0 < float(fields["secs"]) < 10, detected
+    # (19: the chief may still be in step 20, the worker's last send in flight when stopped)
+    assert int(fields["step"]) >= 19 and 2.0 < float(fields["secs"]) < 10, detected
     assert "hang.stack" in err  # every thread's stack, for whoever debugs it
     # max(10 s, 5 x p99): a step's p99 is milliseconds here
     assert secs < 10, f"the chief ended {secs:.1f} s after its peer stopped"
@@ -523,7 +524,9 @@ def test_a_notice_with_a_deadline_to_the_chief_saves_at_once_trains_on_and_saves
     (0.05 s steps): both save together at once (two steps on), train on, and stop at the
     agreed step with a final checkpoint both take part in, the session over before the
     deadline, at most one step short of the last whose end leaves 1.2 x the save's time
-    and the wind-down (2 s) before it; both exit with SIGUSR1's status (138)."""
+    and the wind-down (2 s) before it; both exit with SIGUSR1's status (138). (The save's
+    time is the one measured when the step was agreed: the agreement is not made again
+    when a loaded machine slows the saves after it, which then eat into the margin.)"""
     deadline_secs = 4.0
     logdir = tmp_path / "logdir"
     env_of = {task: {"MW_NOTICE_SECS": str(deadline_secs)} for task in ("chief", "worker")}
@@ -554,8 +557,9 @@ def test_a_notice_with_a_deadline_to_the_chief_saves_at_once_trains_on_and_saves
     assert tf.train.latest_checkpoint(str(logdir)) == str(logdir / f"model.ckpt-{stopped}")
     ends = json.loads(next(line for line in chief if line.startswith("ENDS")).split(" ", 1)[1])
     ended = float(next(line for line in chief if line.startswith("ENDED")).split()[1])
-    save_secs = float(next(line for line in chief if line.startswith("SAVE_SECS")).split()[1])
+    (planned,) = [line.split() for line in chief if line.startswith("PLANNED")]
+    save_secs = float(planned[3])
     limit = sent + deadline_secs - (1.2 * save_secs + 2.0)
     fits = sum(1 for end in ends if end <= limit)
     assert ended < sent + deadline_secs, (ended - sent, stopped)
-    assert fits - 1 <= stopped <= fits, (stopped, fits, len(ends))
+    assert fits - 1 <= stopped <= fits, (stopped, fits, len(ends), planned)

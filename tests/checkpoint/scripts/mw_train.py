@@ -136,6 +136,8 @@ async def main(
             print(f"SAVED {event['step']}", flush=True)
         elif event["event"] == "checkpoint.worker_saved":
             print(f"WORKER_SAVED {event['step']} {event['tmp']}", flush=True)
+        elif event["event"] == "notice.stop_step":
+            print(f"PLANNED {event['step']} {event['stop_step']} {event.get('save_secs')}", flush=True)
         elif event["event"] == "cluster.saved_now":
             print(f"NOTICE_SAVED {event['step']} {event['saved']}", flush=True)
         elif event.get("log_level") in ("error", "critical"):
