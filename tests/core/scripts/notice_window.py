@@ -9,12 +9,14 @@ process exits with ``asv.exit_code`` of the last session.
 
 Phases: ``steady`` (0.05 s steps), ``first_trace`` (a ``tf.function`` whose trace takes
 1 s), ``validation`` (``sess.fit``; the notice comes during a slow validation),
-``warmup`` (the first batch takes 4 s).
+``warmup`` (the first batch takes 4 s), ``save_in_flight`` (0.05 s steps, a 200 MB state
+saved every 5 steps; the notice comes while a save is being written).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -53,6 +55,10 @@ async def run_phase(backend: str, root: str, phase: str, deadline: float) -> asv
     v = tf.Variable(0, dtype=tf.int64)
     state: dict[str, Any] = {"v": v}
     model = None
+    saving: dict[str, Any] = {}
+    if phase == "save_in_flight":  # 200 MB: its write lasts a while
+        state["big"] = tf.Variable(tf.zeros([50_000_000]))
+        saving = {"save_model_steps": 5}
     if phase == "validation":
         import keras
 
@@ -64,6 +70,7 @@ async def run_phase(backend: str, root: str, phase: str, deadline: float) -> asv
         state=state,
         save_summaries_secs=0,
         stop=asv.StopOptions(signals=("SIGTERM", "SIGUSR1"), deadline_secs={"SIGUSR1": deadline}),
+        **saving,
     )
 
     async with sv.managed_session() as sess:
@@ -76,6 +83,19 @@ async def run_phase(backend: str, root: str, phase: str, deadline: float) -> asv
                 time.sleep(0.05)
                 ends.append(time.monotonic())
                 if len(ends) == 3:
+                    ready(phase)
+
+            await sess.run_loop(step)
+        elif phase == "save_in_flight":
+            logdir = f"{root}/{phase}"
+            announced: list[bool] = []
+
+            def step() -> None:
+                v.assign_add(1)
+                time.sleep(0.05)
+                ends.append(time.monotonic())
+                if not announced and any(".asv-tmp-" in n for n in os.listdir(logdir)):
+                    announced.append(True)  # a periodic save's files are being written
                     ready(phase)
 
             await sess.run_loop(step)
