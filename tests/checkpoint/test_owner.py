@@ -86,6 +86,7 @@ def snapshot_of(logdir: Path) -> dict[str, tuple[int, int]]:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # (an owner child each: the backends in turn)
 async def test_second_training_fails_naming_the_owner_and_touches_nothing(owner: Owner, tmp_path: Path) -> None:
     """While a live training owns the logdir, a second one fails at start with a
     CheckpointError naming the owner's host and pid; the logdir is left exactly as it
@@ -110,6 +111,7 @@ async def test_second_training_fails_naming_the_owner_and_touches_nothing(owner:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # (an owner child each: the backends in turn)
 async def test_a_sigkilled_owner_never_blocks_the_next_run(owner: Owner, tmp_path: Path) -> None:
     """An owner killed with SIGKILL holds nothing: the next training starts, resumes from
     the owner's newest checkpoint and owns the logdir (the lock file names it)."""
@@ -124,6 +126,7 @@ async def test_a_sigkilled_owner_never_blocks_the_next_run(owner: Owner, tmp_pat
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # (an owner child each: the backends in turn)
 async def test_an_owner_that_ended_normally_leaves_the_logdir_free(owner: Owner, tmp_path: Path) -> None:
     """After the owner finished, a new training starts from its final checkpoint; after
     that one ends, a third one starts too (the lock was let go at the session's end)."""
@@ -138,6 +141,7 @@ async def test_an_owner_that_ended_normally_leaves_the_logdir_free(owner: Owner,
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # (an owner child each: the backends in turn)
 async def test_readers_take_no_lock(owner: Owner, tmp_path: Path) -> None:
     """While a training owns the logdir, an evaluator (``is_chief=False``) restores from
     it and ``watch_checkpoints`` lists its checkpoints: readers take no lock."""

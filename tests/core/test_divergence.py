@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
+from _backends import in_turn
 
 import asupervisor as asv
 from asupervisor.testing import ManualClock, capture_logs
@@ -92,22 +93,24 @@ def _checkpoints_are_finite(logdir: Path) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("planted", "rollback", "restored", "kept", "resumed", "by_hook"),
-    [
-        # NaN at step 10 (element 9), found at step 12's checkpoint: back to step 8, steps
-        # 9-10's batches (elements 8, 9) dropped
-        ({9: math.nan}, asv.Rollback(), 8, 8, 10, False),
-        # the same when a hook's save (inside the step) finds it
-        ({9: math.nan}, asv.Rollback(), 8, 8, 10, True),
-        # NaN at step 2, before the first periodic checkpoint: back to the start-up one
-        # (taken before the iterator began), elements 0-1 dropped
-        ({1: math.nan}, asv.Rollback(), 0, 0, 2, False),
-        # skip_steps=1: only the bad batch; step 9 is trained again on element 8
-        ({9: math.inf}, asv.Rollback(skip_steps=1, check_every_n_steps=3), 8, 9, 10, False),
-        # a spike (x 1e4) at step 14 over the median of the 5 losses before, found at step 16
-        ({13: 1e4}, asv.Rollback(spike_factor=50.0, window=5, check_every_n_steps=5), 12, 12, 14, False),
-    ],
-    ids=["nan", "nan-hook-saves", "nan-before-first-checkpoint", "inf-skip-1", "spike"],
+    ("anyio_backend", "planted", "rollback", "restored", "kept", "resumed", "by_hook"),
+    in_turn(
+        [
+            # NaN at step 10 (element 9), found at step 12's checkpoint: back to step 8, steps
+            # 9-10's batches (elements 8, 9) dropped
+            ({9: math.nan}, asv.Rollback(), 8, 8, 10, False),
+            # the same when a hook's save (inside the step) finds it
+            ({9: math.nan}, asv.Rollback(), 8, 8, 10, True),
+            # NaN at step 2, before the first periodic checkpoint: back to the start-up one
+            # (taken before the iterator began), elements 0-1 dropped
+            ({1: math.nan}, asv.Rollback(), 0, 0, 2, False),
+            # skip_steps=1: only the bad batch; step 9 is trained again on element 8
+            ({9: math.inf}, asv.Rollback(skip_steps=1, check_every_n_steps=3), 8, 9, 10, False),
+            # a spike (x 1e4) at step 14 over the median of the 5 losses before, found at step 16
+            ({13: 1e4}, asv.Rollback(spike_factor=50.0, window=5, check_every_n_steps=5), 12, 12, 14, False),
+        ],
+        ids=["nan", "nan-hook-saves", "nan-before-first-checkpoint", "inf-skip-1", "spike"],
+    ),
 )
 async def test_a_divergence_is_rolled_back_and_ends_bitwise_as_a_run_without_its_window(
     tmp_path: Path,

@@ -55,6 +55,21 @@ def _run(
         proc.stdout.close()
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A logdir a first run trained to step 5 (once for the module: each test takes a copy)."""
+    logdir = tmp_path_factory.mktemp("trained") / "run"
+    code, out = _run(logdir, 5, early_signal=False)
+    assert code == 0 and out[-1] == "done max_steps 5", (code, out)
+    return logdir
+
+
+def _copy_of(trained: Path, tmp_path: Path) -> Path:
+    logdir = tmp_path / "run"
+    shutil.copytree(trained, logdir)
+    return logdir
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "pid1",
@@ -66,13 +81,11 @@ def _run(
         ),
     ],
 )
-def test_a_sigterm_while_importing_stops_the_session_as_it_starts(tmp_path: Path, pid1: bool) -> None:
-    """A first run trains to step 5. The second is sent SIGTERM before it imports
+def test_a_sigterm_while_importing_stops_the_session_as_it_starts(tmp_path: Path, trained: Path, pid1: bool) -> None:
+    """A first run trained to step 5. The second is sent SIGTERM before it imports
     TensorFlow: its session stops as it starts (``signal:SIGTERM``, exit status 143),
     without a step, and checkpoint 5 stays the latest, its files untouched."""
-    logdir = tmp_path / "run"
-    code, out = _run(logdir, 5, early_signal=False, pid1=pid1)
-    assert code == 0 and out[-1] == "done max_steps 5", (code, out)
+    logdir = _copy_of(trained, tmp_path)
     files = {p.name: p.stat().st_mtime_ns for p in logdir.glob("model.ckpt-5.*")}
     code, out = _run(logdir, 1000, early_signal=True, pid1=pid1)
     assert (code, out[-1]) == (143, "done signal:SIGTERM 5"), (code, out)
@@ -81,13 +94,11 @@ def test_a_sigterm_while_importing_stops_the_session_as_it_starts(tmp_path: Path
 
 
 @pytest.mark.timeout(300)
-def test_a_sigterm_between_the_supervisor_and_its_session_stops_it_as_it_starts(tmp_path: Path) -> None:
+def test_a_sigterm_between_the_supervisor_and_its_session_stops_it_as_it_starts(tmp_path: Path, trained: Path) -> None:
     """No early call: the ``Supervisor`` is made, then a SIGTERM comes before
     ``managed_session()`` (while the data is built): the session stops as it starts with
     status 143, and the checkpoint on disk stays the latest."""
-    logdir = tmp_path / "run"
-    code, out = _run(logdir, 5, early_signal=False, mode="supervisor")
-    assert code == 0 and out[-1] == "done max_steps 5", (code, out)
+    logdir = _copy_of(trained, tmp_path)
     code, out = _run(logdir, 1000, early_signal=True, mode="supervisor")
     assert (code, out[-1]) == (143, "done signal:SIGTERM 5"), (code, out)
     assert state_file.read_state(logdir).latest == "model.ckpt-5"

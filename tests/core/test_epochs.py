@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 import tensorflow as tf
+from _backends import in_turn
 
 import asupervisor as asv
 from asupervisor._progress._part import render
@@ -72,7 +73,7 @@ async def test_without_a_logdir_epochs_still_count(tmp_path: Path) -> None:
     assert len(seen) == 8 and [e for e, _ in ends] == [0, 1] and sv.status().epoch == 2
 
 
-@pytest.mark.parametrize("first_steps", [2, 4, 5, 8])
+@pytest.mark.parametrize(("anyio_backend", "first_steps"), in_turn([2, 4, 5, 8]))
 async def test_a_resumed_run_goes_on_from_the_epoch_and_the_step_it_reached(tmp_path: Path, first_steps: int) -> None:
     """Mid-epoch (2, 5), at the last batch of an epoch (4, 8): the resumed run sees exactly
     the rest of the uninterrupted run's batches and stops after the same epoch."""

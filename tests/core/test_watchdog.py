@@ -310,6 +310,7 @@ def test_a_restore_held_by_the_disk_is_named_and_ends_the_process(tmp_path: Path
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # the watchdog is a thread: one backend is enough
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(not slowdisk.available(), reason="the slow disk is a FUSE mount: it needs root and /dev/fuse")
 async def test_a_slow_save_and_a_long_first_step_are_no_hang(tmp_path: Path, no_new_threads: None) -> None:

@@ -82,8 +82,13 @@ def test_grace_bounds_a_final_save_stuck_in_one_write(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not slowdisk.available(), reason="the slow disk is a FUSE mount: it needs root and /dev/fuse")
-@pytest.mark.parametrize("mb", ["24", "64"], ids=["buffered", "direct"])  # 64 MB data files are written direct
-@pytest.mark.parametrize("save_steps", [[], ["--save-steps", "3"]], ids=["final_save", "step_save_in_flight"])
+@pytest.mark.parametrize(
+    ("save_steps", "mb"),  # each kind of save with each store, each write mode with each store
+    [
+        pytest.param([], "64", id="final_save-direct"),  # 64 MB data files are written direct
+        pytest.param(["--save-steps", "3"], "24", id="step_save_in_flight-buffered"),
+    ],
+)
 def test_grace_bounds_a_slow_final_save(tmp_path: Path, save_steps: list[str], mb: str) -> None:
     """stop_grace_secs bounds the whole stop, final checkpoint included: on a disk that
     writes 40 MB/s (a FUSE mount, ``tests/slowdisk.py``), a final save of 24 or 64 MB takes
