@@ -1,7 +1,8 @@
 """The notice window in real processes: how many steps a notice with a deadline loses.
 
 Runs ``tests/core/scripts/notice_window.py`` (one session per phase: steady training, a
-long first ``tf.function`` trace, ``fit``'s validation, the wait for the first batch),
+long first ``tf.function`` trace, ``fit``'s validation, the wait for the first batch, a
+200 MB periodic save being written),
 sends each phase a SIGUSR1 carrying a deadline, and counts the trials in which every
 phase ended before its deadline with its final checkpoint at most one step short of the
 last step that fits (``1.2 x`` the measured save time plus 2 s for the wind-down and the
@@ -27,7 +28,7 @@ from typing import Any
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "core" / "scripts" / "notice_window.py"
 #: phase -> the notice's deadline in seconds
-PHASES = {"warmup": 3.0, "first_trace": 4.0, "validation": 4.0, "steady": 4.0}
+PHASES = {"warmup": 3.0, "first_trace": 4.0, "validation": 4.0, "steady": 4.0, "save_in_flight": 4.0}
 #: phases whose step thread cannot step during the notice (no step could fit after it)
 BLOCKED = {"validation", "warmup"}
 WIND_DOWN_SECS = 2.0  # the wind-down and the process's exit (asupervisor._core._notice)
