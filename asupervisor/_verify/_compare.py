@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .. import _tf
 
-__all__ = ["Difference", "compare", "has_iterator", "likely_cause"]
+__all__ = ["Difference", "compare", "has_iterator", "likely_cause", "only_iterator_bytes"]
 
 #: values that differ between runs by design
 _SKIPPED = ("save_counter/", "_CHECKPOINTABLE_OBJECT_GRAPH", "_ASV_METRICS")
@@ -86,6 +86,12 @@ def compare(reference: str, resumed: str) -> list[Difference]:
     found += [Difference(k, kind_of(k), "only in the reference") for k in a.keys() - b.keys()]
     found += [Difference(k, kind_of(k), "only in the resumed run") for k in b.keys() - a.keys()]
     return sorted(found, key=lambda d: _order(d.key))
+
+
+def only_iterator_bytes(differences: list[Difference]) -> bool:
+    """Whether ``differences`` are only ``tf.data`` iterators' serialized states (their
+    values, not their keys; the epoch count and the pipeline's description not among them)."""
+    return bool(differences) and all(d.what == "value" and "iterator_state" in d.key.lower() for d in differences)
 
 
 def likely_cause(differences: list[Difference], *, iterator_saved: bool, deterministic: bool | None) -> str:
