@@ -3,14 +3,15 @@
 Checkpoints every 10 steps and rewrites the ledger every 0.1 s. With ``HOLD_AT``, the step
 after global step ``HOLD_AT`` never ends (it waits for nothing, as a wedged step does),
 and ``holding`` is printed: the parent kills the process there, once the ledger records
-that step. Prints ``done`` once its session has ended (before the interpreter's own
-teardown, which no ledger can record) and exits with ``exit_code``.
+that step. Prints ``done <time.monotonic()>`` once its session has ended (before the
+interpreter's own teardown, which no ledger can record) and exits with ``exit_code``.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import anyio
 import tensorflow as tf
@@ -46,7 +47,7 @@ async def main() -> None:
 
     async with sv.managed_session() as sess:
         await sess.run_loop(step, data=data, max_steps=max_steps)
-    print("done", flush=True)
+    print(f"done {time.monotonic()}", flush=True)  # the parent's stopwatch ends here: its clock
     sys.exit(asv.exit_code(sv.status()))
 
 
