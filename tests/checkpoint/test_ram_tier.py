@@ -54,7 +54,7 @@ def test_a_sigkilled_training_resumes_from_the_ram_tier_and_the_disk_gets_it(tmp
     """The first process saves to disk only at its start (step 0) and to RAM every 0.05 s;
     it is SIGKILLed once the tier holds step >= 30. The second resumes at the tier's step,
     bitwise (``w`` is the step it was saved at), copies that checkpoint to the disk, and
-    trains on to 60; the tier then holds two checkpoints and no leftover."""
+    trains on to 60 (or 10 past it, when the kill came late); the tier then holds two checkpoints and no leftover."""
     logdir, ram = tmp_path / "run", tmp_path / "ram"
     killed = _run(logdir, ram, 1000, 30)
     assert killed[0] == "started 0 0.0 disk", killed
@@ -62,11 +62,12 @@ def test_a_sigkilled_training_resumes_from_the_ram_tier_and_the_disk_gets_it(tmp
     assert 30 <= saved <= at, killed
     assert state_file.read_state(logdir).latest == "model.ckpt-0"  # the disk has the start only
 
-    resumed = _run(logdir, ram, 60)
+    end = max(60, saved + 10)  # (a busy parent's kill can come late: the child ran on)
+    resumed = _run(logdir, ram, end)
     assert resumed[0] == f"started {saved} {float(saved)} ram", resumed
-    assert resumed[1].startswith("done 60 "), resumed
+    assert resumed[1].startswith(f"done {end} "), resumed
     state = state_file.read_state(logdir)
-    assert state.latest == "model.ckpt-60" and f"model.ckpt-{saved}" in state.paths, state
+    assert state.latest == f"model.ckpt-{end}" and f"model.ckpt-{saved}" in state.paths, state
     (tier,) = (ram / f"asupervisor-{os.getuid()}").iterdir()
     held = names.scan_checkpoints(tier, "model.ckpt")
     assert 1 <= len(held) <= 2, held
