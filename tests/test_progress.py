@@ -139,3 +139,59 @@ def test_lines_go_above_the_live_line_and_a_stuck_display_never_blocks_them(monk
         assert time.monotonic() - t0 < 2
     piped = _part._Output(io.StringIO(), in_place=False)
     assert piped.write_above("plain") and piped.stream is not None and piped.stream.getvalue() == "plain\n"
+
+
+LATE_SECOND_SIGNAL = """
+import os, signal, sys, time, anyio, tensorflow as tf, asupervisor as asv
+from asupervisor._progress._part import ProgressPart
+
+inherited = ProgressPart.release
+
+def release(self):
+    # the session's release phase is under way: the second Ctrl-C lands now, and the
+    # release waits until the display has said it (the session logs it in the same call)
+    inherited(self)
+    os.kill(os.getpid(), signal.SIGINT)
+    t0 = time.monotonic()
+    while not self._told_again and time.monotonic() - t0 < 30:
+        time.sleep(0.01)
+    print("second signal handled" if self._told_again else "second signal lost", flush=True)
+
+ProgressPart.release = release
+
+async def main():
+    w = tf.Variable(0.0)
+    sv = asv.Supervisor(sys.argv[1], state={"w": w}, save_model_secs=0, save_model_steps=None, progress=True)
+    def step():
+        w.assign_add(1.0)
+        if sv.global_step == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+        return {"loss": 1.0}
+    async with sv.managed_session() as sess:
+        await sess.run_loop(step, max_steps=100_000)
+    sys.exit(asv.exit_code(sv.status()))
+
+anyio.run(main, backend=sys.argv[2])
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_second_ctrl_c_as_the_session_lets_go_is_said_once(tmp_path: Path, backend: str) -> None:
+    """A second Ctrl-C that lands while the session releases what it held (its last
+    phase, the display's thread still there) is said by the display's line alone: the
+    session's ``session.signal`` log line is not printed below it (a full run saw it when
+    the display let go of the console before the session gave its signal handlers back)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run(
+        [sys.executable, "-c", LATE_SECOND_SIGNAL, str(tmp_path / "run"), backend],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=scaled(90),
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stdout.strip() == "second signal handled", proc.stdout + proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len([line for line in lines if line.startswith("second Ctrl-C: ")]) == 1, proc.stderr
+    assert "session.signal" not in proc.stderr, proc.stderr

@@ -464,3 +464,9 @@ class SessionPart:
         every way out, a failed start included: let go of what the part held for the
         whole session (a lock). Bounded by the stop's wind-down (a close on a hung disk
         may block: the stop goes on without it)."""
+
+    def ended(self) -> None:
+        """On the loop, the session's very last act, after it gave the signal handlers it
+        took back (also after a failed start): let go of what had to outlast the threads
+        (the progress display's claim on the session's own events, which a last signal
+        may still log). Must not block."""

@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._logging import describe, get_logger
 from ._abc import SessionPart
 
 if TYPE_CHECKING:
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from ._status import QueueStatistics
 
 __all__ = ["PartRunner"]
+
+log = get_logger(__name__)
 
 
 def _overrides(part: SessionPart, name: str) -> bool:
@@ -48,6 +51,7 @@ class PartRunner:
         self._finals = having("final")
         self._closers = having("aclose")
         self._releasers = having("release")
+        self._enders = having("ended")
         #: step-thread callables run before any snapshot of the state
         self.before_snapshot: tuple[Callable[[], None], ...] = tuple(
             p.before_snapshot for p in having("before_snapshot")
@@ -150,6 +154,15 @@ class PartRunner:
         """Every part's ``release`` (see :meth:`SessionPart.release`)."""
         for part in self._releasers:
             part.release()
+
+    def ended(self) -> None:
+        """Every part's ``ended`` (see :meth:`SessionPart.ended`); one failing does not
+        keep the others from theirs (the failure is logged)."""
+        for part in self._enders:
+            try:
+                part.ended()
+            except Exception as exc:  # the session has ended: nothing left to fail
+                log.error("session.part_end_failed", part=type(part).__name__, error=describe(exc))
 
     @property
     def finals(self) -> tuple[SessionPart, ...]:

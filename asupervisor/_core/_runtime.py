@@ -596,9 +596,12 @@ class Runtime(anyio.AsyncContextManagerMixin):
         log.error("session.start_failed", error=describe(exc))
 
     def _restore_signals(self) -> None:
+        """The session's last act: the signal handlers it took go back, then the parts'
+        ``ended`` (a signal can no longer reach the session)."""
         if self._signals is not None:
             self._signals.restore()
             self._signals = None
+        self.parts.ended()
 
     def _on_signal(self, name: str) -> None:
         """On the loop, at the first SIGINT/SIGTERM: a graceful stop (one the cluster

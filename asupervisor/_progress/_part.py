@@ -274,8 +274,10 @@ class ProgressPart(SessionPart):
         except Exception:  # the thread is closing: the line is dropped
             return
 
-    def release(self) -> None:
-        """The session's end: log lines go straight to the stream again."""
+    def ended(self) -> None:
+        """The session's end, its signal handlers given back: log lines go straight to the
+        stream again. Not at ``release``: a second signal between the two is still the
+        session's, and its display line must still stand for its log line."""
         if self.output is not None:
             remove_console(self.output)
 
