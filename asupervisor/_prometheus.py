@@ -10,22 +10,25 @@ is a session service serving that text at ``http://<host>:<port>/metrics`` (127.
 unless ``metrics_port="host:port"`` names another: ``"0.0.0.0:9100"`` in a pod) while the
 session lives, its stop included (the stop reason, the final checkpoint), until it winds
 down (a few lines of HTTP/1.1 on an anyio listener: one request a connection, no
-dependency). A front door; no TensorFlow.
+dependency). :func:`held_endpoint` serves the same while an application holds it
+(``Supervisor.serve_metrics``: across sessions and after the last, on the caller's loop,
+so no thread outlives a session). A front door; no TensorFlow.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
 
 import anyio
-from anyio.abc import SocketStream, TaskStatus
+from anyio.abc import SocketListener, SocketStream, TaskStatus
 
 from ._core._services import Service, ServiceContext
 from ._core._status import Histogram, Status
 from ._logging import describe, get_logger
 
-__all__ = ["MetricsServer", "parse_address", "render"]
+__all__ = ["MetricsServer", "held_endpoint", "parse_address", "render"]
 
 log = get_logger(__name__)
 
@@ -224,20 +227,30 @@ class MetricsServer(Service):
         self.address = address
         self.host, self.port = parse_address(address)
         self.status = status
+        self._scraped: anyio.Event | None = None  # set at the next scrape answered
 
-    async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
-        """Listen (the start fails if the port is taken), then serve until cancelled."""
+    async def listen(self) -> SocketListener:
+        """The listener on the address (an ``OSError`` naming it when it is taken)."""
         try:
-            listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
+            return await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
         except OSError as exc:
             raise OSError(
                 exc.errno, f"metrics_port={self.address!r}: cannot listen on {self.host}:{self.port}: {exc.strerror}"
             ) from exc
-        async with listener:
+
+    async def run(self, ctx: ServiceContext, *, task_status: TaskStatus[None]) -> None:
+        """Listen (the start fails if the port is taken), then serve until cancelled."""
+        async with await self.listen() as listener:
             task_status.started()
             ctx.set_service_state(self.name, "running")
             log.info("metrics.serving", url=f"http://{self.host}:{self.port}/metrics")
             await listener.serve(self._handle)
+
+    async def next_scrape(self) -> None:
+        """Return after the next ``/metrics`` answer is sent."""
+        if self._scraped is None:
+            self._scraped = anyio.Event()
+        await self._scraped.wait()
 
     async def _handle(self, stream: SocketStream) -> None:
         async with stream:
@@ -262,5 +275,25 @@ class MetricsServer(Service):
                     + b"\r\nConnection: close\r\n\r\n"
                     + body
                 )
+                if code == b"200 OK" and self._scraped is not None:
+                    self._scraped.set()
+                    self._scraped = None
             except (anyio.EndOfStream, anyio.BrokenResourceError, TimeoutError, OSError) as exc:
                 log.debug("metrics.request_dropped", error=describe(exc))
+
+
+@asynccontextmanager
+async def held_endpoint(server: MetricsServer, linger_secs: float) -> AsyncIterator[None]:
+    """Serve ``server`` while the caller holds it (``Supervisor.serve_metrics``): on the
+    caller's event loop, no thread. On the way out (not a cancellation), up to
+    ``linger_secs`` waiting for one more scrape, so the last status is read."""
+    async with await server.listen() as listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, server._handle)
+        log.info("metrics.serving", url=f"http://{server.host}:{server.port}/metrics", held=True)
+        try:
+            yield
+            if linger_secs > 0:
+                with anyio.move_on_after(linger_secs):
+                    await server.next_scrape()
+        finally:
+            tg.cancel_scope.cancel()

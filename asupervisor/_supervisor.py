@@ -13,8 +13,8 @@ import difflib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from . import _overrides as overrides
@@ -219,10 +219,13 @@ class Supervisor:
         self._runtime: Runtime | None = None
         for qr in self.config.queue_runners:
             self.add_queue_runner(qr)
+        self._metrics_service: Service | None = None
+        self._metrics_held = False  # serve_metrics() holds the endpoint: sessions start none
         if self.config.metrics_port is not None:
             from ._prometheus import MetricsServer
 
-            self._services.append(MetricsServer(self.config.metrics_port, self.status))
+            self._metrics_service = MetricsServer(self.config.metrics_port, self.status)
+            self._services.append(self._metrics_service)
 
     @property
     def is_chief(self) -> bool:
@@ -248,8 +251,44 @@ class Supervisor:
         """
         if self._runtime is not None and not self._runtime.closed:
             raise RuntimeError("this Supervisor already has a running managed session")
-        self._runtime = Runtime(self.config, self._services, session_parts(self.config))
+        services = [s for s in self._services if not (self._metrics_held and s is self._metrics_service)]
+        self._runtime = Runtime(self.config, services, session_parts(self.config))
         return self._runtime
+
+    @asynccontextmanager
+    async def serve_metrics(self, address: int | str | None = None, *, linger_secs: float = 0.0) -> AsyncIterator[None]:
+        """Serve ``metrics_text()`` at ``http://<host>:<port>/metrics`` for as long as the
+        caller holds this (around its whole ``main``: before, between and after sessions,
+        the last one's ``stop_reason`` included), on the caller's event loop. While it is
+        held, a session starts no endpoint of its own.
+
+        Args:
+            address: a port on 127.0.0.1 or ``"host:port"`` (``"0.0.0.0:9100"`` in a pod);
+                ``None``: ``metrics_port``'s.
+            linger_secs: on the way out (not a cancellation), wait up to this long for one
+                more scrape, so the final status is read (a scrape interval, e.g. 15).
+
+        Raises:
+            ValueError: no address and no ``metrics_port``, a bad address, or a negative
+                ``linger_secs``; the message names the value.
+            OSError: the port is taken (naming it).
+        """
+        from ._prometheus import MetricsServer, held_endpoint
+
+        address = self.config.metrics_port if address is None else address
+        if address is None:
+            raise ValueError("serve_metrics() needs an address: serve_metrics(9100), or Supervisor(metrics_port=...)")
+        if isinstance(linger_secs, bool) or not isinstance(linger_secs, (int, float)) or not linger_secs >= 0:
+            raise ValueError(f"linger_secs must be a number of seconds >= 0, got {linger_secs!r}")
+        if self._metrics_held:
+            raise RuntimeError("serve_metrics() is already held for this Supervisor")
+        server = MetricsServer(address, self.status)
+        self._metrics_held = True
+        try:
+            async with held_endpoint(server, float(linger_secs)):
+                yield
+        finally:
+            self._metrics_held = False
 
     def loop(
         self,

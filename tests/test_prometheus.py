@@ -209,3 +209,74 @@ async def test_each_checkpoint_phase_is_a_histogram_the_prometheus_parser_reads(
     status = sv.status().save_seconds
     assert {p: h.count for p, h in status.items()} == {"blocked": 3, "commit": 3, "write": 3}
     assert all(len(h.counts) == len(h.bounds) + 1 and sum(h.counts) == h.count for h in status.values())
+
+
+@pytest.mark.anyio
+async def test_serve_metrics_serves_before_and_after_the_session(tmp_path: Path) -> None:
+    """``serve_metrics()`` held around the whole program: the endpoint answers before the
+    session (``up 0``), during it, and after it ended with its ``stop_reason``; the session
+    starts no endpoint of its own on ``metrics_port`` (it would find the port taken); the
+    port closes when the caller lets go."""
+    port = _free_port()
+    v = tf.Variable(0.0)
+    sv = asv.Supervisor(tmp_path, state={"v": v}, handle_signals=False, metrics_port=port)
+    url = f"http://127.0.0.1:{port}/metrics"
+    async with sv.serve_metrics():
+        code, before = await anyio.to_thread.run_sync(_get, url)
+        assert code == 200 and _well_formed(before)["asupervisor_up"] == 0
+        async with sv.managed_session() as sess:
+            for _ in range(4):
+                await sess.run(lambda: v.assign_add(1.0))
+            during = _well_formed((await anyio.to_thread.run_sync(_get, url))[1])
+        code, after = await anyio.to_thread.run_sync(_get, url)
+    assert during["asupervisor_up"] == 1 and during["asupervisor_global_step"] == 4
+    samples = _well_formed(after)
+    assert code == 200 and samples['asupervisor_stop_reason{reason="completed"}'] == 1, after
+    assert samples["asupervisor_up"] == 0 and samples["asupervisor_last_checkpoint_step"] == 4
+    with pytest.raises(OSError):  # closed when the caller let go
+        await anyio.to_thread.run_sync(_get, url)
+
+
+@pytest.mark.anyio
+async def test_serve_metrics_lingers_for_one_more_scrape(tmp_path: Path) -> None:
+    """With ``linger_secs``, leaving waits for the next scrape (here one that starts only
+    once the program is leaving: it is answered, with the final status), or the linger's
+    end when none comes."""
+    port = _free_port()
+    v = tf.Variable(0.0)
+    sv = asv.Supervisor(tmp_path, state={"v": v}, handle_signals=False)
+    url = f"http://127.0.0.1:{port}/metrics"
+    leaving = anyio.Event()
+    scraped: list[tuple[int, str]] = []
+
+    async def scrape_once_leaving() -> None:
+        await leaving.wait()
+        scraped.append(await anyio.to_thread.run_sync(_get, url))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scrape_once_leaving)
+        t0 = anyio.current_time()
+        async with sv.serve_metrics(f"127.0.0.1:{port}", linger_secs=scaled(60)):
+            async with sv.managed_session() as sess:
+                await sess.run_loop(lambda: v.assign_add(1.0), max_steps=3)
+            leaving.set()
+        assert anyio.current_time() - t0 < scaled(50)  # left at the scrape, not the linger's end
+    ((code, text),) = scraped
+    assert code == 200 and _well_formed(text)['asupervisor_stop_reason{reason="max_steps"}'] == 1, text
+
+    t0 = anyio.current_time()
+    async with sv.serve_metrics(port, linger_secs=0.3):
+        pass
+    assert anyio.current_time() - t0 >= 0.3  # no scrape came: the linger ran out
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({}, "needs an address"), ({"address": 9100, "linger_secs": -1}, "-1"), ({"address": "x:"}, "'x:'")],
+)
+@pytest.mark.anyio
+async def test_serve_metrics_refuses_bad_input_naming_it(kwargs: dict[str, Any], match: str) -> None:
+    sv = asv.Supervisor(handle_signals=False)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        async with sv.serve_metrics(**kwargs):
+            pass
