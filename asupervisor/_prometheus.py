@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 
 import anyio
-from anyio.abc import SocketListener, SocketStream, TaskStatus
+from anyio.abc import Listener, SocketStream, TaskStatus
 
 from ._core._services import Service, ServiceContext
 from ._core._status import Histogram, Status
@@ -229,7 +229,7 @@ class MetricsServer(Service):
         self.status = status
         self._scraped: anyio.Event | None = None  # set at the next scrape answered
 
-    async def listen(self) -> SocketListener:
+    async def listen(self) -> Listener[SocketStream]:
         """The listener on the address (an ``OSError`` naming it when it is taken)."""
         try:
             return await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
