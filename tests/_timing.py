@@ -5,11 +5,18 @@ should be set, a ``fail_after`` around work that should finish) is written for t
 2-core machine the suite was sized on, and stretched by :func:`slowness` with
 :func:`scaled`: on a slower or busier machine (a second ``make test`` beside this one)
 everything takes longer, and a hang guard is there to catch hangs, not slowness. The
-per-test timeouts stretch by the same figure (``conftest.py``). A wait whose length is
-what a test checks (a deadline under test, "not finished within 0.05 s") is not scaled.
+per-test timeouts stretch by the same figure, taken as each test starts
+(``conftest.py``). A wait whose length is what a test checks (a deadline under test,
+"not finished within 0.05 s") is not scaled.
 
-Child processes get the figure through ``ASUPERVISOR_TEST_SLOWNESS`` (``conftest.py``
-exports it); a script under ``tests/**/scripts`` scales its own waits by it.
+The figure is measured *now*, not once: a second suite started beside this one, at the
+same moment, loads the machine only after both measured a quiet one. Its CPU part (a
+spin) is measured once per suite and handed to pytest-xdist's workers through
+``ASUPERVISOR_TEST_CPU_SLOWNESS``; the load part is the load average of the moment.
+Child processes get the figure of the test that started them through
+``ASUPERVISOR_TEST_SLOWNESS`` (``conftest.py`` sets it as each test starts); a script
+under ``tests/**/scripts`` scales its own waits by it. Set before the suite starts,
+``ASUPERVISOR_TEST_SLOWNESS`` fixes the figure.
 """
 
 from __future__ import annotations
@@ -18,10 +25,14 @@ import functools
 import os
 import time
 
-__all__ = ["ENV_VAR", "scaled", "slowness"]
+__all__ = ["CPU_ENV_VAR", "ENV_VAR", "busy", "cpu_slowness", "scaled", "slowness"]
 
-#: the environment variable that sets the figure (and carries it to child processes)
+#: the environment variable that fixes the figure, and carries it to child processes
 ENV_VAR = "ASUPERVISOR_TEST_SLOWNESS"
+#: the environment variable carrying the CPU part, measured once, to pytest-xdist's workers
+CPU_ENV_VAR = "ASUPERVISOR_TEST_CPU_SLOWNESS"
+#: the figure the user fixed, read before the suite sets ``ENV_VAR`` for child processes
+_GIVEN = os.environ.get(ENV_VAR)
 #: a fixed pure-Python loop took this long (best of three) on the quiet 2-core machine the
 #: suite's timeouts were set on (pyproject's 60 s, each ``@pytest.mark.timeout``, the
 #: waits given to :func:`scaled`)
@@ -39,23 +50,42 @@ def _spin() -> float:
 
 
 @functools.cache
+def cpu_slowness() -> float:
+    """How much slower a fixed spin runs here than on the reference machine (a slower
+    CPU, or cores shared right now); measured once (``CPU_ENV_VAR`` gives it)."""
+    given = os.environ.get(CPU_ENV_VAR)
+    if given:
+        return float(given)
+    return min(_spin() for _ in range(3)) / _REFERENCE_SPIN_SECS
+
+
 def slowness() -> float:
     """How much slower this machine runs the suite now than the reference machine: the
-    larger of a measured spin (a slower CPU, or cores shared with other work right now)
-    and the load average per core (other work over the last minute: a second ``make
-    test``, a build); 1 at least, :data:`_MAX_SLOWNESS` at most.
-    ``ASUPERVISOR_TEST_SLOWNESS`` sets it."""
-    given = os.environ.get(ENV_VAR)
-    if given:
-        return min(_MAX_SLOWNESS, max(1.0, float(given)))
-    cpu = min(_spin() for _ in range(3)) / _REFERENCE_SPIN_SECS
+    larger of :func:`cpu_slowness` and the load average per core now (other work over
+    the last minute: a second ``make test``, a build, this suite's own processes); 1 at
+    least, :data:`_MAX_SLOWNESS` at most. ``ASUPERVISOR_TEST_SLOWNESS``, set before the
+    suite starts, fixes it."""
+    if _GIVEN:
+        return min(_MAX_SLOWNESS, max(1.0, float(_GIVEN)))
     try:
         load = os.getloadavg()[0] / (os.cpu_count() or 1)
     except (AttributeError, OSError):  # no load average on this platform
         load = 0.0
-    return min(_MAX_SLOWNESS, max(1.0, cpu, load))
+    return min(_MAX_SLOWNESS, max(1.0, cpu_slowness(), load))
 
 
 def scaled(secs: float) -> float:
     """``secs``, a hang guard sized on the reference machine, for this machine now."""
     return secs * slowness()
+
+
+#: the slowness from which the machine is *busy*: more than the suite's own load (its
+#: workers and their processes put 1-2 on each of 2 cores), e.g. a second suite beside it
+_BUSY_SLOWNESS = 3.0
+
+
+def busy() -> bool:
+    """Whether the machine is busy beyond the suite's own load now: a test that checks how
+    closely a deadline is used (within a step), not only that it is met, checks the
+    closeness on a machine that is not (the benches hold it on a quiet one)."""
+    return slowness() >= _BUSY_SLOWNESS

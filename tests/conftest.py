@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 import pytest
-from _timing import ENV_VAR, slowness
+from _timing import CPU_ENV_VAR, ENV_VAR, cpu_slowness, slowness
 
 #: the environment variable choosing the checkpoint store (asupervisor._checkpoint.store.ENV_VAR)
 STORE_ENV = "ASUPERVISOR_CHECKPOINT_STORE"
@@ -24,29 +24,42 @@ LINUX = sys.platform.startswith("linux")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The slowness figure, measured once, goes to every child process the suite starts
-    (pytest-xdist's workers and the scripts tests run), so each scales its waits alike."""
-    os.environ[ENV_VAR] = f"{slowness():.2f}"
+    """The CPU part of the slowness figure, measured once, goes to pytest-xdist's workers
+    (the load part is taken as each test starts)."""
+    os.environ[CPU_ENV_VAR] = f"{cpu_slowness():.2f}"
+
+
+#: each test's own timeout (its marker's, or pyproject's), before stretching
+_BASE_TIMEOUT = pytest.StashKey[float]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On a slow or busy machine the per-test timeouts stretch by :func:`slowness`: a
-    test that waits on a real process or a real TensorFlow import takes longer there, and
-    the timeout is there to catch hangs, not slowness."""
-    factor = slowness()
-    if factor <= 1.0:
-        return
+    """Each test's timeout as written, stretched as the test starts (below)."""
     default = float(config.getini("timeout") or 0)
     for item in items:
         marker = item.get_closest_marker("timeout")
-        base = float(marker.args[0]) if marker is not None and marker.args else default
-        if base > 0:
-            item.add_marker(pytest.mark.timeout(base * factor), append=False)
+        item.stash[_BASE_TIMEOUT] = float(marker.args[0]) if marker is not None and marker.args else default
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """On a slow or busy machine the test's timeout stretches by :func:`slowness` as it
+    starts (before pytest-timeout reads it): a test that waits on a real process or a real
+    TensorFlow import takes longer there, and the timeout is there to catch hangs, not
+    slowness. The processes the test starts get the same figure (``ENV_VAR``)."""
+    factor = slowness()
+    os.environ[ENV_VAR] = f"{factor:.2f}"
+    base = item.stash.get(_BASE_TIMEOUT, 0.0)
+    if base > 0 and factor > 1.0:
+        item.add_marker(pytest.mark.timeout(base * factor), append=False)
+    yield
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     """The header says how much the timeouts stretch."""
-    return f"per-test timeouts x{slowness():.2f} (ASUPERVISOR_TEST_SLOWNESS overrides)"
+    return (
+        f"per-test timeouts x{slowness():.2f} now, taken again as each test starts (ASUPERVISOR_TEST_SLOWNESS fixes it)"
+    )
 
 
 @pytest.fixture(params=["asyncio", "trio"])

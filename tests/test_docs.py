@@ -300,6 +300,8 @@ def _output_of(run: DocsRun, run_id: str) -> str:
     return "\n".join(mine[-60:])
 
 
+# the first page to ask for the docs run waits for all of it (RUN_TIMEOUT_SECS's 240 s)
+@pytest.mark.timeout(270)
 @pytest.mark.parametrize("page", PAGE_NAMES)
 def test_page_code_blocks_run(page: str, request: pytest.FixtureRequest) -> None:
     """Every ```python block of the page (with its hidden setup/check blocks) runs, in

