@@ -85,8 +85,9 @@ def cluster_info(environ: Mapping[str, str] | None = None) -> ClusterInfo:
 
 def lost_peers(message: str, own: ClusterInfo) -> tuple[str, ...] | None:
     """The peers a multi-worker step error says are lost, as ``"type:index"``, from the
-    error's ``message``; ``()`` when it says a peer is lost without naming one; ``None``
-    when it is not about a lost peer.
+    error's ``message``; ``()`` when it says a peer is lost without naming one (in a
+    cluster of two, the other task: there is no other to lose); ``None`` when it is not
+    about a lost peer.
 
     TensorFlow names a dead task in its errors (``/job:worker/replica:0/task:1``) once
     its coordination service misses the task's heartbeats, or a collective fails on the
@@ -107,4 +108,7 @@ def lost_peers(message: str, own: ClusterInfo) -> tuple[str, ...] | None:
             task = f"{'chief' if job == 'master' else job}:{int(index)}"
             if task != own.task_id and (not own.workers or task in own.workers) and task not in named:
                 named.append(task)
+    others = [task for task in own.workers if task != own.task_id]
+    if not named and len(others) == 1:  # a message that names no task (a reset seen first)
+        named = others
     return tuple(named)

@@ -82,6 +82,7 @@ class _HangingGet:
 
     def __call__(self) -> _Answer:
         conn = http.client.HTTPConnection(self._host, timeout=_CONNECT_SECS)
+        response: http.client.HTTPResponse | None = None
         try:
             with self._lock:
                 if self._aborted:
@@ -105,6 +106,8 @@ class _HangingGet:
         finally:
             with self._lock:
                 self._sock = None
+            if response is not None:  # a read cut short (an abort): the response's file
+                response.close()  # holds the socket open past conn.close() until collected
             conn.close()
 
 

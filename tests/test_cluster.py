@@ -11,6 +11,7 @@ from asupervisor._cluster import ClusterInfo, lost_peers
 CHIEF = ClusterInfo(
     task_type="chief", task_index=0, num_workers=3, is_chief=True, workers=("chief:0", "worker:0", "worker:1")
 )
+PAIR = ClusterInfo(task_type="chief", task_index=0, num_workers=2, is_chief=True, workers=("chief:0", "worker:0"))
 WORKER = ClusterInfo(task_type="worker", task_index=0, num_workers=3, is_chief=False, workers=CHIEF.workers)
 
 HEARTBEATS = (
@@ -34,6 +35,10 @@ RESET = (
         ("Failed to connect to all addresses", CHIEF, ()),
         ("Graph execution error: Incompatible shapes: [2] vs. [3]", CHIEF, None),  # not about a peer
         ("heartbeat timeout of /job:ps/replica:0/task:0", CHIEF, ()),  # not a training worker
+        # a cluster of two: the other task, whether or not the message names it (a busy
+        # machine's survivor saw "Collective ops is aborted by: ..." without a task)
+        ("Collective ops is aborted by: something", PAIR, ("worker:0",)),
+        ("heartbeat timeout of /job:ps/replica:0/task:0", PAIR, ("worker:0",)),
     ],
 )
 def test_the_lost_task_is_read_off_the_message(
