@@ -25,7 +25,7 @@ import functools
 import os
 import time
 
-__all__ = ["CPU_ENV_VAR", "ENV_VAR", "busy", "cpu_slowness", "scaled", "slowness"]
+__all__ = ["CPU_ENV_VAR", "ENV_VAR", "busy", "cpu_slowness", "scaled", "slowness", "stretch"]
 
 #: the environment variable that fixes the figure, and carries it to child processes
 ENV_VAR = "ASUPERVISOR_TEST_SLOWNESS"
@@ -89,3 +89,10 @@ def busy() -> bool:
     closely a deadline is used (within a step), not only that it is met, checks the
     closeness on a machine that is not (the benches hold it on a quiet one)."""
     return slowness() >= _BUSY_SLOWNESS
+
+
+def stretch() -> float:
+    """How much a window under test (a notice's deadline, a store's time to answer)
+    stretches: :func:`slowness` on a busy machine, else 1 (the suite's own load is what
+    the windows were sized under, and a longer window is a longer test)."""
+    return slowness() if busy() else 1.0

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from _timing import busy, scaled, slowness
+from _timing import busy, scaled, stretch
 
 import asupervisor as asv
 from asupervisor._checkpoint.saving._multi_worker import temp_prefix
@@ -527,9 +527,9 @@ def test_a_notice_with_a_deadline_to_the_chief_saves_at_once_trains_on_and_saves
     and the wind-down (2 s) before it; both exit with SIGUSR1's status (138). (The save's
     time is the one measured when the step was agreed: the agreement is not made again
     when a loaded machine slows the saves after it, which then eat into the margin.) On a
-    slow or busy machine the deadline stretches with the steps and saves; on a busy one
-    the closeness to the last step that fits is not checked, the promises are."""
-    deadline_secs = 4.0 * slowness()
+    busy machine the deadline stretches with the steps and saves, and the closeness to
+    the last step that fits is not checked, the promises are."""
+    deadline_secs = 4.0 * stretch()
     logdir = tmp_path / "logdir"
     env_of = {task: {"MW_NOTICE_SECS": str(deadline_secs)} for task in ("chief", "worker")}
     procs = _start_cluster(tmp_path, logdir, 1_000_000, 15, "asyncio", "notice", env_of=env_of)

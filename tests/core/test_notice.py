@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 import tensorflow as tf
-from _timing import busy, scaled, slowness
+from _timing import busy, scaled, stretch
 
 import asupervisor as asv
 from asupervisor._core._notice import deadline_for, reserve_secs, save_estimate, stop_step
@@ -71,7 +71,7 @@ async def test_a_service_notice_with_time_trains_on_and_saves_before_its_deadlin
     once, steps go on, and the session stops with a final checkpoint before the deadline;
     the stop reason and the exit status are a preemption's."""
     noticed: list[float] = []
-    window = KEPT_SECS + 3 * slowness()  # 3 s to train on, on the reference machine
+    window = KEPT_SECS + 3 * stretch()  # 3 s to train on, on the reference machine
 
     class Notice(asv.Service):
         name = "notice"
@@ -132,11 +132,10 @@ def test_a_notice_in_every_phase_saves_within_a_step_of_its_deadline(tmp_path: P
     session ends before its deadline, its final checkpoint at the last step that leaves
     ``1.2 x`` the save's time and the wind-down before it (at most one step short; none
     can be taken during a validation or the wait), and the process exits, before the
-    last deadline, with SIGUSR1's status. On a slow or busy machine the deadlines
-    stretch with the steps and saves (a 4 s window does not hold a 200 MB save under a
-    second suite's load), and on a busy one only the promises are checked, not how
-    closely the window was used (``bench/notice_window.py`` holds that on a quiet one)."""
-    factor = slowness()
+    last deadline, with SIGUSR1's status. On a busy machine the deadlines stretch with
+    the steps and saves (a 4 s window does not hold a 200 MB save under a second suite's
+    load), and only the promises are checked, not how closely the window was used (``bench/notice_window.py`` holds that on a quiet one)."""
+    factor = stretch()
     phases = {
         p: d * factor for p, d in {"warmup": 3.0, "first_trace": 4.0, "validation": 4.0, "save_in_flight": 4.0}.items()
     }

@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 import pytest
-from _timing import scaled, slowness
+from _timing import scaled, stretch
 from servers import (
     TRAIN_SCRIPT,
     Child,
@@ -359,7 +359,7 @@ async def test_a_blackhole_during_training_is_reported_stalled_and_heals(
     within three deadlines ``status().remote`` reports the remote stalled, with an error,
     and behind; steps go on meanwhile; once the network is back, a newer checkpoint is
     uploaded and the error and the stall clear."""
-    monkeypatch.setenv("ASUPERVISOR_REMOTE_TIMEOUT_SECS", f"{4 * slowness():.1f}")  # a busy moto: the start's checks
+    monkeypatch.setenv("ASUPERVISOR_REMOTE_TIMEOUT_SECS", f"{4 * stretch():.1f}")  # a busy moto: the start's checks
     state = remote_train.state_of(0.1)
     sv = asv.Supervisor(s3_url, local_dir=tmp_path / "a", state=state, save_model_secs=0, handle_signals=False)
     ended = False

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from _timing import scaled, slowness
+from _timing import scaled, stretch
 from servers import TRAIN_SCRIPT, Child, FaultProxy, Server, both_backends, markers, until
 
 import asupervisor as asv
@@ -126,7 +126,7 @@ async def test_an_outage_during_training_is_retried_and_training_goes_on(
     stalled: no progress within ASUPERVISOR_REMOTE_TIMEOUT_SECS, while the libraries
     still retry) and the lag; once it is back, the newest checkpoint is uploaded and the
     error clears."""
-    monkeypatch.setenv("ASUPERVISOR_REMOTE_TIMEOUT_SECS", f"{3 * slowness():.1f}")  # a busy moto: the start's checks
+    monkeypatch.setenv("ASUPERVISOR_REMOTE_TIMEOUT_SECS", f"{3 * stretch():.1f}")  # a busy moto: the start's checks
     state = remote_train.state_of(0.1)
     sv = asv.Supervisor(s3_url, local_dir=tmp_path / "a", state=state, save_model_secs=0, handle_signals=False)
 
