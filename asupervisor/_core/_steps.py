@@ -238,6 +238,8 @@ class Steps:
                         continue
                     t1 = beat.at = perf()
                     times.input_wait += t1 - t
+                    if rt.closed:  # the session ended while this thread waited for the batch
+                        break  # (its stop could not wait): no step after the session's end
                     if per_step:
                         hooks.run_step(control, session, fn, (batch,), {}, count)
                     else:

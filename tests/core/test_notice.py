@@ -78,7 +78,9 @@ async def test_a_service_notice_with_time_trains_on_and_saves_before_its_deadlin
 
         async def run(self, ctx: asv.ServiceContext, *, task_status: Any) -> None:
             task_status.started()
-            while ctx.global_step < 3:  # a few steps measured first
+            # a few steps measured first, and the start-up save's time (a busy machine may
+            # still be writing it: unmeasured, a save counts as 30 s and no window opens)
+            while ctx.global_step < 3 or sv.status().last_checkpoint is None:
                 await anyio.sleep(0.01)
             with pytest.raises(ValueError, match="preempted"):
                 ctx.request_stop(reason="requested", deadline_secs=3)
@@ -137,7 +139,9 @@ def test_a_notice_in_every_phase_saves_within_a_step_of_its_deadline(tmp_path: P
     load), and only the promises are checked, not how closely the window was used (``bench/notice_window.py`` holds that on a quiet one)."""
     factor = stretch()
     phases = {
-        p: d * factor for p, d in {"warmup": 3.0, "first_trace": 4.0, "validation": 4.0, "save_in_flight": 4.0}.items()
+        # warmup is not stretched: its first batch takes 4 s, after its deadline
+        p: d * (1.0 if p == "warmup" else factor)
+        for p, d in {"warmup": 3.0, "first_trace": 4.0, "validation": 4.0, "save_in_flight": 4.0}.items()
     }
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     sent: dict[str, float] = {}

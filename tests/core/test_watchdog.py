@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import slowdisk
 import tensorflow as tf
-from _timing import scaled
+from _timing import scaled, stretch
 
 import asupervisor as asv
 from asupervisor._core._goodput import TimeAccount
@@ -266,7 +266,9 @@ def test_a_step_wedged_in_a_py_function_ends_the_process_with_the_hang_status(tm
     # the deadline is 4 x the steps' p99 above its floor: on a busy machine (a second
     # suite beside this one) the steps, and so the deadline, are longer
     deadline = float(re.search(r"deadline_secs=([0-9.]+)", detected).group(1))  # type: ignore[union-attr]
-    assert secs < max(10.0, 1.25 * deadline + 2.0), f"ended {secs:.1f} s after the wedge: {detected}"
+    # (under a second suite's load, the process took 15-55 s more to end after hang.exit)
+    bound = max(10.0, 1.25 * deadline + 2.0) * stretch()
+    assert secs < bound, f"ended {secs:.1f} s after the wedge: {detected}"
     assert "phase=step" in detected and "step=29" in detected and "secs=" in detected, detected
     stacks = _events(err, "hang.stack")
     assert any("thread=asv-step" in line for line in stacks), stacks
