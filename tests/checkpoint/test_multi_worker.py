@@ -559,9 +559,13 @@ def test_a_notice_with_a_deadline_to_the_chief_saves_at_once_trains_on_and_saves
     assert tf.train.latest_checkpoint(str(logdir)) == str(logdir / f"model.ckpt-{stopped}")
     ends = json.loads(next(line for line in chief if line.startswith("ENDS")).split(" ", 1)[1])
     ended = float(next(line for line in chief if line.startswith("ENDED")).split()[1])
-    (planned,) = [line.split() for line in chief if line.startswith("PLANNED")]
+    plans = [line.split() for line in chief if line.startswith("PLANNED")]
+    if not plans:  # no window: the save measured at the notice left no time: saved and stopped at once
+        assert busy(), chief
+        return
+    assert ended < sent + deadline_secs, (ended - sent, stopped)
+    (planned,) = plans
     save_secs = float(planned[3])
     limit = sent + deadline_secs - (1.2 * save_secs + 2.0)
     fits = sum(1 for end in ends if end <= limit)
-    assert ended < sent + deadline_secs, (ended - sent, stopped)
     assert busy() or fits - 1 <= stopped <= fits, (stopped, fits, len(ends), planned)
