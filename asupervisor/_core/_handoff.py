@@ -12,9 +12,11 @@ may block the event loop.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar, cast
 
 import anyio
@@ -22,11 +24,29 @@ import anyio.lowlevel
 
 from .._logging import get_logger
 
-__all__ = ["LoopHandle", "Waiter"]
+__all__ = ["LoopHandle", "Waiter", "waits_bounded_by"]
 
 T = TypeVar("T")
 
 log = get_logger(__name__)
+
+#: the deadline (``anyio.current_time()``'s clock) that bounds every :meth:`Waiter.wait`'s
+#: grace in this context: a stop's phase (:func:`waits_bounded_by`)
+_BOUND: contextvars.ContextVar[float] = contextvars.ContextVar("asv_wait_bound", default=math.inf)
+
+
+@contextlib.contextmanager
+def waits_bounded_by(deadline: float) -> Iterator[None]:
+    """Within: a :meth:`Waiter.wait` cancelled waits for its work in flight until
+    ``deadline`` at most, whatever grace it was given. A stop's phase is bounded by its
+    deadline (a cancel scope's), but a wait it cancels would otherwise go on, shielded,
+    for the work it started: a step thread stuck in the data's ``next()`` would hold
+    the stop until the data came."""
+    token = _BOUND.set(min(deadline, _BOUND.get()))
+    try:
+        yield
+    finally:
+        _BOUND.reset(token)
 
 
 class LoopHandle:
@@ -174,7 +194,8 @@ class Waiter(Generic[T]):
         finish on its own), and then the cancellation propagates. An error the worker
         raises meanwhile must be recorded by the worker itself; it is not re-raised here.
         ``grace_secs`` may be a callable, asked at the cancellation (a stop notice's
-        deadline may have come nearer since the wait began).
+        deadline may have come nearer since the wait began); within
+        :func:`waits_bounded_by` (a stop's phase) it ends by that deadline at the latest.
         """
         try:
             await self._wait_once()
@@ -182,9 +203,10 @@ class Waiter(Generic[T]):
             if on_cancel is not None:
                 on_cancel()
             grace = grace_secs() if callable(grace_secs) else grace_secs
-            with anyio.move_on_after(grace, shield=True) as scope:
+            bound = _BOUND.get() - anyio.current_time()
+            with anyio.move_on_after(max(0.0, min(grace, bound)), shield=True) as scope:
                 await self._wait_once()
-            if scope.cancelled_caught:
+            if scope.cancelled_caught and grace <= bound:  # (a stop's phase says its own overrun)
                 log.error("thread.overrun", waited_secs=grace)
             raise
         return self.outcome()

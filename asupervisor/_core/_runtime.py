@@ -42,7 +42,7 @@ from ._abc import SessionAttribute, SessionPart
 from ._divergence import DivergenceWatch, RollbackCounts
 from ._epochs import EpochCounter
 from ._goodput import TimeAccount
-from ._handoff import LoopHandle
+from ._handoff import LoopHandle, waits_bounded_by
 from ._hooks import HookRunner
 from ._metrics import MetricsSampler
 from ._notice import EXIT_SECS, WIND_DOWN_SECS, NoticeWindow
@@ -75,6 +75,9 @@ log = get_logger(__name__)
 #: once the stop's grace has run out: the most closing the parts and joining the threads
 #: get together (an abandoned save removing its files, event files flushed)
 _WIND_DOWN_SECS = WIND_DOWN_SECS
+#: the least a stop waits for a dedicated thread to end: one that is idle, once told, ends in
+#: milliseconds (a deadline already spent must not report it abandoned)
+_IDLE_JOIN_SECS = 0.05
 
 
 def _add_note(exc: BaseException, note: str) -> None:
@@ -666,7 +669,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
     async def _shutdown(self, *, clean: bool) -> None:
         """Stop everything in order, each phase bounded by what is left of one deadline."""
         control = self.control
-        deadline = self._deadline = Deadline(0.0 if self._hurried else self.stop_wait_secs())
+        deadline = self._deadline = self._stop_deadline()
         # Services first: their task group is exited before any other scope is entered.
         assert self._tg is not None
         await self._stop_services()
@@ -687,7 +690,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
                 else:
                     skipped.append(name)
                 return
-            with anyio.CancelScope(shield=True, deadline=limit.at) as scope:
+            with anyio.CancelScope(shield=True, deadline=limit.at) as scope, waits_bounded_by(limit.at):
                 if not winding_down:
                     self._phase_scope = scope  # a second signal cuts it short
                 try:
@@ -722,7 +725,9 @@ class Runtime(anyio.AsyncContextManagerMixin):
         for part in parts.closers:
             await phase("closers", lambda part=part: part.aclose(self), winding_down=True)  # type: ignore[misc]
         if parts.releasers:  # on the step thread: a lock on a hung disk must not block the loop
-            await phase("release", lambda: self.step_thread.submit(parts.release).wait_cancellable(), winding_down=True)
+            await phase(
+                "release", lambda: self.step_thread.submit_last(parts.release).wait_cancellable(), winding_down=True
+            )
         await phase("threads", lambda: self._close_threads(wind_down[0] if wind_down else deadline), winding_down=True)
         self.errors.note_peer_lost()  # the writes settled: the checkpoint a restart resumes from
         if overran or skipped:  # one line: what overran, what it left out, what the next start uses
@@ -740,6 +745,20 @@ class Runtime(anyio.AsyncContextManagerMixin):
             log.info("session.stopped", reason=control.reason, global_step=self.step, abandoned=sorted(set(abandoned)))
         else:
             log.info("session.stopped", reason=control.reason, global_step=self.step)
+
+    def _stop_deadline(self) -> Deadline:
+        """The stop's one deadline: ``stop_grace_secs`` from the stop's request (the wait
+        for the step in flight took its share), nearer when a notice's deadline
+        is; now, for a hurried stop (a second signal)."""
+        if self._hurried:
+            return Deadline(0.0)
+        now = Deadline(self.stop_wait_secs())
+        requested = self.control.requested_at
+        if requested is None:
+            return now
+        began = anyio.current_time() - max(0.0, time.monotonic() - requested)  # on the loop's clock
+        since_stop = Deadline(self.stop_grace_secs, began_at=began)
+        return since_stop if since_stop.at < now.at else now
 
     def _final_check(self) -> None:
         """On the step thread: every ``before_snapshot``; one that raises makes the state suspect."""
@@ -773,5 +792,5 @@ class Runtime(anyio.AsyncContextManagerMixin):
         for thread in self._threads:
             thread.request_close()
         # Service threads first, the step thread (which owns the state) last.
-        for thread in reversed(self._threads):
-            await thread.aclose_within(deadline.remaining())
+        for thread in reversed(self._threads):  # (an idle thread, told, ends within milliseconds)
+            await thread.aclose_within(max(_IDLE_JOIN_SECS, deadline.remaining()))

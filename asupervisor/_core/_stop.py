@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,8 @@ class StopControl:
         #: every worker of the cluster stops at this same step (an agreed preemption)
         self.agreed = False
         self.scope: anyio.CancelScope | None = None
+        #: when the first stop was requested (``time.monotonic()``): its grace starts then
+        self.requested_at: float | None = None
         self._loop = loop
         self._lock = threading.Lock()
         #: called, from the requesting thread, at every stop request (wakes blocked waits)
@@ -84,6 +87,8 @@ class StopControl:
                 self.agreed = agreed
             first = not self.stopping
             self.stopping = True
+            if first:
+                self.requested_at = time.monotonic()
         if self._on_stop is not None:
             self._on_stop()
         self._loop.call_if_running(self._cancel_scope)  # a finished loop: nothing left to cancel
@@ -124,9 +129,10 @@ class Deadline:
 
     __slots__ = ("at", "grace_secs")
 
-    def __init__(self, grace_secs: float) -> None:
+    def __init__(self, grace_secs: float, *, began_at: float | None = None) -> None:
         self.grace_secs = grace_secs
-        self.at = anyio.current_time() + grace_secs if math.isfinite(grace_secs) else math.inf
+        began = anyio.current_time() if began_at is None else began_at
+        self.at = began + grace_secs if math.isfinite(grace_secs) else math.inf
 
     @property
     def expired(self) -> bool:

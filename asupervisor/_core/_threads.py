@@ -43,15 +43,22 @@ class ThreadClosedError(RuntimeError):
 
 
 class _Job:
-    __slots__ = ("args", "fn", "kwargs", "waiter")
+    __slots__ = ("args", "fn", "kwargs", "last", "waiter")
 
     def __init__(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], waiter: Waiter[Any] | None
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        waiter: Waiter[Any] | None,
+        *,
+        last: bool = False,
     ) -> None:
         self.fn = fn
         self.args = args
         self.kwargs = kwargs
         self.waiter = waiter
+        self.last = last  # runs even on a thread given up on (DedicatedThread.submit_last)
 
     def run(self) -> None:
         if self.waiter is None:  # submit_nowait: fn reports its own errors
@@ -84,6 +91,10 @@ class DedicatedThread:
         self._boundary: collections.deque[_Job] = collections.deque()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._closed = False
+        #: given up on at the stop (:meth:`aclose_within`): what was queued behind the job
+        #: it is stuck in is dropped, but for :meth:`submit_last`'s (a final save must not
+        #: be written once the session has ended, maybe by the logdir's next owner)
+        self._abandoned = False
         self._exited: Waiter[None] = loop.waiter()
         #: a job runs now (read from any thread: a stop past its deadline does not wait
         #: for a step thread still busy)
@@ -113,6 +124,16 @@ class DedicatedThread:
             raise ThreadClosedError(f"thread {self.name!r} is closed")
         waiter = self._loop.waiter()
         self._jobs.put(_Job(fn, args, kwargs, waiter))
+        return waiter
+
+    def submit_last(self, fn: Callable[..., Any], /, *args: Any) -> Waiter[Any]:
+        """:meth:`submit` for a thread's last job, one that must run even if the stop
+        gives up on the thread (it is stuck in the data's ``next()``): what it holds let
+        go (the logdir's lock), whenever the thread is free again."""
+        if self._closed:
+            raise ThreadClosedError(f"thread {self.name!r} is closed")
+        waiter = self._loop.waiter()
+        self._jobs.put(_Job(fn, args, {}, waiter, last=True))
         return waiter
 
     def submit_to(self, waiter: Waiter[Any], fn: Callable[..., Any], /, *args: Any) -> None:
@@ -158,7 +179,7 @@ class DedicatedThread:
     def run_boundary_jobs(self) -> None:
         """Run the waiting boundary jobs now (call only on this thread)."""
         boundary = self._boundary
-        while boundary:
+        while boundary and not self._abandoned:
             boundary.popleft().run()
 
     def _main(self) -> None:
@@ -166,10 +187,12 @@ class DedicatedThread:
         try:
             while True:
                 job = jobs.get()
-                if self._boundary:
+                if self._boundary and not self._abandoned:
                     self.run_boundary_jobs()
                 if job is _STOP:
                     break
+                if self._abandoned and job is not _WAKE and not job.last:
+                    continue  # given up on: only what lets go still runs
                 if job is not _WAKE:
                     self.busy = True
                     try:
@@ -205,5 +228,6 @@ class DedicatedThread:
         with anyio.move_on_after(secs, shield=True):
             await self.aclose()
             return True
+        self._abandoned = True
         log.warning("thread.abandoned", thread=self.name, waited_secs=secs)
         return False
