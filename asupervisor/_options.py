@@ -254,7 +254,8 @@ class StopOptions:
     def __post_init__(self) -> None:
         _number("StopOptions.grace_secs", self.grace_secs, allow_inf=True)
         if not isinstance(self.watchdog, WatchdogOptions):
-            raise TypeError(f"StopOptions.watchdog must be an asv.WatchdogOptions, got {self.watchdog!r}")
+            off = " (off: asv.WatchdogOptions(enabled=False))" if self.watchdog is False else ""
+            raise TypeError(f"StopOptions.watchdog must be an asv.WatchdogOptions, got {self.watchdog!r}{off}")
         from ._core._signals import stop_signals_from
 
         try:

@@ -85,6 +85,8 @@ def test_bad_options_are_refused_naming_the_field_and_value(field: str, value: o
         asv.WatchdogOptions(**{field: value})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"StopOptions\.watchdog"):
         asv.StopOptions(watchdog=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got False \(off: asv\.WatchdogOptions\(enabled=False\)\)"):
+        asv.StopOptions(watchdog=False)  # type: ignore[arg-type]
 
 
 def test_the_step_deadline_is_learned_and_a_stuck_step_is_named() -> None:
