@@ -332,9 +332,11 @@ class NoticeWindow(SessionPart):
         """Stop now if one more step would end past the reserve before the deadline."""
         rt = self._rt
         step = rt.global_step
-        planned = stop_step(step, now, self.deadline, self._step_secs(), self._save_secs())
+        save_secs = self._save_secs()
+        planned = stop_step(step, now, self.deadline, self._step_secs(), save_secs)
         if planned is None:
-            log.info("notice.stopping", step=step, secs_left=round(self.deadline - now, 3))
+            said = {} if save_secs is None else {"save_secs": round(save_secs, 4)}  # (what the reserve was)
+            log.info("notice.stopping", step=step, secs_left=round(self.deadline - now, 3), **said)
             self._stepping = False
             rt.control.request_stop(reason=self.reason)
             return

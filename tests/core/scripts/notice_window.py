@@ -1,11 +1,15 @@
 """A training process for the notice-window tests: one session per phase, each stopped
 by a SIGUSR1 that carries a deadline (``StopOptions(deadline_secs={"SIGUSR1": ...})``).
 
-Usage: ``notice_window.py BACKEND ROOT PHASE[:DEADLINE] ...``. Before each phase's notice
-is due it prints ``ready <phase>`` (the parent then sends SIGUSR1); after each session one
-JSON line: the phase, the final step, each step's end (``time.monotonic()``, the clock the
-parent shares), one save's measured time, when the session ended, its stop reason. The
-process exits with ``asv.exit_code`` of the last session.
+Usage: ``notice_window.py BACKEND ROOT PHASE[:DEADLINE[:stretch]] ...``. Before each phase's
+notice is due it prints ``ready <phase>`` (the parent then sends SIGUSR1); after each session
+one JSON line: the phase, its deadline, the final step, each step's end (``time.monotonic()``,
+the clock the parent shares), one save's measured time, when the session ended, its stop
+reason. The process exits with ``asv.exit_code`` of the last session.
+
+A deadline marked ``stretch`` stretches as the phase starts on a busy machine
+(``tests/_timing.stretch``: a 200 MB save does not fit a 4 s window under a second
+suite's load); the JSON line says by how much.
 
 Phases: ``steady`` (0.05 s steps), ``first_trace`` (a ``tf.function`` whose trace takes
 1 s), ``validation`` (``sess.fit``; the notice comes during a slow validation),
@@ -25,8 +29,12 @@ import anyio
 import numpy as np
 import tensorflow as tf
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from _timing import stretch
+
 import asupervisor as asv
 from asupervisor._core._notice import save_estimate
+from asupervisor.testing import capture_logs
 
 
 def ready(phase: str) -> None:
@@ -50,7 +58,9 @@ def slow_dataset(n: int, secs: float, phase: str, *, first_only: bool = False) -
     return ds.map(lambda x: (tf.reshape(x, (1, 1)), tf.reshape(x, (1, 1))))
 
 
-async def run_phase(backend: str, root: str, phase: str, deadline: float) -> asv.Status:
+async def run_phase(backend: str, root: str, phase: str, deadline: float, stretchable: bool) -> asv.Status:
+    factor = stretch() if stretchable else 1.0
+    deadline *= factor
     ends: list[float] = []
     v = tf.Variable(0, dtype=tf.int64)
     state: dict[str, Any] = {"v": v}
@@ -73,6 +83,33 @@ async def run_phase(backend: str, root: str, phase: str, deadline: float) -> asv
         **saving,
     )
 
+    with capture_logs() as logs:
+        await _train(sv, phase, root, v, model, ends)
+    status = sv.status()
+    save = save_estimate(status.save_seconds)
+    # the save's time the window's last plan reserved (the final save, measured after it,
+    # moves the estimate)
+    planned = [e["save_secs"] for e in logs if e["event"] == "notice.stopping" and "save_secs" in e]
+    print(
+        json.dumps(
+            {
+                "phase": phase,
+                "deadline_secs": deadline,
+                "stretch": factor,
+                "final_step": sv.global_step,
+                "step_ends": ends,
+                "save_secs": planned[-1] if planned else save,
+                "ended_at": time.monotonic(),
+                "reason": status.stop_reason,
+                "last_checkpoint": None if status.last_checkpoint is None else status.last_checkpoint.step,
+            }
+        ),
+        flush=True,
+    )
+    return status
+
+
+async def _train(sv: asv.Supervisor, phase: str, root: str, v: Any, model: Any, ends: list[float]) -> None:
     async with sv.managed_session() as sess:
         while sv.status().last_checkpoint is None:  # the start-up save measured: the window's rule needs it
             await anyio.sleep(0.01)
@@ -131,23 +168,6 @@ async def run_phase(backend: str, root: str, phase: str, deadline: float) -> asv
                 ends.append(time.monotonic())
 
             await sess.run_loop(step, data)
-    status = sv.status()
-    save = save_estimate(status.save_seconds)
-    print(
-        json.dumps(
-            {
-                "phase": phase,
-                "final_step": sv.global_step,
-                "step_ends": ends,
-                "save_secs": save,
-                "ended_at": time.monotonic(),
-                "reason": status.stop_reason,
-                "last_checkpoint": None if status.last_checkpoint is None else status.last_checkpoint.step,
-            }
-        ),
-        flush=True,
-    )
-    return status
 
 
 async def main() -> asv.Status:
@@ -155,8 +175,9 @@ async def main() -> asv.Status:
     asv.configure_logging()  # events to stderr; stdout is for the test
     status = None
     for item in phases:
-        phase, _, secs = item.partition(":")
-        status = await run_phase(backend, root, phase, float(secs or 3.0))
+        phase, _, rest = item.partition(":")
+        secs, _, flag = rest.partition(":")
+        status = await run_phase(backend, root, phase, float(secs or 3.0), flag == "stretch")
     assert status is not None
     return status
 
