@@ -23,6 +23,9 @@ On a breach: ``hang.detected`` (phase, step, secs, deadline_secs), every thread'
 (``hang.stack``), the seconds as ``hang`` badput, the state marked suspect (no final
 checkpoint of a state mid-step) and a stop with reason ``hang:<phase>``; if the session
 has not ended ``exit_after_secs`` later, the process ends with ``os._exit(EXIT_HANG)``.
+A log that cannot be written (a full pipe nobody reads, a hung log file system) does not
+keep it alive: ``_LAST_RESORT_SECS`` after that the process ends unflushed, from a thread
+armed before anything was logged.
 
 This module imports nothing above ``_core`` and never TensorFlow (but
 :func:`collective_options`, lazily).
@@ -61,6 +64,9 @@ LEARNED_FILE = "asupervisor-watchdog.json"
 #: the phases a deadline is learned for
 PHASES = ("step", "input", "snapshot", "save", "restore", "barrier")
 _SAMPLES = 256  # durations kept per phase (the newest)
+#: after ``exit_after_secs``, how long the hang's exit may take to log and flush before the
+#: process is ended without them (a blocked log write must not keep a hung process alive)
+_LAST_RESORT_SECS = 5.0
 #: in a multi-worker training, the least a step's or a barrier's deadline is by default
 #: (``WatchdogOptions.peer_secs``): a peer that died, or stopped (SIGSTOP), is TensorFlow's
 #: to notice (its coordination service's heartbeats, 10 s), which ends the job with the
@@ -254,6 +260,9 @@ class Watchdog:
         self.cluster = cluster
         self.perf = perf
         self._exit = exit if exit is not None else exit_now
+        self._hard_exit = exit if exit is not None else os._exit  # (no flush: the last resort)
+        self._last_resort: threading.Thread | None = None
+        self._watching = False  # run() watches (a test may call check() alone)
         self.beat = Beat()
         self.poll_secs = min(0.5, options.floor_secs / 8)
         self._samples = {phase: collections.deque[float](maxlen=_SAMPLES) for phase in PHASES}
@@ -304,11 +313,14 @@ class Watchdog:
     def close(self) -> None:
         """Any thread: end the watchdog's loop (it writes what it learned, then returns)."""
         self._stopped.set()
+        if self._last_resort is not None:  # after a breach: it ends as soon as told
+            self._last_resort.join(timeout=1.0)
 
     # -- the watchdog's thread ---------------------------------------------------------
 
     def run(self) -> None:
         """On ``asv-watchdog``: check every ``poll_secs`` until :meth:`close`."""
+        self._watching = True
         try:
             while not self._stopped.wait(self.poll_secs):
                 if self.check():
@@ -393,6 +405,15 @@ class Watchdog:
     def _breach(self, phase: str, secs: float, deadline: float) -> bool:
         rt = self.rt
         self.breached = phase
+        wait = self.options.exit_after_secs
+        if wait is not None and self._watching:  # armed before the first log line: a log write may block
+            self._last_resort = threading.Thread(
+                target=self._exit_unless_stopped,
+                args=(wait + _LAST_RESORT_SECS,),
+                name="asv-watchdog-exit",
+                daemon=True,
+            )
+            self._last_resort.start()
         log.error("hang.detected", phase=phase, step=rt.step, secs=round(secs, 3), deadline_secs=round(deadline, 3))
         try:
             names = {t.ident: t.name for t in threading.enumerate()}
@@ -416,6 +437,13 @@ class Watchdog:
             return
         log.error("hang.exit", phase=self.breached, status=EXIT_HANG, waited_secs=wait)
         self._exit(EXIT_HANG)
+
+    def _exit_unless_stopped(self, secs: float) -> None:
+        """On ``asv-watchdog-exit``: the process ended, unflushed, unless the session ends
+        within ``secs`` (the watchdog's own exit, which logs and flushes first, may be
+        stuck in a log write)."""
+        if not self._stopped.wait(secs):
+            self._hard_exit(EXIT_HANG)
 
     def save(self) -> None:
         """On the watchdog's thread: the learned p99s to the logdir (chief, when changed)."""

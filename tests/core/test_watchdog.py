@@ -279,6 +279,48 @@ def test_a_step_wedged_in_a_py_function_ends_the_process_with_the_hang_status(tm
     assert [n for n in os.listdir(tmp_path / "run") if n.startswith("model.ckpt-29")] == []
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pipe's size is set with Linux's F_SETPIPE_SZ")
+def test_a_hang_exit_is_not_held_by_a_log_nobody_reads(tmp_path: Path) -> None:
+    """The process's log goes to a pipe of one page whose reader stops reading once the
+    step has wedged (a log collector that died): the hang's stack lines block in their
+    write. The process still ends with the hang status, at most ``exit_after_secs`` + 5 s
+    after the breach, unflushed, from a thread armed before the first log line."""
+    import fcntl
+
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(read_end, 1031, 4096)  # F_SETPIPE_SZ: one page
+    reading = threading.Event()
+    reading.set()
+
+    def drain() -> None:  # until told; the read end stays open (closed, the write would fail, not block)
+        while reading.is_set() and os.read(read_end, 512):
+            pass
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    args = [sys.executable, str(SCRIPT), "asyncio", str(tmp_path / "run"), "wedge"]
+    drainer = threading.Thread(target=drain, daemon=True)
+    try:
+        with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=write_end, text=True, env=env) as proc:
+            os.close(write_end)
+            drainer.start()
+            try:
+                assert proc.stdout is not None
+                assert proc.stdout.readline().strip() == "started"
+                assert proc.stdout.readline().split() == ["wedged", "30"]
+                reading.clear()
+                t0 = time.monotonic()
+                proc.wait(timeout=scaled(40))  # the old exit waited for the log, forever
+                secs = time.monotonic() - t0
+            finally:
+                proc.kill()
+    finally:
+        os.close(read_end)
+    assert proc.returncode == EXIT_HANG
+    # the breach (the step's deadline, 1 s here, on a 2 s poll), exit_after_secs (1 s), 5 s
+    assert secs < (2.0 + 1.0 + 5.0) * stretch() + 3.0, secs
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(not slowdisk.available(), reason="the slow disk is a FUSE mount: it needs root and /dev/fuse")
 def test_a_restore_held_by_the_disk_is_named_and_ends_the_process(tmp_path: Path) -> None:
