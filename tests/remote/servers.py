@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _timing import scaled
+from _timing import scaled, slowness
 
 #: a test of the remote tier that runs on both anyio backends (the others: asyncio)
 both_backends = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
@@ -471,10 +471,14 @@ def _running(pid: int) -> bool:
 
 
 def until(what: str, cond: Callable[[], bool], child: Child | None = None, secs: float = 60) -> None:
-    """Poll ``cond`` until it holds, failing after ``secs`` or when ``child`` exits first."""
-    deadline = time.monotonic() + scaled(secs)
+    """Poll ``cond`` until it holds, failing after ``secs`` or when ``child`` exits first.
+    ``secs`` stretches by the slowest the machine was during the wait (a second suite
+    that starts loading it midway), not only by how slow it was as the wait began."""
+    began = time.monotonic()
+    worst = slowness()
     while not cond():
         if child is not None and child.proc.poll() is not None:
             raise AssertionError(f"the training exited ({child.proc.returncode}) before {what}: {child.err()[-3000:]}")
-        assert time.monotonic() < deadline, f"no {what} within {secs} s"
+        worst = max(worst, slowness())
+        assert time.monotonic() < began + secs * worst, f"no {what} within {secs} s (x{worst:.2f})"
         time.sleep(0.02)  # polling a condition, with a deadline
