@@ -121,7 +121,7 @@ def test_a_closed_thread_leaves_the_work_to_the_caller(tmp_path: Path) -> None:
     assert io.caller_units == 3
 
 
-SPIN = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end: pass\n"
+SPIN = "import time\nprint('spinning', flush=True)\nend = time.monotonic() + 60\nwhile time.monotonic() < end: pass\n"
 
 
 def test_a_starved_idle_thread_is_taken_over(tmp_path: Path, pool: ThreadPoolExecutor) -> None:
@@ -133,8 +133,10 @@ def test_a_starved_idle_thread_is_taken_over(tmp_path: Path, pool: ThreadPoolExe
     cpus = len(os.sched_getaffinity(0))
     io = IdleIO(submit_to(pool), starved_secs=0.1)
     io.call(lambda: None)  # the thread is at idle priority from now on
-    spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(cpus + 1)]
+    spinners = [subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE) for _ in range(cpus + 1)]
     try:
+        for p in spinners:  # each spins already (a busy machine starts a python in seconds)
+            assert p.stdout is not None and p.stdout.readline() == b"spinning\n"
         data = payload(32 * CHUNK_BYTES)
         fd = os.open(tmp_path / "data", os.O_WRONLY | os.O_CREAT)
         t0 = time.monotonic()
@@ -149,6 +151,8 @@ def test_a_starved_idle_thread_is_taken_over(tmp_path: Path, pool: ThreadPoolExe
         for p in spinners:
             p.kill()
             p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
     assert (tmp_path / "data").read_bytes() == data.tobytes()
     assert taken > 0 and io.caller_units == taken + 1
     assert elapsed < 30
