@@ -30,19 +30,26 @@ T = TypeVar("T")
 
 log = get_logger(__name__)
 
-#: the deadline (``anyio.current_time()``'s clock) that bounds every :meth:`Waiter.wait`'s
-#: grace in this context: a stop's phase (:func:`waits_bounded_by`)
-_BOUND: contextvars.ContextVar[float] = contextvars.ContextVar("asv_wait_bound", default=math.inf)
+
+def _unbounded() -> float:
+    return math.inf
+
+
+#: when (``anyio.current_time()``'s clock, asked at the cancellation) every
+#: :meth:`Waiter.wait`'s grace ends at the latest in this context: a stop's phase
+#: (:func:`waits_bounded_by`)
+_BOUND: contextvars.ContextVar[Callable[[], float]] = contextvars.ContextVar("asv_wait_bound", default=_unbounded)
 
 
 @contextlib.contextmanager
-def waits_bounded_by(deadline: float) -> Iterator[None]:
+def waits_bounded_by(deadline: Callable[[], float]) -> Iterator[None]:
     """Within: a :meth:`Waiter.wait` cancelled waits for its work in flight until
-    ``deadline`` at most, whatever grace it was given. A stop's phase is bounded by its
-    deadline (a cancel scope's), but a wait it cancels would otherwise go on, shielded,
-    for the work it started: a step thread stuck in the data's ``next()`` would hold
-    the stop until the data came."""
-    token = _BOUND.set(min(deadline, _BOUND.get()))
+    ``deadline()`` at most (asked when it is cancelled), whatever grace it was given. A
+    stop's phase is bounded by its deadline (a cancel scope's), but a wait it cancels
+    would otherwise go on, shielded, for the work it started: a step thread stuck in the
+    data's ``next()`` would hold the stop until the data came."""
+    outer = _BOUND.get()
+    token = _BOUND.set(lambda: min(deadline(), outer()))
     try:
         yield
     finally:
@@ -203,7 +210,7 @@ class Waiter(Generic[T]):
             if on_cancel is not None:
                 on_cancel()
             grace = grace_secs() if callable(grace_secs) else grace_secs
-            bound = _BOUND.get() - anyio.current_time()
+            bound = _BOUND.get()() - anyio.current_time()
             with anyio.move_on_after(max(0.0, min(grace, bound)), shield=True) as scope:
                 await self._wait_once()
             if scope.cancelled_caught and grace <= bound:  # (a stop's phase says its own overrun)

@@ -679,6 +679,10 @@ class Runtime(anyio.AsyncContextManagerMixin):
         overran: list[str] = []  # the phases cut at the grace's end
 
         async def phase(name: str, fn: Callable[[], Awaitable[object]], *, winding_down: bool = False) -> None:
+            # A phase is cut at ``limit``; the work it waits for (a final save on the step
+            # thread) may still end within the wind-down: what it takes of it, the phases
+            # after it lose, and the stop still ends by the grace and the wind-down.
+            # A second signal (hurried) ends the waits at the deadline it cut.
             limit = deadline
             if winding_down:
                 if not wind_down:  # counted from the grace's end, not from now: a bound
@@ -690,7 +694,10 @@ class Runtime(anyio.AsyncContextManagerMixin):
                 else:
                     skipped.append(name)
                 return
-            with anyio.CancelScope(shield=True, deadline=limit.at) as scope, waits_bounded_by(limit.at):
+            with (
+                anyio.CancelScope(shield=True, deadline=limit.at) as scope,
+                waits_bounded_by(lambda: limit.at if winding_down or self._hurried else limit.at + _WIND_DOWN_SECS),
+            ):
                 if not winding_down:
                     self._phase_scope = scope  # a second signal cuts it short
                 try:
