@@ -680,8 +680,8 @@ class Runtime(anyio.AsyncContextManagerMixin):
 
         async def phase(name: str, fn: Callable[[], Awaitable[object]], *, winding_down: bool = False) -> None:
             # A phase is cut at ``limit``; the work it waits for (a final save on the step
-            # thread) may still end within the wind-down: what it takes of it, the phases
-            # after it lose, and the stop still ends by the grace and the wind-down.
+            # thread) may still end within the first half of the wind-down (the closing
+            # and joining keep the rest): the stop still ends by the grace and the wind-down.
             # A second signal (hurried) ends the waits at the deadline it cut.
             limit = deadline
             if winding_down:
@@ -696,7 +696,7 @@ class Runtime(anyio.AsyncContextManagerMixin):
                 return
             with (
                 anyio.CancelScope(shield=True, deadline=limit.at) as scope,
-                waits_bounded_by(lambda: limit.at if winding_down or self._hurried else limit.at + _WIND_DOWN_SECS),
+                waits_bounded_by(lambda: limit.at if winding_down or self._hurried else limit.at + _WIND_DOWN_SECS / 2),
             ):
                 if not winding_down:
                     self._phase_scope = scope  # a second signal cuts it short
