@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import slowdisk
-from _timing import scaled
+from _timing import scaled, stretch
 from tmpfs import IS_ROOT, mounted, needs_mount
 
 pytestmark = pytest.mark.usefixtures("checkpoint_store")  # a promise test: both stores
@@ -76,7 +76,9 @@ def test_grace_bounds_a_final_save_stuck_in_one_write(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
     stop_secs = float(lines["STOP_SECS"])
-    assert stop_secs < grace + 1.0 + 0.3, f"the stop took {stop_secs} s with stop_grace_secs={grace}"
+    # (the 0.3 s for the joins and the log stretches on a busy machine: 1.81 s was seen
+    # beside a second suite)
+    assert stop_secs < grace + 1.0 + 0.3 * stretch(), f"the stop took {stop_secs} s with stop_grace_secs={grace}"
     assert "shutdown.overrun" in out.stderr, out.stderr
     assert restore_latest(backing / "run") == 0
 
