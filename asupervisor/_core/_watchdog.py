@@ -313,8 +313,6 @@ class Watchdog:
     def close(self) -> None:
         """Any thread: end the watchdog's loop (it writes what it learned, then returns)."""
         self._stopped.set()
-        if self._last_resort is not None:  # after a breach: it ends as soon as told
-            self._last_resort.join(timeout=1.0)
 
     # -- the watchdog's thread ---------------------------------------------------------
 
@@ -325,6 +323,8 @@ class Watchdog:
             while not self._stopped.wait(self.poll_secs):
                 if self.check():
                     self._after_breach()
+                    if self._last_resort is not None:  # told, as this loop was: it ends now
+                        self._last_resort.join()  # (here, not on the event loop: close())
                     return
                 if self._commit_seen:
                     self._commit_seen = False
