@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 
-__all__ = ["CPU_ENV_VAR", "ENV_VAR", "busy", "cpu_slowness", "scaled", "slowness", "stretch"]
+__all__ = ["CPU_ENV_VAR", "ENV_VAR", "ExitTimer", "busy", "cpu_slowness", "scaled", "slowness", "stretch"]
 
 #: the environment variable that fixes the figure, and carries it to child processes
 ENV_VAR = "ASUPERVISOR_TEST_SLOWNESS"
@@ -119,3 +120,34 @@ def stretch() -> float:
     were sized under, and a longer window is a longer test)."""
     now = _slowness_now()
     return now if now >= _BUSY_SLOWNESS else 1.0
+
+
+class ExitTimer:
+    """When a child process called exit, watched from construction by a thread (Linux:
+    the exit status appears in ``/proc/PID/stat`` the moment the process calls exit; the
+    kernel frees its memory after that, which for a TensorFlow process on a busy machine
+    took 30 s here, a time no program controls). Elsewhere, or when the process was
+    reaped before a look saw it, :meth:`at` is ``None``: judge by the reaping."""
+
+    def __init__(self, pid: int) -> None:
+        self._path = f"/proc/{pid}/stat"
+        self._at: float | None = None
+        self._thread = threading.Thread(target=self._watch, name="exit-timer", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                with open(self._path) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                return  # reaped (or no /proc)
+            if len(fields) >= 50 and fields[-1] != "0":  # exit_code, the stat's last field
+                self._at = time.monotonic()
+                return
+            time.sleep(0.01)
+
+    def at(self) -> float | None:
+        """The monotonic time the process called exit (call after it was reaped)."""
+        self._thread.join(timeout=5)
+        return self._at
