@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import slowdisk
-from _timing import scaled
+from _timing import ExitTimer, scaled, stretch
 
 import asupervisor as asv
 
@@ -112,10 +112,10 @@ def test_second_signal_abandons_the_final_checkpoint(tmp_path: Path, backend: st
                 if "session.signal" in line:
                     break
             _wait_for_a_save_in_flight(backing / "run")  # the final save's files appear
-            t0 = time.monotonic()
+            t0, exited = time.monotonic(), ExitTimer(proc.pid)
             proc.send_signal(signal.SIGINT)
             out, err = _finish(proc)
-            secs = time.monotonic() - t0
+            secs = (exited.at() or time.monotonic()) - t0
         finally:
             proc.kill()
     assert proc.returncode == 130, out + err
@@ -262,3 +262,43 @@ def test_bad_stop_signals_are_refused_naming_the_value(value: object, error: typ
 def test_stop_signals_take_names_numbers_and_short_names() -> None:
     sv = asv.Supervisor(stop_signals=("SIGTERM", "usr1", int(signal.SIGUSR2), "SIGTERM"))
     assert sv.config.stop_signals == (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+STUCK_DATA = Path(__file__).parent / "scripts" / "stuck_data.py"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("backend", "exit"), [("asyncio", "now"), ("trio", "sys.exit")])
+def test_sigterm_while_the_input_hangs_ends_the_process_within_its_grace(
+    tmp_path: Path, backend: str, exit: str
+) -> None:
+    """A SIGTERM to a training whose ``tf.data`` input stopped answering (a reader on a dead
+    mount: the step thread waits in the iterator's ``next()``) ends the process
+    ``stop_grace_secs`` (2 s) + the 1 s wind-down after it, with the preempted status and
+    the restart point named: the final checkpoint is left out (the thread that owns the
+    state is stuck), the last committed one stays the latest. Through ``asv.exit_now`` (as
+    the docs advise) and through a plain ``sys.exit``, whose interpreter teardown must not
+    wait for the stuck reader either."""
+    import time
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    logdir = tmp_path / "run"
+    args = [sys.executable, str(STUCK_DATA), backend, str(logdir), exit]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().split()[0] == "stuck"
+            sent, exited = time.monotonic(), ExitTimer(proc.pid)
+            proc.send_signal(signal.SIGTERM)
+            out, err = _finish(proc, timeout=60)  # the old stop waited for the data, forever
+            took = (exited.at() or time.monotonic()) - sent
+        finally:
+            proc.kill()
+    assert proc.returncode == 143, out + err
+    latest = logdir / "model.ckpt-0"
+    assert out.strip().splitlines()[-1] == f"stop_reason=signal:SIGTERM latest={latest}", out
+    overrun = [line for line in err.splitlines() if "shutdown.overrun" in line]
+    assert len(overrun) == 1 and "final_checkpoint" in overrun[0] and str(latest) in overrun[0], err[-3000:]
+    assert sorted(p.name for p in logdir.glob("model.ckpt-*.index")) == ["model.ckpt-0.index"]
+    # the grace and the wind-down, then the interpreter's teardown (sys.exit: seconds)
+    assert took < 2 + 1 + (1.0 if exit == "now" else 10.0) * stretch(), f"{took:.1f} s from SIGTERM to exit"
