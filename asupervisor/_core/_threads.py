@@ -19,9 +19,12 @@ This module must never call into TensorFlow itself, and never block the event lo
 from __future__ import annotations
 
 import collections
+import gc
 import queue
+import sys
 import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import anyio
@@ -30,12 +33,30 @@ from .._exceptions import EndOfData
 from .._logging import get_logger
 from ._handoff import LoopHandle, Waiter
 
-__all__ = ["DedicatedThread", "ThreadClosedError"]
+__all__ = ["DedicatedThread", "ThreadClosedError", "current_frames"]
 
 log = get_logger(__name__)
 
 _STOP = object()
 _WAKE = object()
+
+
+def current_frames() -> dict[int, FrameType]:
+    """``sys._current_frames()``, with the garbage collector held off during the call.
+
+    On CPython 3.10, and 3.11 and 3.12 releases before the fix of gh-106883 (3.11.7
+    here), a collection that starts inside the call (it makes the threads' frame
+    objects) and frees a ``threading.local`` (TensorFlow's graphs hold some) takes the
+    interpreter's thread-list lock the call already holds: the caller waits forever
+    holding the GIL, and the whole process with it (seen: the watchdog's poll froze a
+    Keras training in the suite). The collector is turned back on only if it was on."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class ThreadClosedError(RuntimeError):

@@ -37,7 +37,6 @@ import collections
 import json
 import math
 import os
-import sys
 import threading
 import time
 import traceback
@@ -51,6 +50,7 @@ from ._exit import exit_now
 from ._files import replace_file
 from ._goodput import HANG
 from ._status import EXIT_HANG
+from ._threads import current_frames
 
 if TYPE_CHECKING:
     from ._goodput import TimeAccount
@@ -381,7 +381,7 @@ class Watchdog:
         unlearned deadline, as the first step does; a stuck op (a collective waiting on a
         peer, a ``py_function`` waiting on another thread) leaves the frame as it is."""
         ident = self.beat.ident
-        frame = None if ident is None else sys._current_frames().get(ident)
+        frame = None if ident is None else current_frames().get(ident)
         where = None if frame is None else (id(frame.f_code), frame.f_lineno)
         seen_at, seen_where, moved = self._frame_seen
         if seen_at != at:  # another step: start over
@@ -417,7 +417,7 @@ class Watchdog:
         log.error("hang.detected", phase=phase, step=rt.step, secs=round(secs, 3), deadline_secs=round(deadline, 3))
         try:
             names = {t.ident: t.name for t in threading.enumerate()}
-            for ident, frame in sys._current_frames().items():
+            for ident, frame in current_frames().items():
                 stack = "".join(traceback.format_stack(frame))
                 log.error("hang.stack", thread=names.get(ident, str(ident)), stack=stack)
         except Exception as exc:  # the stacks are help, not the stop

@@ -160,3 +160,67 @@ def test_a_thread_abandoned_past_its_loop_ends_quietly(backend: str) -> None:
         threading.excepthook = previous
     assert not threads[0].is_alive()
     assert errors == []
+
+
+_FRAMES_UNDER_COLLECTIONS = """
+import gc, sys, threading
+from asupervisor._core._threads import current_frames
+
+stop = threading.Event()
+
+
+def f(n):
+    return n + 1
+
+
+def spin():  # always in a fresh Python frame: the read makes its frame object, which allocates
+    while not stop.is_set():
+        for i in range(1000):
+            f(i)
+
+
+for _ in range(2):
+    threading.Thread(target=spin, daemon=True).start()
+sys.setswitchinterval(1e-5)
+for i in range(20000):
+    holder = type("Holder", (), {})()
+    holder.local, holder.self = threading.local(), holder  # garbage holding a threading.local
+    del holder
+    gc.set_threshold(1)  # the read's first allocation starts a collection
+    frames = current_frames()
+    gc.set_threshold(700)
+assert gc.isenabled()
+print("read", i + 1, flush=True)
+"""
+
+
+def test_reading_the_threads_frames_while_garbage_holds_a_thread_local_does_not_deadlock() -> None:
+    """The watchdog reads every thread's frame (``current_frames``) while steps run. On
+    the CPython releases without gh-106883's fix (this machine's 3.11.7 among them), a
+    garbage collection that starts inside ``sys._current_frames()`` and frees a
+    ``threading.local`` deadlocks the process (a Keras training froze so in the suite,
+    the watchdog's thread holding the GIL). Here every read is made to start such a
+    collection, 20,000 times, beside threads running Python: they all complete."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _FRAMES_UNDER_COLLECTIONS], capture_output=True, text=True, timeout=scaled(60)
+    )
+    assert (proc.returncode, proc.stdout.split()) == (0, ["read", "20000"]), proc.stderr[-3000:]
+
+
+def test_reading_the_threads_frames_puts_the_collector_back_as_it_was() -> None:
+    """A program that turned the garbage collector off keeps it off; on stays on."""
+    import gc
+
+    from asupervisor._core._threads import current_frames
+
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        assert threading.get_ident() in current_frames() and gc.isenabled()
+        gc.disable()
+        assert threading.get_ident() in current_frames() and not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -27,6 +27,7 @@ import anyio
 import tensorflow as tf
 
 import asupervisor as asv
+from asupervisor._core._threads import current_frames  # (sys._current_frames can deadlock: see there)
 
 
 def _inside(frame: FrameType | None, name: str) -> bool:
@@ -51,7 +52,7 @@ async def main(logdir: str) -> int:
     def tell_when_the_step_thread_waits() -> None:
         while True:  # a condition's poll: the step thread inside the iterator's __next__
             step_thread = next((t for t in threading.enumerate() if t.name == "asv-step"), None)
-            frame = None if step_thread is None else sys._current_frames().get(step_thread.ident or 0)
+            frame = None if step_thread is None else current_frames().get(step_thread.ident or 0)
             if _inside(frame, "__next__"):
                 print(f"stuck {int(v.numpy())}", flush=True)
                 return
