@@ -196,7 +196,10 @@ def test_a_partitioned_owner_taken_over_writes_nothing_more_and_exits_77(
         assert orphans(endpoint, s3_url) == []  # what A's cut upload left, B removed
 
         link.heal()
-        until("A's exit after the network came back", lambda: a.proc.poll() is not None, secs=90)
+        try:
+            until("A's exit after the network came back", lambda: a.proc.poll() is not None, secs=90)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {a.err()[-6000:]}") from None
     finally:
         link.close()
 
