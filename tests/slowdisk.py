@@ -10,7 +10,7 @@ mounts, prints ``READY``, serves until the mount goes away (``umount``) or the p
 is terminated. The kernel's FUSE protocol is spoken directly over ``/dev/fuse`` (no
 libfuse): the operations a training run uses (create, write, read, fsync, rename,
 unlink, directories, statfs); the others answer ``ENOSYS``, as the protocol allows. An
-empty file ``asv-stall-<secs>`` created in the mount's root makes the next write hang
+empty file ``asv-stall-<secs>`` created in the mount's root makes the next write of a checkpoint file hang
 that long (a write stuck in a hung disk); ``asv-slowread-<secs>`` makes the next read of
 a checkpoint's data file (``*.data-*``) hang that long (a restore held by the disk).
 Needs root (``mount``) and ``/dev/fuse``. :func:`mounted` is the context manager the
@@ -36,7 +36,7 @@ from pathlib import Path
 from _timing import scaled
 
 MAX_WRITE = 128 << 10
-#: ``<mount>/asv-stall-<secs>``: the next write stalls ``secs`` (:meth:`_Server.stall_once`)
+#: ``<mount>/asv-stall-<secs>``: the next write of a checkpoint file stalls ``secs`` (:meth:`_Server.stall_once`)
 STALL_PREFIX = "asv-stall-"
 #: ``<mount>/asv-slowread-<secs>``: the next read of a ``*.data-*`` file stalls ``secs``
 READ_STALL_PREFIX = "asv-slowread-"
@@ -161,11 +161,14 @@ class _Server:
             if opcode == DESTROY:
                 return
 
-    def stall_once(self) -> None:
+    def stall_once(self, fh: int) -> None:
         """A write stuck in the disk: when the mount's root holds ``asv-stall-<secs>`` (an
-        empty file the test creates), this write waits that long (the marker removed
-        first, so one write stalls), and so does every request behind it, as on a hung
-        network disk."""
+        empty file the test creates) and ``fh`` is a checkpoint's file (not the
+        watchdog's or the goodput ledger's, whose writes may come first), this write waits
+        that long (the marker removed first, so one write stalls), and so does every
+        request behind it, as on a hung network disk."""
+        if ".ckpt" not in os.readlink(f"/proc/self/fd/{fh}"):
+            return
         root = self.paths[1]
         for name in os.listdir(root):
             if name.startswith(STALL_PREFIX):
@@ -257,7 +260,7 @@ class _Server:
             return os.pread(fh, size, offset)
         if opcode == WRITE:
             fh, offset, size = struct.unpack_from("<QQI", body)
-            self.stall_once()
+            self.stall_once(fh)
             t0 = time.monotonic()
             written = os.pwrite(fh, body[40 : 40 + size], offset)
             time.sleep(max(0.0, written / self.bytes_per_sec - (time.monotonic() - t0)))  # the disk's rate

@@ -66,7 +66,7 @@ def main() -> None:
             for _ in range(args.steps):
                 await sess.run(step)
                 print("STEP", sess.global_step, flush=True)
-            if args.stall:  # the slow disk's next write (the final save's first) hangs
+            if args.stall:  # the slow disk's next write of a checkpoint file (the final save's first) hangs
                 marker = os.path.join(os.path.dirname(os.path.abspath(args.logdir)), f"asv-stall-{args.stall}")
                 os.close(os.open(marker, os.O_CREAT | os.O_WRONLY, 0o644))
             stop_secs.append(time.perf_counter())
