@@ -123,13 +123,14 @@ def stretch() -> float:
 
 
 class ExitTimer:
-    """When a child process called exit, watched from construction by a thread (Linux:
-    the exit status appears in ``/proc/PID/stat`` the moment the process calls exit; the
-    kernel frees its memory after that, which for a TensorFlow process on a busy machine
-    took 30 s here, a time no program controls). Elsewhere, or when the process was
-    reaped before a look saw it, :meth:`at` is ``None``: judge by the reaping."""
+    """How long after its construction a child process called exit, watched by a thread
+    (Linux: a non-zero exit status appears in ``/proc/PID/stat`` the moment the process
+    calls exit; the kernel frees its memory after that, which for a TensorFlow process on
+    a busy machine took 30 s here, a time no program controls). Elsewhere, for status 0,
+    or when the process was reaped before a look saw it, the reaping is the end."""
 
     def __init__(self, pid: int) -> None:
+        self.started = time.monotonic()
         self._path = f"/proc/{pid}/stat"
         self._at: float | None = None
         self._thread = threading.Thread(target=self._watch, name="exit-timer", daemon=True)
@@ -147,7 +148,12 @@ class ExitTimer:
                 return
             time.sleep(0.01)
 
-    def at(self) -> float | None:
-        """The monotonic time the process called exit (call after it was reaped)."""
+    def ended(self) -> float:
+        """The monotonic time the process called exit (call after it was reaped; if that
+        was not seen, now)."""
         self._thread.join(timeout=5)
-        return self._at
+        return time.monotonic() if self._at is None else self._at
+
+    def secs(self) -> float:
+        """Seconds from the construction to :meth:`ended`."""
+        return self.ended() - self.started

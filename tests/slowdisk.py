@@ -10,9 +10,10 @@ mounts, prints ``READY``, serves until the mount goes away (``umount``) or the p
 is terminated. The kernel's FUSE protocol is spoken directly over ``/dev/fuse`` (no
 libfuse): the operations a training run uses (create, write, read, fsync, rename,
 unlink, directories, statfs); the others answer ``ENOSYS``, as the protocol allows. An
-empty file ``asv-stall-<secs>`` created in the mount's root makes the next write of a checkpoint file hang
-that long (a write stuck in a hung disk); ``asv-slowread-<secs>`` makes the next read of
-a checkpoint's data file (``*.data-*``) hang that long (a restore held by the disk).
+empty file ``asv-stall-<secs>`` created in the mount's root makes the next write of a
+checkpoint file hang that long (a write stuck in a hung disk); ``asv-slowread-<secs>``
+makes the next read of a checkpoint's data file (``*.data-*``) hang that long (a restore
+held by the disk).
 Needs root (``mount``) and ``/dev/fuse``. :func:`mounted` is the context manager the
 tests use.
 """
@@ -36,7 +37,8 @@ from pathlib import Path
 from _timing import scaled
 
 MAX_WRITE = 128 << 10
-#: ``<mount>/asv-stall-<secs>``: the next write of a checkpoint file stalls ``secs`` (:meth:`_Server.stall_once`)
+#: ``<mount>/asv-stall-<secs>``: the next write of a ``*.ckpt*`` file stalls ``secs``
+#: (:meth:`_Server.stall_once`)
 STALL_PREFIX = "asv-stall-"
 #: ``<mount>/asv-slowread-<secs>``: the next read of a ``*.data-*`` file stalls ``secs``
 READ_STALL_PREFIX = "asv-slowread-"

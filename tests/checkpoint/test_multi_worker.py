@@ -498,9 +498,9 @@ def test_a_stopped_peer_is_named_by_the_chiefs_watchdog_and_the_chief_exits_with
         while "RUNNING" not in (line := worker.stdout.readline()):  # 20 steps: the step time is learned
             assert line, "the worker ended before it ran 20 steps"
         worker.send_signal(signal.SIGSTOP)
-        stopped, exited = time.monotonic(), ExitTimer(chief.pid)
+        exited = ExitTimer(chief.pid)
         _, err = chief.communicate(timeout=60)
-        secs = (exited.at() or time.monotonic()) - stopped
+        secs = exited.secs()
     finally:
         for proc in procs:
             proc.kill()  # SIGKILL ends a stopped process too
@@ -555,9 +555,7 @@ def test_a_notice_with_a_deadline_to_the_chief_saves_at_once_trains_on_and_saves
     plans = [line.split() for line in chief if line.startswith("PLANNED")]
     # (no window: the save measured at the notice left no time, saved and stopped at once;
     # the suite's own load once slowed a save that much: only the promises are checked)
-    assert busy() or not plans or (at_once and at_once[0] <= 22 + 15), (
-        chief
-    )  # a busy machine's saves can fill the window
+    assert busy() or not plans or (at_once and at_once[0] <= 22 + 15), chief  # a busy machine's saves can fill it
     assert set(at_once) <= set(_saves(worker, "WORKER_SAVED")), chief + worker
     assert _saves(chief, "SAVED")[-1] == stopped and _saves(worker, "WORKER_SAVED")[-1] == stopped
     assert not [line for line in chief + worker if line.startswith("ERROR")]

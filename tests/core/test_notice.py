@@ -167,7 +167,7 @@ def test_a_notice_in_every_phase_saves_within_a_step_of_its_deadline(tmp_path: P
             proc.wait(timeout=scaled(60))
         finally:
             proc.kill()
-    exited = exit_timer.at() or time.monotonic()  # its exit call (the kernel's freeing comes after)
+    exited = exit_timer.ended()  # its exit call (the kernel's freeing comes after)
     assert [r["phase"] for r in results] == list(phases)
     assert proc.returncode == 128 + signal.SIGUSR1
     # busy as a phase started (its window stretched) or now (a phase that started quiet
